@@ -1,0 +1,27 @@
+"""Which array library an array belongs to (numpy or cupy), without importing cupy.
+
+The lowest module of the package: tree helpers, optimizers and losses use it to write one
+piece of array code that runs unchanged on NumPy and CuPy arrays.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def is_cupy(x) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def namespace(x):
+    """Return the array module (``numpy`` or ``cupy``) that owns ``x``."""
+    if is_cupy(x):
+        return sys.modules["cupy"]
+    return np
+
+
+def device_of(x) -> str:
+    """``"cuda"`` for a CuPy array, ``"cpu"`` for anything else."""
+    return "cuda" if is_cupy(x) else "cpu"

@@ -1,0 +1,112 @@
+"""Array backends: the NumPy reference and CuPy + nvmath-python, behind one interface.
+
+Layers never choose a backend by name: ``of(*arrays)`` returns the backend that owns the
+arrays (NumPy arrays -> numpy, CuPy arrays -> cuda), so one model runs on either device
+depending on where its params and inputs live. Nothing outside this package imports cupy or
+nvmath.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuseflow._namespace import device_of, is_cupy, namespace
+from fuseflow.backend.base import Backend, BackendError
+from fuseflow.backend.numpy_backend import NumpyBackend
+
+__all__ = ["Backend", "BackendError", "get", "of", "namespace", "device_of", "stats",
+           "reset_stats", "cuda_available", "resolve", "device_put", "asarray"]
+
+_BACKENDS: dict = {"numpy": NumpyBackend()}
+_cuda_error: str | None = None
+
+
+def cuda_available() -> bool:
+    """True when CuPy, nvmath-python and a CUDA GPU are all present."""
+    return _load_cuda() is not None
+
+
+def _load_cuda():
+    global _cuda_error
+    if "cuda" in _BACKENDS:
+        return _BACKENDS["cuda"]
+    if _cuda_error is not None:
+        return None
+    try:
+        from fuseflow.backend.cuda_backend import CudaBackend
+
+        _BACKENDS["cuda"] = CudaBackend()
+    except Exception as e:  # missing package, no driver, no device
+        _cuda_error = f"{type(e).__name__}: {e}"
+        return None
+    return _BACKENDS["cuda"]
+
+
+def get(name: str = "numpy") -> Backend:
+    """The backend called ``name``: "numpy", "cuda" or "auto" (cuda when usable, else numpy)."""
+    name = resolve(name)
+    if name == "cuda":
+        be = _load_cuda()
+        if be is None:
+            raise RuntimeError("the CUDA backend is not available (" + str(_cuda_error) + "). "
+                               "Fix: pip install 'fuseflow[cuda13]' on a machine with an NVIDIA "
+                               "GPU, or use backend='numpy'.")
+        return be
+    return _BACKENDS["numpy"]
+
+
+def resolve(name: str) -> str:
+    """Turn "auto" into "cuda" or "numpy"; validate other names."""
+    if name == "auto":
+        return "cuda" if cuda_available() else "numpy"
+    if name in ("numpy", "cpu"):
+        return "numpy"
+    if name in ("cuda", "gpu"):
+        return "cuda"
+    raise ValueError(f"unknown backend {name!r}; expected 'auto', 'numpy' or 'cuda'")
+
+
+def of(*arrays, where: str = "fuseflow") -> Backend:
+    """The backend owning ``arrays``; a clear error when host and device arrays are mixed."""
+    devices = {device_of(a) for a in arrays if a is not None}
+    if len(devices) > 1:
+        raise BackendError(
+            f"{where}: got both host (NumPy) and GPU (CuPy) arrays. The model's params and its "
+            "inputs must live on one device. Fix: ff.device_put(x, 'cuda') (or 'cpu') for the "
+            "input, or ff.device_put(params, ...) for the model.")
+    return get("cuda") if devices == {"cuda"} else _BACKENDS["numpy"]
+
+
+def stats() -> dict:
+    """Call counts per op (and, on CUDA, plans made, planning time, executions) per backend."""
+    return {name: be.stats() for name, be in _BACKENDS.items()}
+
+
+def reset_stats():
+    for be in _BACKENDS.values():
+        be.reset_stats()
+
+
+def _map_leaves(fn, tree):
+    from fuseflow import tree as _tree
+
+    return _tree.map(fn, tree)
+
+
+def device_put(tree, device: str = "cuda"):
+    """Copy every array leaf of ``tree`` to ``device`` ("cuda"/"gpu" or "cpu"/"numpy")."""
+    be = get(resolve(device))
+    return _map_leaves(lambda a: be.asarray(a) if hasattr(a, "shape") else a, tree)
+
+
+def asarray(x, dtype=None):
+    """Take an array from anywhere (NumPy, CuPy, or PyTorch/JAX through DLPack).
+
+    A GPU tensor stays on the GPU and is not copied (DLPack); a CPU one becomes NumPy.
+    """
+    if isinstance(x, np.ndarray) or is_cupy(x):
+        return x if dtype is None else x.astype(dtype, copy=False)
+    dev = getattr(x, "__dlpack_device__", None)
+    on_gpu = dev is not None and dev()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+    return get("cuda" if on_gpu else "numpy").asarray(x, dtype=dtype)
+

@@ -1,0 +1,170 @@
+"""The backend interface: the few array operations whose implementation differs per device.
+
+Everything above ``fuseflow.backend`` (layers, losses, optimizers, the engine) is written
+against this interface plus NumPy-style array code on ``backend.xp``. Two implementations:
+``NumpyBackend`` (the reference, any CPU, float64-capable) and ``CudaBackend`` (CuPy +
+nvmath-python cuBLASLt epilogs).
+
+Orientation. Activations are row-major ``(batch, features)``; dense weights are ``(out, in)``.
+In cuBLASLt terms the forward is ``y.T = W @ x.T`` with M = out, N = batch, K = in, whose
+column-major ``(out, batch)`` result is the same memory as a row-major ``(batch, out)``
+array, and whose per-row bias is the layer's per-feature bias. No activation is copied.
+
+The public methods validate and count; subclasses implement the underscored ones.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fuseflow.backend.epilogs import (DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, aux_shape,
+                                      lookup)
+
+
+class BackendError(ValueError):
+    """An operand that a backend cannot use (wrong shape, dtype, device or aux)."""
+
+
+class Backend:
+    name = "abstract"
+    device = "cpu"
+    xp = None
+    dtypes = ()
+
+    def __init__(self):
+        self.calls = Counter()
+
+    # ---- dense matmuls with epilogs --------------------------------------------------------
+    def linear(self, x, w, bias=None, epilog="DEFAULT"):
+        """``y = act(x @ w.T + bias)``; returns ``(y, aux)`` (aux None unless the epilog writes it).
+
+        x ``(batch, in)``, w ``(out, in)``, bias ``(out,)``. y is ``(batch, out)``.
+        """
+        spec = lookup(EPILOGS, epilog, "forward")
+        self._check_2d("x", x), self._check_2d("w", w)
+        self._check_same_dtype(x=x, w=w)
+        if x.shape[1] != w.shape[1]:
+            raise BackendError(f"linear: x has {x.shape[1]} features but w expects "
+                               f"{w.shape[1]} (w shape {w.shape}, x shape {x.shape})")
+        self._check_bias(spec, bias, w.shape[0], w.dtype)
+        self.calls["linear/" + spec.name] += 1
+        return self._linear(x, w, bias, spec)
+
+    def linear_dgrad(self, dy, w, epilog="DEFAULT", aux=None):
+        """Input gradient ``dx = dy @ w``, with the epilog applied to dx.
+
+        With DRELU/DGELU, ``aux`` is the lower layer's relu_aux/gelu_aux (features = w's in)
+        and dx comes back already multiplied by that activation's derivative; with _BGRAD
+        the row sum of that result (the lower layer's bias gradient) comes back too.
+        Returns ``(dx, dbias or None)``. cuBLASLt view: ``dx.T = W.T @ dy.T``.
+        """
+        spec = lookup(DGRAD_EPILOGS, epilog, "input-gradient")
+        self._check_2d("dy", dy), self._check_2d("w", w)
+        self._check_same_dtype(dy=dy, w=w)
+        if dy.shape[1] != w.shape[0]:
+            raise BackendError(f"linear_dgrad: dy has {dy.shape[1]} features but w has "
+                               f"{w.shape[0]} outputs (dy {dy.shape}, w {w.shape})")
+        if spec.aux:
+            self._check_aux(spec.activation, aux, w.shape[1], dy.shape[0], dy.dtype)
+        self.calls["linear_dgrad/" + spec.name] += 1
+        return self._linear_dgrad(dy, w, spec, aux)
+
+    def linear_wgrad(self, dy, x, epilog="DEFAULT"):
+        """Weight gradient ``dw = dy.T @ x`` ``(out, in)``; with BGRADB also ``dy.sum(0)``.
+
+        cuBLASLt view: ``dw.T = x.T @ dy`` (M = in, N = out, K = batch): BGRADB sums the B
+        operand (dy) over K, which is exactly this layer's bias gradient.
+        """
+        spec = lookup(WGRAD_EPILOGS, epilog, "weight-gradient")
+        self._check_2d("dy", dy), self._check_2d("x", x)
+        self._check_same_dtype(dy=dy, x=x)
+        if dy.shape[0] != x.shape[0]:
+            raise BackendError(f"linear_wgrad: dy has batch {dy.shape[0]} but the saved input "
+                               f"has batch {x.shape[0]}: residuals from another batch?")
+        self.calls["linear_wgrad/" + spec.name] += 1
+        return self._linear_wgrad(dy, x, spec)
+
+    # ---- standalone activations (when no matmul is there to fuse with) ----------------------
+    def activation(self, x, activation, want_aux=True):
+        """``(act(x), aux)`` for a 2-D x, aux in the same format the fused epilogs write."""
+        self._check_2d("x", x)
+        self.calls["activation/" + activation] += 1
+        return self._activation(x, activation, want_aux)
+
+    def activation_grad(self, dy, activation, aux):
+        """``dy * act'(pre)`` from the saved aux."""
+        self._check_2d("dy", dy)
+        self._check_aux(activation, aux, dy.shape[1], dy.shape[0], dy.dtype)
+        self.calls["activation_grad/" + activation] += 1
+        return self._activation_grad(dy, activation, aux)
+
+    def bias_grad(self, dy):
+        """Sum over the batch (the bias gradient when no epilog could provide it)."""
+        self.calls["bias_grad"] += 1
+        return self._sum_rows(dy)
+
+    # ---- placement -------------------------------------------------------------------------
+    def asarray(self, x, dtype=None):
+        raise NotImplementedError
+
+    def to_numpy(self, x):
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        return {"backend": self.name, "calls": dict(self.calls)}
+
+    def reset_stats(self):
+        self.calls.clear()
+
+    # ---- checks ----------------------------------------------------------------------------
+    def _check_2d(self, what, a):
+        if getattr(a, "ndim", None) != 2:
+            raise BackendError(f"{what} must be a 2-D array, got shape {getattr(a, 'shape', None)}")
+
+    def _check_same_dtype(self, **arrays):
+        dts = {k: a.dtype for k, a in arrays.items()}
+        if len(set(dts.values())) != 1:
+            raise BackendError("operands must share one dtype, got "
+                               + ", ".join(f"{k}={v}" for k, v in dts.items())
+                               + ". Fix: cast the input, e.g. x.astype(w.dtype).")
+
+    def _check_bias(self, spec, bias, out, dtype):
+        if spec.bias != (bias is not None):
+            raise BackendError(f"epilog {spec.name} {'needs' if spec.bias else 'takes no'} bias")
+        if bias is not None and (bias.shape != (out,) or bias.dtype != dtype):
+            raise BackendError(f"bias must have shape ({out},) and dtype {dtype}, "
+                               f"got {bias.shape} {bias.dtype}")
+
+    def _check_aux(self, activation, aux, features, batch, dtype):
+        import numpy as np
+
+        key = f"{activation}_aux"
+        if aux is None:
+            raise BackendError(f"{key} is required by the {activation} gradient")
+        want = aux_shape(activation, features, batch)
+        if tuple(aux.shape) != want:
+            raise BackendError(
+                f"{key} has shape {tuple(aux.shape)} but a layer of {features} features at "
+                f"batch {batch} needs {want}: residuals from another batch or another layer?")
+        want_dtype = np.uint8 if activation == "relu" else dtype
+        if aux.dtype != want_dtype:
+            raise BackendError(f"{key} has dtype {aux.dtype}, expected {np.dtype(want_dtype)}")
+
+    # ---- to implement ----------------------------------------------------------------------
+    def _linear(self, x, w, bias, spec):
+        raise NotImplementedError
+
+    def _linear_dgrad(self, dy, w, spec, aux):
+        raise NotImplementedError
+
+    def _linear_wgrad(self, dy, x, spec):
+        raise NotImplementedError
+
+    def _activation(self, x, activation, want_aux):
+        raise NotImplementedError
+
+    def _activation_grad(self, dy, activation, aux):
+        raise NotImplementedError
+
+    def _sum_rows(self, a):
+        raise NotImplementedError

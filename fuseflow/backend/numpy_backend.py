@@ -1,0 +1,116 @@
+"""The NumPy backend: the unfused, readable reference for every epilog.
+
+It computes exactly what cuBLASLt's epilogs compute, in the same formats (relu_aux packing,
+the ``>= 0`` rule, GELU's tanh approximation), one plain NumPy step at a time. The GPU
+backend is tested against it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuseflow.backend.base import Backend, BackendError
+from fuseflow.backend.epilogs import relu_aux_rows
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+_GELU_C = 0.044715
+
+
+def pack_relu_aux(pre: np.ndarray) -> np.ndarray:
+    """relu_aux for a row-major ``(batch, F)`` pre-activation, in cuBLASLt's format.
+
+    The result is a column-major ``(round_up(ceil(F/8), 16), batch)`` uint8 array: a
+    row-major ``(batch, rows)`` buffer seen transposed, so each sample's bytes are contiguous.
+    Padding bytes are zero here (on the GPU they are garbage and must never be read).
+    """
+    batch, features = pre.shape
+    buf = np.zeros((batch, relu_aux_rows(features)), dtype=np.uint8)
+    buf[:, : -(-features // 8)] = np.packbits(pre >= 0, axis=1, bitorder="little")
+    return buf.T
+
+
+def unpack_relu_aux(aux: np.ndarray, features: int) -> np.ndarray:
+    """Boolean ``(batch, F)`` mask from relu_aux; reads only the first F bits of each column."""
+    return np.unpackbits(aux.T, axis=1, count=features, bitorder="little").view(bool)
+
+
+def gelu(x):
+    """GELU, tanh approximation (the formula cuBLASLt's GELU epilogs use)."""
+    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)))
+
+
+def gelu_grad(x):
+    t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_C * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * _GELU_C * x * x)
+
+
+def _acc(dtype):
+    """Accumulation dtype: half precision accumulates in float32, as cuBLASLt does."""
+    return np.float32 if dtype == np.float16 else dtype
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    device = "cpu"
+    xp = np
+    dtypes = (np.float16, np.float32, np.float64)
+
+    # ---- dense matmuls ---------------------------------------------------------------------
+    def _linear(self, x, w, bias, spec):
+        # Accumulate, add the bias and apply the activation before the one final rounding.
+        pre = _mm(x, w.T)
+        if spec.bias:
+            pre = pre + bias.astype(pre.dtype)
+        if not spec.activation:
+            return pre.astype(x.dtype, copy=False), None
+        y, aux = self._activation(pre, spec.activation, spec.aux)
+        if spec.activation == "gelu" and aux is not None:
+            aux = aux.astype(x.dtype, copy=False)
+        return y.astype(x.dtype, copy=False), aux
+
+    def _linear_dgrad(self, dy, w, spec, aux):
+        dx = _mm(dy, w).astype(dy.dtype, copy=False)
+        if spec.activation:
+            dx = self._activation_grad(dx, spec.activation, aux)
+        return dx, (self._sum_rows(dx) if spec.bias else None)
+
+    def _linear_wgrad(self, dy, x, spec):
+        dw = _mm(dy.T, x).astype(dy.dtype, copy=False)
+        return dw, (self._sum_rows(dy) if spec.bias else None)
+
+    # ---- activations -----------------------------------------------------------------------
+    def _activation(self, x, activation, want_aux):
+        if activation == "relu":
+            y = np.maximum(x, 0).astype(x.dtype, copy=False)
+            return y, (pack_relu_aux(x) if want_aux else None)
+        if activation == "gelu":
+            y = gelu(x.astype(_acc(x.dtype))).astype(x.dtype)
+            return y, (x.T if want_aux else None)
+        raise BackendError(f"unknown activation {activation!r}; expected 'relu' or 'gelu'")
+
+    def _activation_grad(self, dy, activation, aux):
+        if activation == "relu":
+            return np.where(unpack_relu_aux(aux, dy.shape[1]), dy, dy.dtype.type(0))
+        pre = aux.T.astype(_acc(dy.dtype))
+        return (dy.astype(pre.dtype) * gelu_grad(pre)).astype(dy.dtype)
+
+    def _sum_rows(self, a):
+        return a.sum(axis=0, dtype=_acc(a.dtype)).astype(a.dtype)
+
+    # ---- placement -------------------------------------------------------------------------
+    def asarray(self, x, dtype=None):
+        if type(x).__module__.startswith("cupy"):
+            x = x.get()
+        elif hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
+            x = np.from_dlpack(x)
+        return np.asarray(x, dtype=dtype)
+
+    def to_numpy(self, x):
+        return self.asarray(x)
+
+
+def _mm(a, b):
+    """Matmul in the accumulation dtype (float32 for float16 operands, as on the GPU)."""
+    if a.dtype == np.float16:
+        return a.astype(np.float32) @ b.astype(np.float32)
+    return a @ b

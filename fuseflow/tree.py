@@ -1,0 +1,113 @@
+"""Pytree helpers: a thin, named layer over optree.
+
+Parameters, gradients, optimizer state and residuals are all pytrees (nested dict, list,
+tuple, NamedTuple of arrays). Everything here is pure: nothing is mutated.
+"""
+
+from __future__ import annotations
+
+import optree
+
+from fuseflow._namespace import namespace
+
+__all__ = [
+    "map", "leaves", "structure", "flatten", "unflatten", "paths", "leaves_with_paths",
+    "zeros_like", "ones_like", "full_like", "astype", "add", "sub", "scale", "vdot",
+    "l2_norm", "size", "all_equal_structure",
+]
+
+# None is an empty node (as in JAX), so an absent entry never becomes an array.
+_KW = dict(none_is_leaf=False)
+
+
+def map(fn, tree, *rest, is_leaf=None):  # noqa: A001 - mirrors jax.tree.map
+    return optree.tree_map(fn, tree, *rest, is_leaf=is_leaf, **_KW)
+
+
+def leaves(tree, is_leaf=None):
+    return optree.tree_leaves(tree, is_leaf=is_leaf, **_KW)
+
+
+def structure(tree, is_leaf=None):
+    return optree.tree_structure(tree, is_leaf=is_leaf, **_KW)
+
+
+def flatten(tree, is_leaf=None):
+    return optree.tree_flatten(tree, is_leaf=is_leaf, **_KW)
+
+
+def unflatten(treedef, leaves_):
+    return optree.tree_unflatten(treedef, leaves_)
+
+
+def _path_str(path) -> str:
+    return "/".join(str(p) for p in path)
+
+
+def paths(tree):
+    """Leaf paths as strings like ``"0/w"``, in leaf order (used in names and errors)."""
+    return [_path_str(p) for p in optree.tree_paths(tree, **_KW)]
+
+
+def leaves_with_paths(tree):
+    return list(zip(paths(tree), leaves(tree)))
+
+
+def zeros_like(tree):
+    return map(lambda x: x * 0 if _is_scalar(x) else _xp(x).zeros_like(x), tree)
+
+
+def ones_like(tree):
+    return map(lambda x: _xp(x).ones_like(x), tree)
+
+
+def full_like(tree, value):
+    return map(lambda x: _xp(x).full_like(x, value), tree)
+
+
+def astype(tree, dtype):
+    return map(lambda x: x.astype(dtype), tree)
+
+
+def add(a, b):
+    return map(lambda x, y: x + y, a, b)
+
+
+def sub(a, b):
+    return map(lambda x, y: x - y, a, b)
+
+
+def scale(tree, s):
+    return map(lambda x: x * s, tree)
+
+
+def vdot(a, b):
+    """Sum over leaves of elementwise products (a 0-d array on the leaves' device)."""
+    parts = [(x * y).sum() for x, y in zip(leaves(a), leaves(b))]
+    return sum(parts[1:], parts[0]) if parts else 0.0
+
+
+def l2_norm(tree):
+    """Global L2 norm over all leaves, as a 0-d array on the leaves' device."""
+    ls = leaves(tree)
+    if not ls:
+        return 0.0
+    xp = _xp(ls[0])
+    return xp.sqrt(sum((xp.sum(x.astype(xp.float32) ** 2) if x.dtype == xp.float16 else xp.sum(x * x)) for x in ls))
+
+
+def size(tree) -> int:
+    """Total number of elements over all leaves (for example, a model's parameter count)."""
+    return int(sum(int(x.size) for x in leaves(tree)))
+
+
+def all_equal_structure(a, b) -> bool:
+    return structure(a) == structure(b)
+
+
+def _is_scalar(x):
+    return not hasattr(x, "shape")
+
+
+def _xp(x):
+    return namespace(x)
