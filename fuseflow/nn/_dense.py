@@ -1,0 +1,120 @@
+"""Dense: a fully connected layer whose activation runs in the matmul's epilog."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuseflow import random
+from fuseflow.backend.epilogs import AUX_KEYS
+from fuseflow.nn import initializers
+from fuseflow.nn._layer import Layer, check_2d, check_dtype
+from fuseflow.ops.dense import dense_backward, dense_forward
+
+ACTIVATIONS = (None, "relu", "gelu")
+
+
+class Dense(Layer):
+    """``y = activation(x @ w.T + b)`` with ``w`` of shape ``(features, in)``.
+
+    The ``(out, in)`` weight layout is cuBLASLt's: it lets the GPU compute ``y.T = w @ x.T``
+    with the bias and activation fused, and no activation ever copied or transposed.
+    With ``activation="relu"`` training writes ``relu_aux`` (see ``fuseflow.backend.epilogs``)
+    into the residuals.
+    """
+
+    skips_input_grad = True
+
+    def __init__(self, features, activation=None, use_bias=True, w_init=None, b_init=None,
+                 param_dtype=np.float32):
+        if not isinstance(features, (int, np.integer)) or features < 1:
+            raise ValueError(f"Dense: features must be a positive int, got {features!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Dense: activation must be one of {ACTIVATIONS}, got "
+                             f"{activation!r}. Fix: Dense({features}, activation='relu').")
+        self.features = int(features)
+        self.activation = activation
+        self.use_bias = bool(use_bias)
+        gain = 2.0 if activation else 1.0
+        self.w_init = w_init or initializers.variance_scaling(gain, "fan_in", "truncated_normal")
+        self.b_init = b_init or initializers.zeros
+        self.param_dtype = np.dtype(param_dtype)
+
+    def __repr__(self):
+        act = f", activation={self.activation!r}" if self.activation else ""
+        bias = "" if self.use_bias else ", use_bias=False"
+        return f"Dense({self.features}{act}{bias})"
+
+    def init(self, key, in_shape):
+        if len(in_shape) != 1:
+            raise self.error(f"in_shape must be (features,), got {tuple(in_shape)}. "
+                             "Fix: flatten the input, e.g. Serial(Flatten(), Dense(...)).")
+        kw, kb = random.split(key)
+        params = {"w": self.w_init(kw, (self.features, in_shape[0]), self.param_dtype)}
+        if self.use_bias:
+            params["b"] = self.b_init(kb, (self.features,), self.param_dtype)
+        return (self.features,), params
+
+    def check_params(self, params, x=None):
+        want = {"w", "b"} if self.use_bias else {"w"}
+        if not isinstance(params, dict) or set(params) != want:
+            got = sorted(params) if isinstance(params, dict) else type(params).__name__
+            raise self.error(f"params must be a dict with keys {sorted(want)}, got {got}. "
+                             "Fix: use the params returned by this model's init.")
+        w = params["w"]
+        if w.ndim != 2 or w.shape[0] != self.features:
+            raise self.error(f"params['w'] must have shape ({self.features}, in), got "
+                             f"{w.shape}: params from another model?")
+        if self.use_bias and params["b"].shape != (self.features,):
+            raise self.error(f"params['b'] must have shape ({self.features},), got "
+                             f"{params['b'].shape}: params from another model?")
+        if x is not None:
+            check_2d(self, x, w.shape[1])
+            check_dtype(self, x, w.dtype)
+
+    def forward(self, params, x, *, key=None, train=True, activation=None):
+        """``activation`` overrides the layer's own: Serial uses it to fuse a following ReLU/GELU."""
+        self.check_params(params, x)
+        return dense_forward(params, x, activation=activation or self.activation, train=train,
+                             where=repr(self))
+
+    def check_residuals(self, params, residuals, dy_or_dpre, activation):
+        x = residuals.get("x") if isinstance(residuals, dict) else None
+        if x is None:
+            raise self.error("residuals must be the dict this layer's forward returned (with "
+                             f"key 'x'), got {type(residuals).__name__}: residuals of another layer?")
+        w = params["w"]
+        if x.ndim != 2 or x.shape[1] != w.shape[1]:
+            raise self.error(f"residuals hold an input of shape {x.shape} but this layer takes "
+                             f"(batch, {w.shape[1]}): residuals from another layer.")
+        check_2d(self, dy_or_dpre, self.features, what="dy")
+        if dy_or_dpre.shape[0] != x.shape[0]:
+            raise self.error(f"dy has batch {dy_or_dpre.shape[0]} but the residuals were saved "
+                             f"for batch {x.shape[0]}: residuals from another batch. Fix: pass "
+                             "the residuals of the forward call that produced this output.")
+        check_dtype(self, dy_or_dpre, w.dtype, what="dy")
+        if activation and AUX_KEYS[activation] not in residuals:
+            raise self.error(f"residuals have no {AUX_KEYS[activation]}: they come from an "
+                             "inference forward (train=False) or another layer. Fix: "
+                             "forward(params, x, train=True) before backward.")
+
+    def backward(self, params, residuals, dy, *, need_input_grad=True):
+        """``(grads, dx)``; with ``need_input_grad=False`` dx is None and its matmul is skipped."""
+        grads, dx, _ = self.backward_fused(params, residuals, dy, need_input_grad=need_input_grad)
+        return grads, dx
+
+    def backward_fused(self, params, residuals, dy=None, *, need_input_grad=True,
+                       activation=None, pre_grad=None, input_activation=None, input_aux=None,
+                       input_has_bias=False):
+        """The fusion engine's entry (see Serial): ``(grads, dx, input_bias_grad)``.
+
+        ``pre_grad=(dpre, db)`` replaces dy when the layer above already applied this layer's
+        activation derivative; ``input_activation``/``input_aux`` make the input-gradient
+        matmul apply the lower layer's activation derivative and bias sum.
+        """
+        activation = activation or self.activation
+        self.check_params(params)
+        self.check_residuals(params, residuals, dy if pre_grad is None else pre_grad[0],
+                             None if pre_grad is not None else activation)
+        return dense_backward(params, residuals, dy, activation=activation, pre_grad=pre_grad,
+                              input_activation=input_activation, input_aux=input_aux,
+                              input_has_bias=input_has_bias, need_input_grad=need_input_grad)

@@ -1,0 +1,144 @@
+"""Serial: layers in sequence, with matmul epilogs fused across layer boundaries.
+
+The fusion engine. At construction Serial groups its layers into stages:
+
+- a ``Dense`` with ``activation="relu"``/``"gelu"``, or a plain ``Dense`` directly followed
+  by a ``ReLU()``/``GELU()`` layer, is one *dense stage*: its forward is a single
+  RELU_AUX_BIAS / GELU_AUX_BIAS matmul (the separate activation layer does no work);
+- every other layer is a stage of its own and runs its own forward/backward.
+
+In backward, when a dense stage sits directly on top of a dense stage with an activation,
+the upper stage's input-gradient matmul uses DRELU_BGRAD / DGELU_BGRAD with the lower
+stage's aux: one call yields the lower stage's pre-activation gradient AND its bias
+gradient, and the lower stage then needs only its weight-gradient matmul. No mask kernel,
+no separate reduction. Everything else falls back to plain, correct forward/backward pairs.
+
+params, grads and residuals are tuples with one entry per layer (an absorbed ReLU/GELU has
+``{}``); a fused stage keeps its mask under ``residuals[i]["relu_aux"]``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from fuseflow import random
+from fuseflow.backend.epilogs import AUX_KEYS
+from fuseflow.nn._activation import GELU, ReLU
+from fuseflow.nn._dense import Dense
+from fuseflow.nn._layer import Layer, LayerError
+
+
+class _Stage(NamedTuple):
+    index: int                          # position of the Dense (or the only layer)
+    dense: Optional[Dense]              # None for a generic stage
+    activation: Optional[str] = None    # the stage's effective activation (dense stages)
+    absorbed: Optional[int] = None      # index of a ReLU/GELU layer fused into this Dense
+
+
+def plan_stages(layers) -> list:
+    """Group layers into fused dense stages and generic stages (see the module docstring)."""
+    stages, i = [], 0
+    while i < len(layers):
+        layer = layers[i]
+        if isinstance(layer, Dense):
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            if layer.activation is None and type(nxt) in (ReLU, GELU):
+                stages.append(_Stage(i, layer, nxt.activation, i + 1))
+                i += 2
+                continue
+            stages.append(_Stage(i, layer, layer.activation))
+        else:
+            stages.append(_Stage(i, None))
+        i += 1
+    return stages
+
+
+class Serial(Layer):
+    skips_input_grad = True
+
+    def __init__(self, *layers):
+        if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+            layers = tuple(layers[0])
+        for i, layer in enumerate(layers):
+            if not all(callable(getattr(layer, m, None)) for m in ("init", "forward", "backward")):
+                raise TypeError(f"Serial: layer {i} ({layer!r}) is not a layer: it needs init, "
+                                "forward and backward methods (see the custom-layer guide).")
+        self.layers = tuple(layers)
+        self.stages = plan_stages(self.layers)
+
+    def __repr__(self):
+        return "Serial(" + ", ".join(map(repr, self.layers)) + ")"
+
+    def _where(self, i):
+        return f"Serial layer {i} ({self.layers[i]!r})"
+
+    def _check_tree(self, tree, what):
+        if not isinstance(tree, (tuple, list)) or len(tree) != len(self.layers):
+            got = (f"{len(tree)} entries" if isinstance(tree, (tuple, list))
+                   else type(tree).__name__)
+            raise LayerError(f"{self!r}: {what} must be a tuple with one entry per layer "
+                             f"({len(self.layers)}), got {got}. Fix: use the {what} that this "
+                             f"model's {'init' if what == 'params' else 'forward'} returned.")
+
+    def init(self, key, in_shape):
+        keys = random.split(key, max(1, len(self.layers)))
+        params, shape = [], tuple(in_shape)
+        for i, (layer, k) in enumerate(zip(self.layers, keys)):
+            try:
+                shape, p = layer.init(k, shape)
+            except LayerError as e:
+                raise LayerError(f"{self._where(i)}: {e}") from None
+            params.append(p)
+        return shape, tuple(params)
+
+    def forward(self, params, x, *, key=None, train=True):
+        self._check_tree(params, "params")
+        keys = random.split(key, len(self.layers)) if key is not None else [None] * len(self.layers)
+        residuals = [{} for _ in self.layers]
+        for st in self.stages:
+            i = st.index
+            try:
+                if st.dense is not None:
+                    x, residuals[i] = st.dense.forward(params[i], x, train=train,
+                                                       activation=st.activation)
+                else:
+                    x, residuals[i] = self.layers[i].forward(params[i], x, key=keys[i],
+                                                             train=train)
+            except LayerError as e:
+                raise LayerError(f"{self._where(i)}: {e}") from None
+        return x, tuple(residuals)
+
+    def backward(self, params, residuals, dy, *, need_input_grad=True):
+        self._check_tree(params, "params")
+        self._check_tree(residuals, "residuals")
+        grads = [{} for _ in self.layers]
+        pre_grad = None  # (dpre, dbias) handed down by a fused input-gradient matmul
+        for s in range(len(self.stages) - 1, -1, -1):
+            st = self.stages[s]
+            i, below = st.index, (self.stages[s - 1] if s > 0 else None)
+            need_dx = need_input_grad or s > 0
+            try:
+                if st.dense is None:
+                    grads[i], dy = self.layers[i].backward(params[i], residuals[i], dy)
+                    continue
+                fuse = (below is not None and below.dense is not None
+                        and below.activation is not None and need_dx)
+                aux = None
+                if fuse:
+                    aux = residuals[below.index].get(AUX_KEYS[below.activation]) \
+                        if isinstance(residuals[below.index], dict) else None
+                    if aux is None:
+                        raise LayerError(
+                            f"{self._where(below.index)}: residuals have no "
+                            f"{AUX_KEYS[below.activation]}: they come from an inference forward "
+                            "(train=False) or another model. Fix: forward(..., train=True).")
+                grads[i], dx, db_below = st.dense.backward_fused(
+                    params[i], residuals[i], None if pre_grad else dy,
+                    activation=st.activation, pre_grad=pre_grad, need_input_grad=need_dx,
+                    input_activation=below.activation if fuse else None, input_aux=aux,
+                    input_has_bias=fuse and "b" in params[below.index])
+                pre_grad = (dx, db_below) if fuse else None
+                dy = dx
+            except LayerError as e:
+                raise LayerError(f"{self._where(i)}: {e}") from None
+        return tuple(grads), (dy if need_input_grad else None)

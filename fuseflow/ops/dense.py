@@ -1,0 +1,62 @@
+"""The dense op: one cuBLASLt matmul per direction, with the activation in the epilog.
+
+Forward: ``y = act(x @ w.T + b)`` as one ``linear`` call (RELU_AUX_BIAS, GELU_AUX_BIAS, BIAS,
+...), which also writes the mask/pre-activation the backward needs.
+
+Backward, for a layer whose gradient w.r.t. its own pre-activation is ``dpre``:
+- weight gradient ``dw = dpre.T @ x``; when the bias gradient is not known yet it comes out
+  of the same call (BGRADB);
+- input gradient ``dx = dpre @ w``; when the layer BELOW ends in an activation, this call
+  applies that activation's derivative and sums its bias gradient (DRELU_BGRAD,
+  DGELU_BGRAD). That is the cross-layer fusion: the lower layer then receives its
+  ``dpre`` and bias gradient ready-made and runs no mask or reduction step of its own.
+"""
+
+from __future__ import annotations
+
+from fuseflow import backend
+from fuseflow.backend.epilogs import AUX_KEYS, dgrad_epilog, forward_epilog
+
+
+def dense_forward(params, x, *, activation=None, train=True, where="Dense"):
+    """``(y, residuals)``; residuals hold the input and, in training, the activation's aux."""
+    w, b = params["w"], params.get("b")
+    be = backend.of(x, w, b, where=where)
+    y, aux = be.linear(x, w, b, forward_epilog(activation, bias=b is not None, aux=train))
+    residuals = {"x": x}
+    if aux is not None:
+        residuals[AUX_KEYS[activation]] = aux
+    return y, residuals
+
+
+def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None,
+                   input_activation=None, input_aux=None, input_has_bias=False,
+                   need_input_grad=True):
+    """Gradients of a dense layer: ``(grads, dx, input_bias_grad)``.
+
+    Give either ``dy`` (gradient w.r.t. the layer's output) or ``pre_grad = (dpre, db)``
+    (w.r.t. its pre-activation, already computed by the fused layer above; db may be None).
+    With ``input_activation``/``input_aux``, ``dx`` is returned w.r.t. the lower layer's
+    pre-activation and ``input_bias_grad`` is its bias gradient (when it has a bias).
+    """
+    w, has_bias = params["w"], "b" in params
+    x = residuals["x"]
+    be = backend.of(x, w, dy, where="Dense.backward")
+    if pre_grad is not None:
+        dpre, db = pre_grad
+    elif activation is not None:
+        dpre, db = be.activation_grad(dy, activation, residuals[AUX_KEYS[activation]]), None
+    else:
+        dpre, db = dy, None
+
+    if has_bias and db is None:
+        dw, db = be.linear_wgrad(dpre, x, "BGRADB")
+    else:
+        dw, _ = be.linear_wgrad(dpre, x, "DEFAULT")
+    grads = {"w": dw, "b": db} if has_bias else {"w": dw}
+
+    dx = input_db = None
+    if need_input_grad:
+        epilog = dgrad_epilog(input_activation, bgrad=input_has_bias)
+        dx, input_db = be.linear_dgrad(dpre, w, epilog, input_aux)
+    return grads, dx, input_db
