@@ -1,0 +1,104 @@
+"""The NumPy backend is the reference for every cuBLASLt epilog: test it from definitions."""
+
+import numpy as np
+import pytest
+
+from fuseflow.backend import BackendError, get
+from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, relu_aux_rows
+from tests import reference as ref
+
+be = get("numpy")
+SHAPES = [(1, 1, 1), (1, 5, 3), (3, 7, 9), (8, 16, 8), (5, 37, 11), (2, 13, 24), (17, 33, 31)]
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape)
+
+
+@pytest.mark.parametrize("batch,features,inp", SHAPES)
+@pytest.mark.parametrize("epilog", sorted(EPILOGS))
+def test_forward_epilogs_match_definitions(batch, features, inp, epilog):
+    rng = np.random.default_rng(batch * 100 + features)
+    spec = EPILOGS[epilog]
+    x, w, b = rand(rng, batch, inp), rand(rng, features, inp), rand(rng, features)
+    x[0] = 0.0  # an all-zero sample: with zero bias entries, exact-zero pre-activations
+    b[::3] = 0.0
+    y, aux = be.linear(x, w, b if spec.bias else None, epilog)
+    pre = x @ w.T + (b if spec.bias else 0)
+    np.testing.assert_allclose(y, ref.ACT[spec.activation][0](pre), rtol=1e-13, atol=1e-13)
+    if not spec.aux:
+        assert aux is None
+    elif spec.activation == "relu":
+        assert aux.dtype == np.uint8 and aux.shape == (relu_aux_rows(features), batch)
+        assert aux.flags.f_contiguous
+        np.testing.assert_array_equal(ref.relu_aux_bits(aux, features, batch), pre >= 0)
+    else:
+        assert aux.shape == (features, batch) and aux.flags.f_contiguous
+        np.testing.assert_allclose(aux.T, pre, rtol=1e-13, atol=1e-13)
+
+
+def test_relu_aux_layout_is_cublaslt():
+    """(round_up(ceil(M/8), 16), N) uint8, column-major, bit i of byte j = feature 8j+i."""
+    assert [relu_aux_rows(m) for m in (1, 8, 9, 128, 129, 1024)] == [16, 16, 16, 16, 32, 128]
+    pre = np.full((2, 10), -1.0)
+    pre[0, 9] = 0.0  # feature 9 -> byte 1, bit 1; zero counts as active (>= 0)
+    pre[1, 0] = 3.0  # feature 0 -> byte 0, bit 0
+    _, aux = be.activation(pre, "relu")
+    assert aux[1, 0] == 0b10 and aux[0, 0] == 0 and aux[0, 1] == 1 and aux[1, 1] == 0
+    assert aux.strides == (1, 16)
+
+
+@pytest.mark.parametrize("batch,features,out", SHAPES)
+@pytest.mark.parametrize("epilog", sorted(DGRAD_EPILOGS))
+def test_dgrad_epilogs_match_definitions_and_ignore_padding(batch, features, out, epilog):
+    rng = np.random.default_rng(features * 7 + out)
+    spec = DGRAD_EPILOGS[epilog]
+    pre = rand(rng, batch, features)
+    pre[:, ::4] = 0.0  # exact zeros: the gradient passes (>= 0), unlike PyTorch/JAX
+    dy, w = rand(rng, batch, out), rand(rng, out, features)
+    aux = None
+    if spec.activation == "relu":
+        aux = ref.fill_padding_with_garbage(be.activation(pre, "relu")[1], features, rng)
+    elif spec.activation == "gelu":
+        aux = np.asfortranarray(pre.T)
+    dx, db = be.linear_dgrad(dy, w, epilog, aux)
+    want = (dy @ w) * ref.ACT[spec.activation][1](pre)
+    np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12)
+    if spec.bias:
+        np.testing.assert_allclose(db, want.sum(0), rtol=1e-12, atol=1e-12)
+    else:
+        assert db is None
+
+
+@pytest.mark.parametrize("batch,out,inp", SHAPES)
+def test_wgrad_bgradb(batch, out, inp):
+    rng = np.random.default_rng(out)
+    dy, x = rand(rng, batch, out), rand(rng, batch, inp)
+    dw, db = be.linear_wgrad(dy, x, "BGRADB")
+    np.testing.assert_allclose(dw, dy.T @ x, rtol=1e-12)
+    np.testing.assert_allclose(db, dy.sum(0), rtol=1e-12)
+    assert be.linear_wgrad(dy, x)[1] is None
+
+
+def test_float16_accumulates_in_float32():
+    rng = np.random.default_rng(0)
+    x, w, b = (rand(rng, 64, 300).astype(np.float16), rand(rng, 40, 300).astype(np.float16),
+               rand(rng, 40).astype(np.float16))
+    y, aux = be.linear(x, w, b, "RELU_AUX_BIAS")
+    assert y.dtype == np.float16 and aux.dtype == np.uint8
+    want = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-2, atol=1e-2)
+
+
+def test_backend_rejects_bad_operands():
+    rng = np.random.default_rng(0)
+    x, w = rand(rng, 4, 5), rand(rng, 3, 5)
+    with pytest.raises(BackendError, match="share one dtype"):
+        be.linear(x.astype(np.float32), w)
+    with pytest.raises(BackendError, match="needs bias"):
+        be.linear(x, w, None, "RELU_BIAS")
+    with pytest.raises(ValueError, match="unknown forward epilog"):
+        be.linear(x, w, None, "SWISH")
+    _, aux = be.activation(rand(rng, 4, 5), "relu")
+    with pytest.raises(BackendError, match="another batch or another layer"):
+        be.linear_dgrad(rand(rng, 8, 3), w, "DRELU", aux)
