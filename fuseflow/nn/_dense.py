@@ -115,6 +115,11 @@ class Dense(Layer):
         self.check_params(params)
         self.check_residuals(params, residuals, dy if pre_grad is None else pre_grad[0],
                              None if pre_grad is not None else activation)
+        if input_activation and input_aux is None:
+            key = AUX_KEYS[input_activation]
+            raise self.error(f"the layer below has no {key} in its residuals: they come from an "
+                             "inference forward (train=False) or another model. Fix: "
+                             "forward(params, x, train=True) and pass its residuals.")
         return dense_backward(params, residuals, dy, activation=activation, pre_grad=pre_grad,
                               input_activation=input_activation, input_aux=input_aux,
                               input_has_bias=input_has_bias, need_input_grad=need_input_grad)

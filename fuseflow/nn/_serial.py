@@ -72,6 +72,11 @@ class Serial(Layer):
     def _where(self, i):
         return f"Serial layer {i} ({self.layers[i]!r})"
 
+    def _wrap(self, i, error):
+        """Re-raise a layer's error with its position in this Serial, naming the layer once."""
+        msg, own = str(error), repr(self.layers[i]) + ": "
+        return LayerError(f"{self._where(i)}: {msg[len(own):] if msg.startswith(own) else msg}")
+
     def _check_tree(self, tree, what):
         if not isinstance(tree, (tuple, list)) or len(tree) != len(self.layers):
             got = (f"{len(tree)} entries" if isinstance(tree, (tuple, list))
@@ -87,7 +92,7 @@ class Serial(Layer):
             try:
                 shape, p = layer.init(k, shape)
             except LayerError as e:
-                raise LayerError(f"{self._where(i)}: {e}") from None
+                raise self._wrap(i, e) from None
             params.append(p)
         return shape, tuple(params)
 
@@ -105,7 +110,7 @@ class Serial(Layer):
                     x, residuals[i] = self.layers[i].forward(params[i], x, key=keys[i],
                                                              train=train)
             except LayerError as e:
-                raise LayerError(f"{self._where(i)}: {e}") from None
+                raise self._wrap(i, e) from None
         return x, tuple(residuals)
 
     def backward(self, params, residuals, dy, *, need_input_grad=True):
@@ -123,15 +128,9 @@ class Serial(Layer):
                     continue
                 fuse = (below is not None and below.dense is not None
                         and below.activation is not None and need_dx)
-                aux = None
-                if fuse:
-                    aux = residuals[below.index].get(AUX_KEYS[below.activation]) \
-                        if isinstance(residuals[below.index], dict) else None
-                    if aux is None:
-                        raise LayerError(
-                            f"{self._where(below.index)}: residuals have no "
-                            f"{AUX_KEYS[below.activation]}: they come from an inference forward "
-                            "(train=False) or another model. Fix: forward(..., train=True).")
+                below_res = residuals[below.index] if fuse else None
+                aux = (below_res.get(AUX_KEYS[below.activation])
+                       if isinstance(below_res, dict) else None)
                 grads[i], dx, db_below = st.dense.backward_fused(
                     params[i], residuals[i], None if pre_grad else dy,
                     activation=st.activation, pre_grad=pre_grad, need_input_grad=need_dx,
@@ -140,5 +139,5 @@ class Serial(Layer):
                 pre_grad = (dx, db_below) if fuse else None
                 dy = dx
             except LayerError as e:
-                raise LayerError(f"{self._where(i)}: {e}") from None
+                raise self._wrap(i, e) from None
         return tuple(grads), (dy if need_input_grad else None)
