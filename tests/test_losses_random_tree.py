@@ -1,0 +1,84 @@
+"""Losses against finite differences and definitions; random keys; pytree helpers."""
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+
+
+def fd_grad(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += eps
+        xm[idx] -= eps
+        g[idx] = (f(xp) - f(xm)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("batch,classes", [(1, 1), (1, 3), (7, 10), (5, 37)])
+def test_softmax_cross_entropy(batch, classes):
+    rng = np.random.default_rng(classes)
+    logits = rng.standard_normal((batch, classes)) * 3
+    labels = rng.integers(0, classes, batch)
+    loss, grad = ff.losses.softmax_cross_entropy(logits, labels)
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    assert np.isclose(loss, -np.log(p[np.arange(batch), labels]).mean(), rtol=1e-12)
+    np.testing.assert_allclose(
+        grad, fd_grad(lambda z: float(ff.losses.softmax_cross_entropy(z, labels)[0]), logits),
+        rtol=1e-6, atol=1e-9)
+
+
+def test_softmax_cross_entropy_is_stable_for_huge_logits():
+    loss, grad = ff.losses.softmax_cross_entropy(np.array([[1e4, 0.0, -1e4]], np.float32),
+                                                 np.array([1]))
+    assert np.isfinite(loss) and np.isclose(loss, 1e4) and np.isfinite(grad).all()
+
+
+def test_mse_and_sigmoid_bce():
+    rng = np.random.default_rng(0)
+    out, tgt = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    loss, grad = ff.losses.mse(out, tgt)
+    assert np.isclose(loss, ((out - tgt) ** 2).mean())
+    np.testing.assert_allclose(grad, fd_grad(lambda z: float(ff.losses.mse(z, tgt)[0]), out),
+                               rtol=1e-6)
+    t01 = (rng.random((4, 3)) > 0.5).astype(float)
+    loss, grad = ff.losses.sigmoid_binary_cross_entropy(out, t01)
+    s = 1 / (1 + np.exp(-out))
+    assert np.isclose(loss, -(t01 * np.log(s) + (1 - t01) * np.log(1 - s)).mean())
+    np.testing.assert_allclose(
+        grad, fd_grad(lambda z: float(ff.losses.sigmoid_binary_cross_entropy(z, t01)[0]), out),
+        rtol=1e-6, atol=1e-10)
+
+
+def test_float16_logits_reduce_in_float32():
+    logits = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float16)
+    labels = np.arange(64) % 10
+    loss, grad = ff.losses.softmax_cross_entropy(logits, labels)
+    ref, _ = ff.losses.softmax_cross_entropy(logits.astype(np.float64), labels)
+    assert grad.dtype == np.float16 and abs(float(loss) - float(ref)) < 1e-5
+
+
+def test_random_keys_are_reproducible_and_independent():
+    k = ff.random.key(42)
+    a, b = ff.random.split(k)
+    np.testing.assert_array_equal(ff.random.normal(a, (5,)), ff.random.normal(a, (5,)))
+    assert not np.array_equal(ff.random.normal(a, (5,)), ff.random.normal(b, (5,)))
+    np.testing.assert_array_equal(ff.random.split(k, 3), ff.random.split(ff.random.key(42), 3))
+    assert not np.array_equal(ff.random.fold_in(k, 1), ff.random.fold_in(k, 2))
+    assert sorted(ff.random.permutation(k, 10)) == list(range(10))
+    with pytest.raises(TypeError, match="seed must be an int"):
+        ff.random.key(1.5)
+
+
+def test_tree_helpers():
+    t = {"a": np.ones(3), "b": [np.zeros((2, 2)), None], "c": (np.full(1, 2.0),)}
+    assert ff.tree.paths(t) == ["a", "b/0", "c/0"]
+    assert ff.tree.size(t) == 8
+    z = ff.tree.zeros_like(t)
+    assert all((leaf == 0).all() for leaf in ff.tree.leaves(z))
+    assert ff.tree.structure(z) == ff.tree.structure(t)
+    assert float(ff.tree.l2_norm(t)) == pytest.approx(np.sqrt(3 + 4))
+    assert float(ff.tree.vdot(t, t)) == pytest.approx(7)
+    doubled = ff.tree.scale(t, 2.0)
+    assert float(ff.tree.l2_norm(ff.tree.sub(doubled, t))) == pytest.approx(np.sqrt(7))
