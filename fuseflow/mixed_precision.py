@@ -1,0 +1,109 @@
+"""Mixed precision: 16-bit compute, float32 master weights, dynamic loss scaling.
+
+The params (and optimizer state) stay float32. Each step casts them to the compute dtype,
+runs forward and backward there (on the GPU: half-precision cuBLASLt epilogs with float32
+accumulation), computes the loss in float32, and multiplies the loss gradient by a loss
+scale before it is cast down, so small gradients do not flush to zero in float16. The
+float32 gradients are divided by the scale again.
+
+``dynamic_loss_scaling(optimizer)`` wraps any optimizer: when a gradient is inf/nan the
+step is skipped (params and the inner state unchanged) and the scale halves; after
+``growth_interval`` good steps in a row it doubles. It is written without host branches
+(``where`` on 0-d arrays), so the whole step can be captured in a CUDA graph.
+
+    opt = ff.mixed_precision.dynamic_loss_scaling(ff.optim.adam(1e-3))
+    grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy)
+    loss, grads = grad_fn(params, x, y, loss_scale=opt_state.scale)
+    updates, opt_state = opt.update(grads, opt_state, params)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fuseflow import tree
+from fuseflow._namespace import namespace
+from fuseflow.grad import _backward
+from fuseflow.optim import GradientTransformation
+
+__all__ = ["value_and_grad", "dynamic_loss_scaling", "DynamicScaleState", "all_finite",
+           "COMPUTE_DTYPES"]
+
+COMPUTE_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+
+def _compute_dtype(dtype):
+    name = np.dtype(dtype).name
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"mixed precision: compute dtype must be one of {sorted(COMPUTE_DTYPES)}, "
+                         f"got {name}. (bfloat16: see docs/gpu.md)")
+    return np.dtype(name)
+
+
+def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=False):
+    """``f(params, x, y, *, loss_scale=1.0, key=None) -> (loss, grads)`` in 16-bit compute.
+
+    ``grads`` are float32, unscaled, and may hold inf/nan after an overflow (the
+    ``dynamic_loss_scaling`` optimizer wrapper skips such steps).
+    """
+    cd = _compute_dtype(compute_dtype)
+
+    def f(params, x, y, *, loss_scale=1.0, key=None):
+        low = tree.map(lambda p: p.astype(cd), params)
+        out, residuals = model.forward(low, x.astype(cd, copy=False), key=key, train=True)
+        xp = namespace(out)
+        loss, dout = loss_fn(out.astype(xp.float32), y)
+        scale = xp.asarray(loss_scale, dtype=xp.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
+            grads, _ = _backward(model, low, residuals, (dout * scale).astype(cd),
+                                 need_input_grad=False)
+        inv = 1.0 / scale
+        grads = tree.map(lambda g, p: g.astype(p.dtype) * inv.astype(p.dtype), grads, params)
+        return ((loss, out) if with_outputs else loss), grads
+    return f
+
+
+def all_finite(grads):
+    """A 0-d bool array: every element of every leaf is finite (one reduction per leaf)."""
+    leaves = tree.leaves(grads)
+    xp = namespace(leaves[0])
+    total = sum(xp.sum(g, dtype=xp.float32) * 0 for g in leaves)  # inf*0 and nan*0 are nan
+    return xp.isfinite(total)
+
+
+class DynamicScaleState(NamedTuple):
+    scale: Any        # 0-d float32: the current loss scale
+    good_steps: Any   # 0-d int32: finite steps since the last change
+    inner: Any        # the wrapped optimizer's state
+
+
+def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
+                         growth_factor=2.0, backoff_factor=0.5, min_scale=1.0):
+    """Wrap ``optimizer``: skip non-finite steps and adapt the loss scale (see module doc)."""
+    if not isinstance(optimizer, GradientTransformation):
+        raise TypeError("dynamic_loss_scaling: expected an optimizer such as ff.optim.adam(1e-3), "
+                        f"got {type(optimizer).__name__}")
+
+    def init(params):
+        xp = namespace(tree.leaves(params)[0])
+        return DynamicScaleState(xp.asarray(init_scale, xp.float32), xp.zeros((), xp.int32),
+                                 optimizer.init(params))
+
+    def update(grads, state, params=None):
+        xp = namespace(state.scale)
+        finite = all_finite(grads)
+        safe = tree.map(lambda g: xp.where(finite, g, 0).astype(g.dtype), grads)
+        updates, inner = optimizer.update(safe, state.inner, params)
+        updates = tree.map(lambda u: xp.where(finite, u, 0).astype(u.dtype), updates)
+        inner = tree.map(lambda new, old: xp.where(finite, new, old).astype(old.dtype),
+                         inner, state.inner)
+        good = xp.where(finite, state.good_steps + 1, 0).astype(xp.int32)
+        grow = good >= growth_interval
+        scale = xp.where(finite, xp.where(grow, state.scale * growth_factor, state.scale),
+                         xp.maximum(state.scale * backoff_factor, min_scale)).astype(xp.float32)
+        good = xp.where(grow, 0, good).astype(xp.int32)
+        return updates, DynamicScaleState(scale, good, inner)
+
+    return GradientTransformation(init, update)

@@ -1,0 +1,69 @@
+"""float16 compute with float32 master weights and dynamic loss scaling (NumPy backend)."""
+
+import numpy as np
+
+import fuseflow as ff
+from fuseflow import mixed_precision as mp
+from fuseflow import nn
+
+
+def setup(seed=0):
+    model = nn.Serial(nn.Dense(64, "relu"), nn.Dense(48, "gelu"), nn.Dense(10))
+    _, params = model.init(ff.random.key(seed), (32,))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((16, 32)).astype(np.float32)
+    return model, params, x, np.arange(16) % 10
+
+
+def test_float16_grads_match_float32_grads():
+    model, params, x, y = setup()
+    loss32, g32 = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(params, x, y)
+    loss16, g16 = mp.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+        params, x, y, loss_scale=np.float32(1024))
+    assert abs(float(loss16) - float(loss32)) < 1e-2
+    for a, b in zip(ff.tree.leaves(g16), ff.tree.leaves(g32)):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=5e-2, atol=2e-3 * np.abs(b).max())
+
+
+def test_loss_scale_keeps_small_gradients_from_flushing_to_zero():
+    model, params, x, y = setup()
+    tiny = ff.tree.map(lambda p: p * 1e-3, params)  # gradients around float16's subnormals
+    _, unscaled = mp.value_and_grad(model, ff.losses.softmax_cross_entropy)(tiny, x, y)
+    _, scaled = mp.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+        tiny, x, y, loss_scale=np.float32(2 ** 15))
+    _, exact = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(tiny, x, y)
+    w = lambda g: g[0]["w"]  # noqa: E731
+    err_scaled = np.abs(w(scaled) - w(exact)).max()
+    err_unscaled = np.abs(w(unscaled) - w(exact)).max()
+    assert err_scaled < err_unscaled / 10
+
+
+def test_overflow_skips_the_step_and_halves_the_scale():
+    model, params, x, y = setup()
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-3), init_scale=1e9)
+    state = opt.init(params)
+    _, grads = mp.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+        params, x, y, loss_scale=state.scale)
+    assert not bool(mp.all_finite(grads))
+    updates, new = opt.update(grads, state, params)
+    assert all((u == 0).all() for u in ff.tree.leaves(updates))
+    assert float(new.scale) == 5e8 and int(new.good_steps) == 0
+    for a, b in zip(ff.tree.leaves(new.inner), ff.tree.leaves(state.inner)):
+        np.testing.assert_array_equal(a, b)  # adam's moments and count untouched
+
+
+def test_scale_grows_after_good_steps_and_training_converges():
+    model, params, x, y = setup()
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(3e-3), init_scale=256.0, growth_interval=5)
+    state = opt.init(params)
+    grad_fn = mp.value_and_grad(model, ff.losses.softmax_cross_entropy)
+    losses = []
+    for _ in range(60):
+        loss, grads = grad_fn(params, x, y, loss_scale=state.scale)
+        updates, state = opt.update(grads, state, params)
+        params = ff.optim.apply_updates(params, updates)
+        losses.append(float(loss))
+    assert float(state.scale) == 256.0 * 2 ** 12
+    assert all(p.dtype == np.float32 for p in ff.tree.leaves(params))
+    assert losses[-1] < 0.05 < 2.0 < losses[0]
