@@ -22,6 +22,21 @@ def namespace(x):
     return np
 
 
+_HOST_SYNC_ALLOWED = [True]
+
+
+def host_sync_allowed() -> bool:
+    """False while a step is being captured into a CUDA graph: checks that read device
+    values back to the host (label ranges, say) must be skipped then."""
+    return _HOST_SYNC_ALLOWED[0]
+
+
+def set_host_sync_allowed(allowed: bool) -> bool:
+    """Set the flag; returns the previous value (the graph capture restores it)."""
+    previous, _HOST_SYNC_ALLOWED[0] = _HOST_SYNC_ALLOWED[0], allowed
+    return previous
+
+
 def device_of(x) -> str:
     """``"cuda"`` for a CuPy array, ``"cpu"`` for anything else."""
     return "cuda" if is_cupy(x) else "cpu"

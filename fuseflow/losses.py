@@ -7,7 +7,7 @@ Half-precision outputs are reduced in float32.
 
 from __future__ import annotations
 
-from fuseflow._namespace import namespace
+from fuseflow._namespace import host_sync_allowed, namespace
 
 __all__ = ["softmax_cross_entropy", "mse", "sigmoid_binary_cross_entropy", "accuracy",
            "LossError"]
@@ -34,7 +34,8 @@ def _check_batch(name, outputs, targets):
 def softmax_cross_entropy(logits, labels, *, check=True):
     """Mean cross-entropy of softmax(logits) against integer class labels.
 
-    ``check=False`` skips the label range check (which reads the labels back from the GPU).
+    ``check=False`` skips the label range check (which reads the labels back from the GPU;
+    it is skipped by itself while a compiled step is captured).
     """
     xp = namespace(logits)
     _check_batch("softmax_cross_entropy", logits, labels)
@@ -43,7 +44,7 @@ def softmax_cross_entropy(logits, labels, *, check=True):
                         f"indices, got shape {labels.shape} dtype {labels.dtype}. Fix: "
                         "labels.astype(np.int64); for one-hot targets use labels.argmax(1).")
     n, classes = logits.shape
-    if check and n:
+    if check and n and host_sync_allowed():
         lo, hi = int(labels.min()), int(labels.max())
         if lo < 0 or hi >= classes:
             raise LossError(f"softmax_cross_entropy: labels must lie in [0, {classes}) for "

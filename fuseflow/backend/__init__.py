@@ -15,7 +15,7 @@ from fuseflow.backend.base import Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
 
 __all__ = ["Backend", "BackendError", "get", "of", "namespace", "device_of", "stats",
-           "reset_stats", "cuda_available", "resolve", "device_put", "asarray"]
+           "reset_stats", "cuda_available", "graph_capture", "resolve", "device_put", "asarray"]
 
 _BACKENDS: dict = {"numpy": NumpyBackend()}
 _cuda_error: str | None = None
@@ -75,6 +75,14 @@ def of(*arrays, where: str = "fuseflow") -> Backend:
             "inputs must live on one device. Fix: ff.device_put(x, 'cuda') (or 'cpu') for the "
             "input, or ff.device_put(params, ...) for the model.")
     return get("cuda") if devices == {"cuda"} else _BACKENDS["numpy"]
+
+
+def graph_capture():
+    """A fresh CUDA graph capture context (private pool + stream) for ``ff.compile``."""
+    get("cuda")
+    from fuseflow.backend._cuda_graph import GraphCapture
+
+    return GraphCapture()
 
 
 def stats() -> dict:

@@ -1,0 +1,72 @@
+"""CUDA graph capture for compiled steps: a private memory pool and a capture stream.
+
+Everything a captured step allocates comes from a memory pool that belongs to the compiled
+step alone, so no other code can ever be handed memory that a replay writes into. The step
+runs once eagerly in that pool first (planning every matmul, compiling every kernel, and
+leaving blocks of every size the step needs cached), so that the capture itself finds all
+its memory in the pool: cudaMalloc is not allowed while a stream captures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import cupy
+
+from fuseflow._namespace import set_host_sync_allowed
+
+
+class GraphCaptureError(RuntimeError):
+    """The step could not be captured (it synchronised with the host, for example)."""
+
+
+class GraphCapture:
+    def __init__(self):
+        self.pool = cupy.cuda.MemoryPool()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Allocate from the private pool, run on the capture stream, no host syncs."""
+        previous = set_host_sync_allowed(False)
+        try:
+            with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
+                yield
+        finally:
+            set_host_sync_allowed(previous)
+
+    def run(self, fn):
+        """Run ``fn()`` eagerly inside the scope (warm-up) and wait for it."""
+        with self.scope():
+            out = fn()
+        self.stream.synchronize()
+        return out
+
+    def capture(self, fn):
+        """``(fn(), graph)``: fn's GPU work recorded into a graph instead of run."""
+        with self.scope():
+            self.stream.begin_capture()
+            try:
+                out = fn()
+            except BaseException as e:
+                with contextlib.suppress(Exception):
+                    self.stream.end_capture()
+                if isinstance(e, cupy.cuda.runtime.CUDARuntimeError) or "capturing" in str(e):
+                    raise GraphCaptureError(
+                        f"the step could not be captured into a CUDA graph ({e}). A compiled "
+                        "step must not read GPU values on the host (float(loss), .item(), "
+                        "printing arrays) nor move data between host and device: return such "
+                        "values as arrays and read them after the call.") from e
+                raise
+            graph = self.stream.end_capture()
+        return out, graph
+
+    @staticmethod
+    def launch(graph):
+        """Replay on the caller's current stream (ordered with its other work)."""
+        graph.launch(cupy.cuda.get_current_stream())
+
+    @staticmethod
+    def copy_into(dst, src):
+        """Device-to-device copy of equal-sized contiguous arrays on the current stream."""
+        dst.data.copy_from_device_async(src.data, src.nbytes, cupy.cuda.get_current_stream())

@@ -1,0 +1,100 @@
+"""ff.compile: pass-through on NumPy; on a GPU, one CUDA graph per step that gives the same
+losses as the eager step (GPU tests are marked and skip without a GPU)."""
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import nn
+
+
+def make_problem(sizes=(784, 64, 64, 10), batch=32, seed=0, optimizer=None):
+    model = nn.Serial(*[nn.Dense(n, "relu") for n in sizes[1:-1]], nn.Dense(sizes[-1]))
+    _, params = model.init(ff.random.key(seed), (sizes[0],))
+    opt = optimizer or ff.optim.adam(1e-3)
+    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+    def step(params, opt_state, x, y):
+        loss, grads = grad_fn(params, x, y)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return ff.optim.apply_updates(params, updates), opt_state, {"loss": loss}
+
+    rng = np.random.default_rng(seed)
+    xs = rng.random((10, batch, sizes[0]), dtype=np.float32)
+    ys = rng.integers(0, sizes[-1], (10, batch))
+    return params, opt.init(params), step, xs, ys
+
+
+def test_compile_is_a_pass_through_on_numpy():
+    params, state, step, xs, ys = make_problem()
+    compiled = ff.compile(step)
+    p1, s1, m1 = step(params, state, xs[0], ys[0])
+    p2, s2, m2 = compiled(params, state, xs[0], ys[0])
+    assert float(m1["loss"]) == float(m2["loss"])
+    for a, b in zip(ff.tree.leaves((p1, s1)), ff.tree.leaves((p2, s2))):
+        np.testing.assert_array_equal(a, b)
+    assert compiled.compiles == 0
+
+
+gpu = pytest.mark.gpu
+
+
+def _cuda():
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    return cupy
+
+
+@gpu
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
+def test_compiled_step_matches_eager_for_100_steps(opt_name):
+    cp = _cuda()
+    opt = {"sgd": ff.optim.sgd(0.05, momentum=0.9), "adam": ff.optim.adam(1e-3),
+           "adamw": ff.optim.adamw(1e-3, weight_decay=1e-2)}[opt_name]
+    params, state, step, xs, ys = make_problem(optimizer=opt)
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cp.asarray(xs), cp.asarray(ys)
+    compiled = ff.compile(step)
+    pe, se = params, state
+    pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
+    eager, graphed = [], []
+    for i in range(100):
+        pe, se, me = step(pe, se, xs[i % 10], ys[i % 10])
+        pc, sc, mc = compiled(pc, sc, xs[i % 10], ys[i % 10])
+        eager.append(float(me["loss"]))
+        graphed.append(float(mc["loss"]))
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert compiled.compiles == 1 and eager[-1] < eager[0]
+    for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(pe)):
+        np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(b), rtol=1e-4, atol=1e-6)
+
+
+@gpu
+def test_compiled_step_recompiles_on_new_shapes_and_reuses_graphs():
+    cp = _cuda()
+    params, state, step, xs, ys = make_problem()
+    params, state = ff.device_put((params, state), "cuda")
+    compiled = ff.compile(step)
+    p, s, _ = compiled(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
+    p, s, _ = compiled(p, s, cp.asarray(xs[1]), cp.asarray(ys[1]))
+    assert compiled.compiles == 1
+    p, s, m = compiled(p, s, cp.asarray(xs[0][:16]), cp.asarray(ys[0][:16]))
+    assert compiled.compiles == 2 and np.isfinite(float(m["loss"]))
+    compiled(p, s, cp.asarray(xs[2]), cp.asarray(ys[2]))
+    assert compiled.compiles == 2
+
+
+@gpu
+def test_host_sync_inside_a_compiled_step_is_a_clear_error():
+    cp = _cuda()
+    params, state, step, xs, ys = make_problem()
+
+    def bad_step(params, opt_state, x, y):
+        p, s, m = step(params, opt_state, x, y)
+        return p, s, {"loss": float(m["loss"])}  # reads the GPU on the host
+
+    params, state = ff.device_put((params, state), "cuda")
+    with pytest.raises(Exception, match="must not read GPU values on the host"):
+        ff.compile(bad_step)(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
