@@ -1,0 +1,341 @@
+"""Checkpoints: any pytree of arrays and scalars to one safetensors file, and back.
+
+    ff.checkpoint.save("run/step_1000.safetensors", {"params": p, "opt": s}, metadata={"step": 1000})
+    state = ff.checkpoint.load("run/step_1000.safetensors", like={"params": p, "opt": s})
+
+Why this shape:
+- safetensors, not pickle: loading a file runs no code, and other tools can read the
+  tensors. Tensor names are the leaf paths (``fuseflow.tree.paths``, e.g. "params/0/w").
+- The pytree structure travels in the file's metadata as JSON (``fuseflow_tree``): dict,
+  list, tuple, NamedTuple (by type name and fields) and None nodes; leaves remember whether
+  they were arrays, NumPy scalars or Python int/float/bool. Each tensor's CRC-32 is recorded
+  too, so a flipped bit in the data is an error rather than a quietly wrong weight.
+- Without ``like``, NamedTuples come back as ``collections.namedtuple`` classes of the same
+  name and fields (not the original class, which the file cannot name safely), dict
+  subclasses as dicts, and arrays on the host. With ``like``, its containers are used, each
+  leaf goes to the device of the matching ``like`` leaf, and every difference in paths,
+  shapes and dtypes is reported at once.
+- Writes are atomic: the bytes go to a unique temporary file beside the target
+  (``.<name>.<pid>.<random>.tmp``), are flushed and fsynced, then ``os.replace``-d onto the
+  final name, and the folder is fsynced. A crash or kill at any moment leaves either the old
+  checkpoint or the new one. Only a kill that gives no chance to clean up (SIGKILL, power
+  loss) can leave such a hidden temporary file behind.
+- ``fuseflow_format_version`` is checked on load, so an old fuseflow refuses a file written
+  in a newer format instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import os
+import secrets
+import zlib
+from pathlib import Path
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from fuseflow import tree as _tree
+from fuseflow._namespace import is_cupy, namespace
+
+__all__ = ["FORMAT_VERSION", "CheckpointError", "load", "read_metadata", "save"]
+
+FORMAT_VERSION = 1
+_VERSION_KEY, _TREE_KEY, _USER_KEY = "fuseflow_format_version", "fuseflow_tree", "fuseflow_metadata"
+# Python scalar leaves are stored as 0-d arrays of these dtypes and come back as Python scalars.
+_SCALARS = {bool: np.dtype(bool), int: np.dtype(np.int64), float: np.dtype(np.float64)}
+_DTYPES = {np.dtype(t) for t in ("bool", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8",
+                                 "f2", "f4", "f8")}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is damaged, not a fuseflow checkpoint, or does not match ``like``."""
+
+
+# ---------------------------------------------------------------------------------- save
+
+def save(path, tree, *, metadata: dict | None = None) -> None:
+    """Write ``tree`` to ``path`` atomically (parent folders are created).
+
+    ``metadata`` is any JSON-serialisable dict (JSON rules apply: tuples come back as lists,
+    keys as strings); read it back with ``read_metadata``.
+    """
+    tensors: dict[str, np.ndarray] = {}
+    spec = _encode(tree, (), tensors)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        user = json.dumps(metadata or {})
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"metadata must be JSON-serialisable: {e}. Fix: store plain Python "
+                        "values, e.g. float(loss) rather than a NumPy scalar.") from e
+    header = {_VERSION_KEY: str(FORMAT_VERSION), _TREE_KEY: json.dumps(spec), _USER_KEY: user}
+    _atomic_write(Path(path), safetensors.numpy.save(tensors, metadata=header))
+
+
+def _encode(node, path: tuple, tensors: dict):
+    """JSON description of ``node``; its leaves are added to ``tensors`` under their paths."""
+    if node is None:
+        return None
+    if isinstance(node, dict):
+        for k in node:
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise TypeError(f"checkpoint.save: dict key {k!r} at {_where(path)} is a "
+                                f"{type(k).__name__}; only str and int keys can be saved")
+        return {"dict": [[k, _encode(v, path + (k,), tensors)] for k, v in node.items()]}
+    if isinstance(node, tuple) and hasattr(type(node), "_fields"):
+        return {"namedtuple": type(node).__name__, "fields": list(node._fields),
+                "items": [_encode(v, path + (i,), tensors) for i, v in enumerate(node)]}
+    if isinstance(node, (list, tuple)):
+        kind = "list" if isinstance(node, list) else "tuple"
+        return {kind: [_encode(v, path + (i,), tensors) for i, v in enumerate(node)]}
+    name = "/".join(str(p) for p in path)  # the same string as fuseflow.tree.paths
+    kind, arr = _to_host(node, name)
+    if name in tensors or name == "__metadata__":
+        raise TypeError(f"checkpoint.save: two leaves share the path {name!r} (or it is "
+                        "reserved); rename a key so that leaf paths are unique")
+    tensors[name] = arr
+    return {"leaf": name, "kind": kind, "crc32": zlib.crc32(arr)}
+
+
+def _to_host(leaf, name: str):
+    """(kind, contiguous little-endian host array) for a leaf."""
+    if type(leaf) in _SCALARS:
+        kind, arr = type(leaf).__name__, np.array(leaf, dtype=_SCALARS[type(leaf)])
+    elif isinstance(leaf, np.generic):
+        kind, arr = "numpy_scalar", np.asarray(leaf)
+    elif isinstance(leaf, np.ndarray):
+        kind, arr = "array", leaf
+    elif is_cupy(leaf):
+        kind, arr = "array", leaf.get()
+    else:
+        raise TypeError(f"checkpoint.save: leaf {_where(name)} is a {type(leaf).__name__}; "
+                        "leaves must be NumPy/CuPy arrays, NumPy scalars or int/float/bool "
+                        "(containers: dict, list, tuple, NamedTuple, None). Fix: put other "
+                        "values in metadata=.")
+    if arr.dtype.newbyteorder("<") not in _DTYPES:
+        raise TypeError(f"checkpoint.save: leaf {_where(name)} has dtype {arr.dtype}, which "
+                        "safetensors cannot store. Fix: cast it to a real or integer dtype.")
+    return kind, np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:  # after a successful replace there is nothing left to remove
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename durable; not every platform can open a folder, which is fine."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------- load
+
+def load(path, like=None):
+    """Read the pytree saved at ``path``.
+
+    With ``like`` (a pytree of the expected structure, e.g. freshly initialised params),
+    the result has ``like``'s containers and each leaf is placed on the device of the
+    matching ``like`` leaf; any difference in leaf paths, shapes or dtypes raises
+    ``CheckpointError`` listing all of them.
+    """
+    path = Path(path)
+    with _open(path) as f:
+        spec = _json(path, _header(path, f), _TREE_KEY)
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not iterable)
+    try:
+        _check_leaves(path, spec, tensors)
+        if like is None:
+            return _decode(spec, tensors)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: the structure recorded in the file is malformed "
+                              f"({type(e).__name__}: {e}); the file is corrupted.") from e
+    return _restore_like(path, like, tensors)
+
+
+def read_metadata(path) -> dict:
+    """The user ``metadata`` dict saved with the checkpoint (reads only the header)."""
+    path = Path(path)
+    with _open(path) as f:
+        return _json(path, _header(path, f), _USER_KEY)
+
+
+def _open(path: Path):
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; checkpoint.load and read_metadata expect "
+                                f"the checkpoint file itself (e.g. {path}/step_1000.safetensors)")
+    try:
+        return safetensors.safe_open(path, framework="np")
+    except safetensors.SafetensorError as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file; it is truncated, "
+                              f"corrupted or of another format (safetensors: {e}). Fix: restore "
+                              "it from another copy or an earlier checkpoint.") from e
+
+
+def _header(path: Path, f) -> dict:
+    header = f.metadata() or {}
+    if _VERSION_KEY not in header:
+        raise CheckpointError(
+            f"{path}: a safetensors file, but not a fuseflow checkpoint (no "
+            f"{_VERSION_KEY!r} in its metadata). Fix: read plain safetensors files with "
+            "safetensors.numpy.load_file(path).")
+    try:
+        version = int(header[_VERSION_KEY])
+    except ValueError:
+        raise CheckpointError(f"{path}: {_VERSION_KEY} is {header[_VERSION_KEY]!r}, not an "
+                              "integer; the file is corrupted.") from None
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: written in checkpoint format {version}, but this fuseflow reads formats "
+            f"up to {FORMAT_VERSION}. Fix: upgrade fuseflow (pip install -U fuseflow).")
+    if version < 1:
+        raise CheckpointError(f"{path}: checkpoint format {version} does not exist; the file "
+                              "is corrupted.")
+    return header
+
+
+def _json(path: Path, header: dict, key: str):
+    try:
+        return json.loads(header[key])
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}: the metadata entry {key!r} is missing or not valid "
+                              f"JSON ({e}); the file is corrupted.") from e
+
+
+def _check_leaves(path: Path, spec, tensors: dict) -> None:
+    """The recorded leaves are exactly the file's tensors, each with its saved CRC-32."""
+    leaves = {leaf["leaf"]: leaf for leaf in _leaf_specs(spec)}
+    if set(leaves) != set(tensors):
+        raise CheckpointError(f"{path}: the recorded structure names tensors "
+                              f"{sorted(set(leaves) ^ set(tensors))} that the file does not "
+                              "match; the file is corrupted.")
+    for name, leaf in leaves.items():
+        if zlib.crc32(tensors[name]) != leaf["crc32"]:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} does not match the CRC-32 recorded when it was "
+                "saved; the file is corrupted. Fix: restore it from another copy or an "
+                "earlier checkpoint.")
+
+
+def _leaf_specs(spec):
+    if spec is None:
+        return
+    if "leaf" in spec:
+        yield spec
+        return
+    if "dict" in spec:
+        children = [v for _, v in spec["dict"]]
+    else:
+        children = spec["items"] if "namedtuple" in spec else spec.get("list", spec.get("tuple"))
+    for child in children:
+        yield from _leaf_specs(child)
+
+
+def _decode(spec, tensors):
+    if spec is None:
+        return None
+    if "leaf" in spec:
+        return _from_host(tensors[spec["leaf"]], spec["kind"])
+    if "dict" in spec:
+        return {k: _decode(v, tensors) for k, v in spec["dict"]}
+    if "namedtuple" in spec:
+        cls = _namedtuple(spec["namedtuple"], tuple(spec["fields"]))
+        return cls(*(_decode(v, tensors) for v in spec["items"]))
+    if "list" in spec:
+        return [_decode(v, tensors) for v in spec["list"]]
+    return tuple(_decode(v, tensors) for v in spec["tuple"])
+
+
+@functools.cache
+def _namedtuple(name: str, fields: tuple):
+    # One class per (name, fields), so trees loaded twice have equal structures.
+    return collections.namedtuple(name, fields)
+
+
+def _from_host(arr: np.ndarray, kind: str):
+    if kind in ("bool", "int", "float"):
+        return arr.item()
+    if kind == "numpy_scalar":
+        return arr[()]
+    if kind == "array":
+        return arr
+    raise ValueError(f"unknown leaf kind {kind!r}")
+
+
+def _expected(leaf, name: str):
+    """(shape, dtype) a leaf of ``like`` stands for, as stored on the host."""
+    if type(leaf) in _SCALARS:
+        return (), _SCALARS[type(leaf)]
+    if isinstance(leaf, (np.ndarray, np.generic)) or is_cupy(leaf):
+        return tuple(leaf.shape), np.dtype(leaf.dtype)
+    raise TypeError(f"checkpoint.load: leaf {_where(name)} of like is a "
+                    f"{type(leaf).__name__}, not an array or int/float/bool")
+
+
+def _restore_like(path: Path, like, tensors: dict):
+    names, leaves = _tree.paths(like), _tree.leaves(like)
+    expected = {n: _expected(leaf, n) for n, leaf in zip(names, leaves)}
+    problems = []
+    for name, (shape, dtype) in expected.items():
+        if name not in tensors:
+            problems.append(f"missing from the file: {_where(name)} (like has {_desc(shape, dtype)})")
+            continue
+        found = tensors[name]
+        if found.shape != shape:
+            problems.append(f"{_where(name)}: shape expected {shape}, found {found.shape}")
+        if found.dtype != dtype:
+            problems.append(f"{_where(name)}: dtype expected {dtype}, found {found.dtype}")
+    for name, found in tensors.items():
+        if name not in expected:
+            problems.append(f"not in like: {_where(name)} (the file has "
+                            f"{_desc(found.shape, found.dtype)})")
+    if problems:
+        raise CheckpointError(
+            f"{path} does not match like ({len(problems)} difference"
+            f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems)
+            + "\nFix: build like with the same model configuration the checkpoint was saved "
+              "from, or load without like to inspect what the file holds.")
+    out = [_put_like(tensors[n], leaf) for n, leaf in zip(names, leaves)]
+    return _tree.unflatten(_tree.structure(like), out)
+
+
+def _put_like(arr: np.ndarray, leaf):
+    if type(leaf) in _SCALARS:
+        return arr.item()
+    if isinstance(leaf, np.generic):
+        return arr[()]
+    if is_cupy(leaf):
+        with leaf.device:  # the like leaf's GPU, not merely the current one
+            return namespace(leaf).asarray(arr)
+    return arr
+
+
+def _desc(shape, dtype) -> str:
+    return f"{dtype} of shape {tuple(shape)}"
+
+
+def _where(name: str) -> str:
+    return repr(name) if name else "<root>"

@@ -1,0 +1,65 @@
+"""Mini-batches over a pair of arrays, reproducible from a key and resumable mid-epoch.
+
+The order of an epoch is ``fuseflow.random.permutation(key, n)``: a function of the key
+alone, drawn on the host, so the same key gives the same batches on NumPy and on CuPy, and
+a run restarted from a checkpoint at batch ``k`` of an epoch continues bit-for-bit with
+``start_batch=k``. Use a new key per epoch, e.g. ``ff.random.fold_in(key, epoch)``.
+
+CuPy arrays stay on the GPU: only the permutation is copied there, once per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fuseflow import random
+from fuseflow._namespace import namespace
+
+__all__ = ["batches", "num_batches"]
+
+
+def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many batches ``batches`` yields for ``n`` examples."""
+    _check_batch_size(batch_size)
+    return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
+def _check_batch_size(batch_size):
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def batches(x, y, batch_size: int, *, key=None, shuffle: bool = True,
+            drop_last: bool = False, start_batch: int = 0):
+    """Yield ``(xb, yb)`` pairs of ``batch_size`` rows (the last one smaller unless
+    ``drop_last``), skipping the first ``start_batch`` batches.
+
+    With ``shuffle`` (the default) the rows are taken in the order
+    ``fuseflow.random.permutation(key, len(x))``, so ``key`` is required. Without it, the
+    batches are slices (views) of ``x`` and ``y`` in order.
+    """
+    n = len(x)
+    if len(y) != n:
+        raise ValueError(f"batches: x has {n} rows but y has {len(y)}; they must match "
+                         "(one label per example)")
+    total = num_batches(n, batch_size, drop_last)
+    if not 0 <= start_batch <= total:
+        raise ValueError(f"batches: start_batch={start_batch} is outside 0..{total} "
+                         f"({n} examples make {total} batches of {batch_size})")
+    if shuffle and key is None:
+        raise ValueError("batches(shuffle=True) needs a key, so the order is reproducible. "
+                         "Fix: batches(x, y, batch_size, key=ff.random.fold_in(key, epoch)), "
+                         "or shuffle=False.")
+    order = random.permutation(key, n) if shuffle else None
+    return _generate(x, y, batch_size, order, start_batch, total)
+
+
+def _generate(x, y, batch_size, order, start_batch, total):
+    if order is not None:  # each array is indexed by a copy of the order on its own device
+        x_order, y_order = namespace(x).asarray(order), namespace(y).asarray(order)
+    for i in range(start_batch, total):
+        rows = slice(i * batch_size, (i + 1) * batch_size)
+        if order is None:
+            yield x[rows], y[rows]
+        else:
+            yield x[x_order[rows]], y[y_order[rows]]

@@ -1,0 +1,117 @@
+"""Reading IDX files, the format of MNIST and its look-alikes, with structural checks.
+
+An IDX file is two zero bytes, a data type code, the number of dimensions, one big-endian
+uint32 per dimension, then the values in big-endian C order; it ships gzip-compressed or
+raw. A download cut short, a disk error, or swapped images and labels files all show up
+here rather than as a strange loss curve later, so every check says which file failed,
+what was expected, what was found, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from fuseflow.data._errors import DatasetError
+
+__all__ = ["read_idx", "read_split"]
+
+# IDX type code -> (big-endian) NumPy dtype.
+_DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
+           0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_GZIP_MAGIC = b"\x1f\x8b"
+_REFETCH = ("Fix: the file is damaged or incomplete; delete it and download it again "
+            "(fuseflow re-downloads MNIST into its cache by itself).")
+
+
+def _fail(path, problem: str, fix: str = _REFETCH):
+    raise DatasetError(f"{path}: {problem}. {fix}")
+
+
+def _read_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    if not data.startswith(_GZIP_MAGIC):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:  # bad CRC, cut short, garbled stream
+        _fail(path, f"is not a valid gzip stream ({type(e).__name__}: {e})")
+
+
+def read_idx(path) -> np.ndarray:
+    """The array stored in the IDX file ``path`` (.gz or raw), in native byte order.
+
+    Raises ``DatasetError`` when the header is not IDX or the payload does not match it.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4:
+        _fail(path, f"has {len(data)} bytes, too short for the 4-byte IDX header")
+    if data[0] != 0 or data[1] != 0:
+        _fail(path, f"is not an IDX file: it starts with bytes {data[:4].hex(' ')}, expected "
+                    "00 00 <type code> <number of dims>")
+    code, ndim = data[2], data[3]
+    if code not in _DTYPES:
+        known = ", ".join(f"0x{c:02X}" for c in _DTYPES)
+        _fail(path, f"has unknown IDX data type code 0x{code:02X} (expected one of {known})")
+    if ndim == 0:
+        _fail(path, "declares 0 dimensions; an IDX file has at least 1")
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        _fail(path, f"is truncated inside its header: {ndim} dims need {header} bytes, "
+                    f"the file has {len(data)}")
+    dims = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
+    dtype = _DTYPES[code]
+    count = int(np.prod(dims, dtype=np.int64))
+    want, have = count * dtype.itemsize, len(data) - header
+    if have < want:
+        _fail(path, f"is truncated: dims {dims} of {dtype.name} need {want} payload bytes, "
+                    f"found {have}")
+    if have > want:
+        _fail(path, f"has {have - want} unexpected bytes after the payload of dims {dims} "
+                    f"({want} bytes)")
+    arr = np.frombuffer(data, dtype, count=count, offset=header).reshape(dims)
+    return arr.astype(dtype.newbyteorder("="), copy=False)
+
+
+def read_split(images_path, labels_path, num_classes: int | None = 10):
+    """``(images, labels)`` as stored: uint8 (N, rows, cols) and uint8 (N,), checked as a pair.
+
+    Parsed arrays are cached per file (path, size and modification time), and are read-only,
+    so callers convert rather than modify them.
+    """
+    stamps = tuple((str(Path(p).resolve()), _stamp(p)) for p in (images_path, labels_path))
+    return _read_split_cached(stamps, num_classes)
+
+
+def _stamp(path):
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _read_split_cached(stamps, num_classes):
+    (images_path, _), (labels_path, _) = stamps
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    swapped = "Fix: check that the images and labels files are the right ones (not swapped)."
+    if images.ndim != 3 or images.dtype != np.uint8:
+        _fail(images_path, f"should hold images, uint8 of shape (count, rows, cols); found "
+                           f"{images.dtype} of shape {images.shape}", swapped)
+    if labels.ndim != 1 or labels.dtype != np.uint8:
+        _fail(labels_path, f"should hold labels, uint8 of shape (count,); found "
+                           f"{labels.dtype} of shape {labels.shape}", swapped)
+    if len(images) != len(labels):
+        _fail(labels_path, f"holds {len(labels)} labels but {images_path} holds "
+                           f"{len(images)} images; the two must match", _REFETCH)
+    if num_classes is not None and len(labels) and int(labels.max()) >= num_classes:
+        bad = int(np.argmax(labels >= num_classes))
+        _fail(labels_path, f"label {int(labels[bad])} at index {bad} is out of range "
+                           f"0..{num_classes - 1}")
+    images.flags.writeable = False
+    labels.flags.writeable = False
+    return images, labels

@@ -1,0 +1,151 @@
+"""MNIST and its look-alikes (Fashion-MNIST, KMNIST) from the four standard IDX files.
+
+Where the files come from, in order: the ``data_dir`` argument (the folder with the files,
+or a folder holding ``mnist/``), the ``FUSEFLOW_DATA`` environment variable (a folder
+holding ``mnist/``; the files directly also work), then the user cache
+(``$XDG_CACHE_HOME/fuseflow/mnist``, else ``~/.cache/fuseflow/mnist``). When they are in none
+of these, they are downloaded into the cache from the canonical mirrors and checked against
+their published sha256.
+
+Only the cache is checksummed on load: a user's folder may legitimately hold Fashion-MNIST
+under the very same file names, and the structural checks of the IDX reader already catch
+truncated or swapped files there.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from fuseflow.data._download import fetch, sha256_file
+from fuseflow.data._errors import DatasetError, DatasetNotFoundError
+from fuseflow.data._idx import read_split
+
+__all__ = ["MIRRORS", "SHA256", "cache_dir", "idx_dataset", "mnist"]
+
+# split -> (images file, labels file), without the optional ".gz".
+_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/",
+           "https://storage.googleapis.com/cvdf-datasets/mnist/")
+
+SHA256 = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+
+
+def cache_dir() -> Path:
+    """The folder MNIST is downloaded into: ``$XDG_CACHE_HOME/fuseflow/mnist`` or
+    ``~/.cache/fuseflow/mnist``."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "fuseflow" / "mnist"
+
+
+def _split_names(split: str):
+    if split not in _FILES:
+        raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+    return _FILES[split]
+
+
+def _find(folder: Path, names):
+    """The split's two files in ``folder`` (a raw file wins over its .gz), or None."""
+    found = []
+    for name in names:
+        hit = next((folder / n for n in (name, name + ".gz") if (folder / n).is_file()), None)
+        if hit is None:
+            return None
+        found.append(hit)
+    return tuple(found)
+
+
+def _as_arrays(images, labels):
+    x = images.reshape(len(images), -1).astype(np.float32)
+    x /= 255.0
+    return x, labels.astype(np.int64)
+
+
+def idx_dataset(folder, split: str = "train", *, num_classes: int | None = 10):
+    """``(images, labels)`` from a folder holding the four IDX files under their MNIST names.
+
+    For Fashion-MNIST, KMNIST and the like. Images come flattened, float32 (N, rows*cols)
+    in [0, 1]; labels int64. Labels must lie in ``0..num_classes-1`` (None: unchecked).
+    """
+    names = _split_names(split)
+    folder = Path(folder)
+    files = _find(folder, names)
+    if files is None:
+        raise DatasetNotFoundError(
+            f"{folder} does not hold the {split} split: expected {names[0]}[.gz] and "
+            f"{names[1]}[.gz] there. Fix: pass the folder that holds these files.")
+    return _as_arrays(*read_split(*files, num_classes))
+
+
+def _candidates(data_dir):
+    """(folder, where it came from) in look-up order."""
+    if data_dir is not None:
+        yield Path(data_dir), "data_dir="
+        yield Path(data_dir) / "mnist", "data_dir="
+    env = os.environ.get("FUSEFLOW_DATA")
+    if env:
+        yield Path(env) / "mnist", "FUSEFLOW_DATA"
+        yield Path(env), "FUSEFLOW_DATA"
+    yield cache_dir(), "cache"
+
+
+def _verify_cached(files):
+    for path in files:
+        want = SHA256.get(path.name)
+        if want is not None and (got := sha256_file(path)) != want:
+            raise DatasetError(
+                f"{path}: sha256 is {got}, expected {want} (the canonical MNIST file). "
+                f"Fix: delete {path}; the next call downloads it again.")
+
+
+def _cached_or_fetch(name: str) -> Path:
+    path = cache_dir() / name
+    return path if path.is_file() else fetch(name, cache_dir(), MIRRORS, SHA256[name])
+
+
+def mnist(split: str = "train", data_dir=None, *, download: bool = True):
+    """Real MNIST: images float32 (N, 784) in [0, 1] and labels int64 (N,).
+
+    ``split`` is "train" (60000) or "test" (10000). See the module docstring for where
+    the files are looked for; with ``download=False`` nothing is fetched.
+    """
+    names = _split_names(split)
+    looked = []
+    for folder, origin in _candidates(data_dir):
+        files = _find(folder, names)
+        if files is None:
+            state = "" if folder.is_dir() else ", no such folder"
+            looked.append(f"{folder} ({origin}{state})")
+            continue
+        if origin == "cache":
+            _verify_cached(files)
+        elif data_dir is not None and origin != "data_dir=":
+            warnings.warn(f"MNIST is not in data_dir={str(data_dir)!r}; using {folder} "
+                          f"({origin}) instead", stacklevel=2)
+        return _as_arrays(*read_split(*files))
+    problem = "download=False"
+    if download:
+        try:
+            files = tuple(_cached_or_fetch(n + ".gz") for n in names)
+            _verify_cached(files)
+            return _as_arrays(*read_split(*files))
+        except OSError as e:
+            problem = str(e)
+    raise DatasetNotFoundError(
+        f"MNIST ({split} split) not found: looked for {names[0]}[.gz] and {names[1]}[.gz] in\n"
+        + "".join(f"  - {line}\n" for line in looked)
+        + f"and did not download it ({problem}).\n"
+        "Fix: point fuseflow at a folder holding the MNIST IDX files: "
+        "mnist(data_dir='path/to/folder'), the environment variable FUSEFLOW_DATA (a folder "
+        "holding mnist/), or `fuseflow train --data-dir path/to/folder`; or go online once so "
+        f"the files download into {cache_dir()}.")

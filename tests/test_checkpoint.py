@@ -1,0 +1,358 @@
+"""fuseflow.checkpoint: round trips, `like` checks, damaged files, format versions, and
+atomic writes under exceptions and SIGKILL."""
+
+import json
+import os
+import random as pyrandom
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+
+from fuseflow import checkpoint as ckpt
+from fuseflow import tree
+
+
+class AdamState(NamedTuple):
+    count: object
+    mu: object
+    nu: object
+
+
+def sample_tree():
+    rng = np.random.default_rng(0)
+    return {
+        "params": [{"w": rng.standard_normal((4, 3)).astype(np.float32),
+                    "b": np.zeros(3, np.float16)},
+                   {"w": rng.standard_normal((3, 2)), "b": np.arange(2, dtype=np.int32)}],
+        "opt": AdamState(count=np.array(7, np.int64), mu=(np.ones(2, np.uint8), None),
+                         nu={"big": np.arange(3, dtype=">i4"),
+                             "strided": np.arange(12.0).reshape(3, 4)[:, ::2]}),
+        "step": 12, "lr": 3e-4, "done": False, "loss": np.float32(0.25),
+        "mask": np.array([True, False]), "empty": np.zeros((0, 5), np.float32),
+        "nothing": None, 3: np.int8(-2),
+    }
+
+
+def assert_same(a, b):
+    """Same leaves (values, dtypes, shapes and Python types) under the same paths."""
+    assert tree.paths(a) == tree.paths(b)
+    for (path, x), y in zip(tree.leaves_with_paths(a), tree.leaves(b)):
+        assert type(x) is type(y), path
+        if isinstance(x, (np.ndarray, np.generic)):
+            assert x.dtype == y.dtype and x.shape == y.shape, path
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x == y, path
+
+
+# --------------------------------------------------------------------------- round trips
+
+def test_round_trip_without_like(tmp_path):
+    t = sample_tree()
+    ckpt.save(tmp_path / "c.safetensors", t)
+    out = ckpt.load(tmp_path / "c.safetensors")
+    big = out["opt"].nu["big"]
+    assert big.dtype.isnative and big.tolist() == [0, 1, 2]  # byte order is normalised
+    t["opt"].nu["big"] = t["opt"].nu["big"].astype(np.int32)
+    assert_same(t, out)
+    assert out["nothing"] is None and out["opt"].mu[1] is None
+    assert isinstance(out["opt"].mu, tuple) and isinstance(out["params"], list)
+    # a NamedTuple comes back as a namedtuple of the same name and fields
+    assert type(out["opt"]).__name__ == "AdamState" and out["opt"]._fields == AdamState._fields
+    assert tree.structure(ckpt.load(tmp_path / "c.safetensors")) == tree.structure(out)
+    out["params"][0]["w"][0, 0] = 1.0  # loaded arrays are ordinary, writeable arrays
+
+
+def test_round_trip_with_like_keeps_like_types(tmp_path):
+    t = sample_tree()
+    t["opt"].nu["big"] = t["opt"].nu["big"].astype("<i4")
+    ckpt.save(tmp_path / "c.safetensors", t)
+    out = ckpt.load(tmp_path / "c.safetensors", like=t)
+    assert type(out["opt"]) is AdamState
+    assert tree.structure(out) == tree.structure(t)
+    assert_same(t, out)
+
+
+def test_single_leaf_and_empty_trees(tmp_path):
+    for t in (np.arange(3.0), 5, None, {}, [], (np.array(1.0),)):
+        ckpt.save(tmp_path / "c", t)
+        out = ckpt.load(tmp_path / "c")
+        assert tree.structure(out) == tree.structure(t)
+        assert_same(t, out)
+
+
+def test_tensor_names_are_the_leaf_paths(tmp_path):
+    t = sample_tree()
+    ckpt.save(tmp_path / "c.safetensors", t)
+    with safetensors.safe_open(tmp_path / "c.safetensors", "np") as f:
+        assert sorted(f.keys()) == sorted(tree.paths(t))
+    assert "params/0/w" in tree.paths(t)
+
+
+def test_user_metadata_round_trips(tmp_path):
+    meta = {"step": 1200, "epoch": 3, "config": {"hidden": [128, 64], "lr": 1e-3},
+            "note": "best so far", "ok": True, "none": None}
+    ckpt.save(tmp_path / "c", {"w": np.ones(2)}, metadata=meta)
+    assert ckpt.read_metadata(tmp_path / "c") == meta
+    ckpt.save(tmp_path / "d", {"w": np.ones(2)})
+    assert ckpt.read_metadata(tmp_path / "d") == {}
+
+
+@pytest.mark.parametrize("t, meta, message", [
+    ({"s": "relu"}, None, r"leaf 's' is a str"),
+    ({"z": np.ones(2, np.complex64)}, None, r"leaf 'z' has dtype complex64"),
+    ({(1, 2): np.ones(2)}, None, r"dict key \(1, 2\) at <root> is a tuple"),
+    ({"a/b": np.ones(1), "a": {"b": np.ones(1)}}, None, "two leaves share the path 'a/b'"),
+    ({"w": np.ones(2)}, {"loss": np.float32(1)}, "JSON-serialisable.*float\\(loss\\)"),
+    ({"w": np.ones(2)}, [1, 2], "metadata must be a dict"),
+])
+def test_unsavable_input_is_refused_before_writing(tmp_path, t, meta, message):
+    with pytest.raises(TypeError, match=message):
+        ckpt.save(tmp_path / "c", t, metadata=meta)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -------------------------------------------------------------------------- like checks
+
+def test_another_models_checkpoint_lists_every_difference(tmp_path):
+    mine = {"params": [{"w": np.zeros((784, 128), np.float32), "b": np.zeros(128, np.float32)},
+                       {"w": np.zeros((128, 10), np.float32), "b": np.zeros(10, np.float32)}],
+            "step": 0}
+    theirs = {"params": [{"w": np.zeros((784, 256), np.float32), "b": np.zeros(256, np.float16)},
+                         {"w": np.zeros((256, 10), np.float32)}],
+              "step": 1.5, "ema": np.zeros(3)}
+    ckpt.save(tmp_path / "theirs.safetensors", theirs)
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.load(tmp_path / "theirs.safetensors", like=mine)
+    msg = str(err.value)
+    expected = [
+        "theirs.safetensors does not match like (7 differences)",
+        "'params/0/w': shape expected (784, 128), found (784, 256)",
+        "'params/0/b': shape expected (128,), found (256,)",
+        "'params/0/b': dtype expected float32, found float16",
+        "'params/1/w': shape expected (128, 10), found (256, 10)",
+        "missing from the file: 'params/1/b' (like has float32 of shape (10,))",
+        "'step': dtype expected int64, found float64",
+        "not in like: 'ema' (the file has float64 of shape (3,))",
+        "Fix:",
+    ]
+    for line in expected:
+        assert line in msg, f"{line!r} not in:\n{msg}"
+
+
+def test_like_that_matches_loads_values(tmp_path):
+    ckpt.save(tmp_path / "c", {"w": np.arange(4.0), "n": 3})
+    out = ckpt.load(tmp_path / "c", like={"w": np.zeros(4), "n": 0})
+    assert out["w"].tolist() == [0, 1, 2, 3] and out["n"] == 3 and type(out["n"]) is int
+
+
+# ---------------------------------------------------------------------- damaged files
+
+def saved(tmp_path):
+    path = tmp_path / "c.safetensors"
+    ckpt.save(path, {"w": np.arange(64, dtype=np.float32), "b": np.ones(3)}, metadata={"s": 1})
+    return path, path.read_bytes()
+
+
+def header_len(data: bytes) -> int:
+    return 8 + int.from_bytes(data[:8], "little")
+
+
+@pytest.mark.parametrize("where", ["length", "json-open", "json-middle", "json-end"])
+def test_flipped_header_byte_is_a_checkpoint_error(tmp_path, where):
+    path, data = saved(tmp_path)
+    pos = {"length": 1, "json-open": 8, "json-middle": header_len(data) // 2,
+           "json-end": header_len(data) - 2}[where]
+    bad = bytearray(data)
+    bad[pos] ^= 0x5A
+    path.write_bytes(bytes(bad))
+    with pytest.raises(ckpt.CheckpointError, match="c.safetensors"):
+        ckpt.load(path)
+
+
+def test_flipped_data_byte_names_the_tensor(tmp_path):
+    path, data = saved(tmp_path)
+    bad = bytearray(data)
+    bad[-1] ^= 0x01
+    path.write_bytes(bytes(bad))
+    with pytest.raises(ckpt.CheckpointError, match=r"c.safetensors: tensor '\w' does not match "
+                                                    r"the CRC-32.*corrupted"):
+        ckpt.load(path)
+
+
+@pytest.mark.parametrize("keep", [0, 4, 8, 20, "header-1", "header", "end-1"])
+def test_truncated_file_is_a_checkpoint_error(tmp_path, keep):
+    path, data = saved(tmp_path)
+    n = {"header-1": header_len(data) - 1, "header": header_len(data),
+         "end-1": len(data) - 1}.get(keep, keep)
+    path.write_bytes(data[:n])
+    with pytest.raises(ckpt.CheckpointError, match="c.safetensors: not a readable safetensors "
+                                                   "file; it is truncated"):
+        ckpt.load(path)
+
+
+def test_files_that_are_not_fuseflow_checkpoints(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones(3))
+    with pytest.raises(ckpt.CheckpointError, match="a.npy: not a readable safetensors"):
+        ckpt.load(tmp_path / "a.npy")
+    safetensors.numpy.save_file({"w": np.ones(3)}, tmp_path / "plain.safetensors")
+    with pytest.raises(ckpt.CheckpointError, match="plain.safetensors: a safetensors file, but "
+                                                   "not a fuseflow checkpoint"):
+        ckpt.load(tmp_path / "plain.safetensors")
+    with pytest.raises(FileNotFoundError):
+        ckpt.load(tmp_path / "missing.safetensors")
+    with pytest.raises(IsADirectoryError, match="is a folder; .* expect the checkpoint file"):
+        ckpt.load(tmp_path)
+
+
+def write_with_header(path, **changes):
+    """A checkpoint whose fuseflow metadata entries are replaced by ``changes``."""
+    t = {"w": np.ones(2, np.float32)}
+    ckpt.save(path, t)
+    with safetensors.safe_open(path, "np") as f:
+        meta = dict(f.metadata())
+    meta.update(changes)
+    safetensors.numpy.save_file(t, path, metadata=meta)
+
+
+def test_format_version_is_checked(tmp_path):
+    path = tmp_path / "c"
+    write_with_header(path, fuseflow_format_version=str(ckpt.FORMAT_VERSION + 1))
+    for read in (ckpt.load, ckpt.read_metadata):
+        with pytest.raises(ckpt.CheckpointError, match=f"format {ckpt.FORMAT_VERSION + 1}, but "
+                                                       "this fuseflow reads.*upgrade fuseflow"):
+            read(path)
+    write_with_header(path, fuseflow_format_version="one")
+    with pytest.raises(ckpt.CheckpointError, match="not an integer"):
+        ckpt.load(path)
+
+
+@pytest.mark.parametrize("tree_json", ["{not json", json.dumps({"dict": [["w"]]}),
+                                       json.dumps({"dict": [["v", {"leaf": "v", "kind": "array",
+                                                                   "crc32": 0}]]})])
+def test_malformed_structure_is_a_checkpoint_error(tmp_path, tree_json):
+    write_with_header(tmp_path / "c", fuseflow_tree=tree_json)
+    with pytest.raises(ckpt.CheckpointError, match="corrupted"):
+        ckpt.load(tmp_path / "c")
+
+
+# ----------------------------------------------------------------------- atomic writes
+
+def test_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "c.safetensors"
+    ckpt.save(path, {"w": np.zeros(3)})
+    for error in (OSError("disk full"), KeyboardInterrupt()):
+        def fail(fd, error=error):
+            raise error
+
+        monkeypatch.setattr(os, "fsync", fail)
+        with pytest.raises(type(error)):
+            ckpt.save(path, {"w": np.ones(3)})
+        monkeypatch.undo()
+        assert ckpt.load(path)["w"].tolist() == [0, 0, 0]
+        assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
+
+
+def test_save_creates_parent_folders_and_replaces(tmp_path):
+    path = tmp_path / "run" / "a" / "c.safetensors"
+    ckpt.save(path, {"w": np.zeros(2)})
+    ckpt.save(path, {"w": np.ones(2)})
+    assert ckpt.load(path)["w"].tolist() == [1, 1]
+    assert os.listdir(path.parent) == ["c.safetensors"]
+
+
+_SAVER = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from fuseflow import checkpoint
+    path, hang = sys.argv[1], sys.argv[2] == "hang"
+    w = np.empty(4_000_000, np.float32)  # 16 MB per save, so kills can land mid-write
+    step = 0
+    while True:
+        w.fill(step)
+        checkpoint.save(path, {"w": w, "step": step}, metadata={"step": step})
+        print(step, flush=True)
+        step += 1
+        if hang:  # the next save stops with its temporary file written, before the rename
+            os.fsync = lambda fd: (print("syncing", flush=True), time.sleep(60))
+""")
+
+
+def kill_saver(path, hang=False, delay=0.0):
+    """Start the saver, let it complete one save, wait, SIGKILL it; return what it printed."""
+    proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(path), "hang" if hang else "-"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline().strip()]
+        assert lines[0] == "0", lines  # the first save has completed
+        if hang:
+            lines.append(proc.stdout.readline().strip())
+        time.sleep(delay)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    return lines
+
+
+def check_survivor(path):
+    """The checkpoint at ``path`` is whole and self-consistent; only hidden temporaries of an
+    interrupted save lie beside it. Returns its step."""
+    out = ckpt.load(path)
+    step = out["step"]
+    assert ckpt.read_metadata(path) == {"step": step}
+    assert out["w"].shape == (4_000_000,) and out["w"].min() == out["w"].max() == step
+    for p in path.parent.iterdir():
+        assert p == path or (p.name.startswith(f".{path.name}.") and p.name.endswith(".tmp")), p
+    return step
+
+
+def test_sigkill_at_random_moments_of_saving_leaves_a_whole_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    rng = pyrandom.Random(1234)
+    steps = []
+    for _ in range(8):
+        kill_saver(path, delay=rng.uniform(0.0, 0.4))
+        steps.append(check_survivor(path))
+    assert any(s > 0 for s in steps), steps  # the kills did interrupt a run of saves
+
+
+def test_sigkill_after_the_write_before_the_rename_keeps_the_old_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.safetensors"
+    assert kill_saver(path, hang=True) == ["0", "syncing"]
+    assert check_survivor(path) == 0
+    leftovers = [p for p in tmp_path.iterdir() if p != path]
+    assert len(leftovers) == 1  # the documented hidden temporary; the final name is intact
+
+
+@pytest.mark.gpu
+def test_cupy_leaves_are_saved_from_and_loaded_to_the_gpu(tmp_path):
+    cp = pytest.importorskip("cupy")
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    t = {"w": cp.arange(6, dtype=cp.float32).reshape(2, 3), "b": np.ones(2), "n": 4}
+    ckpt.save(tmp_path / "c", t)
+    host = ckpt.load(tmp_path / "c")
+    assert isinstance(host["w"], np.ndarray) and host["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    dev = ckpt.load(tmp_path / "c", like=t)
+    assert isinstance(dev["w"], cp.ndarray) and isinstance(dev["b"], np.ndarray)
+    assert dev["w"].device == t["w"].device
+    cp.testing.assert_array_equal(dev["w"], t["w"])
+
+
+def test_namedtuple_classes_are_reused_across_loads(tmp_path):
+    ckpt.save(tmp_path / "c", AdamState(1, 2, 3))
+    a, b = ckpt.load(tmp_path / "c"), ckpt.load(tmp_path / "c")
+    assert type(a) is type(b) and a == (1, 2, 3)
+    assert isinstance(a, tuple) and hasattr(type(a), "_fields")
+    assert not isinstance(a, AdamState)  # documented: the file cannot name the original class

@@ -1,0 +1,327 @@
+"""fuseflow.data: IDX parsing and its failure modes, MNIST look-up/download/cache, the
+offline digits, and mini-batches (order, resumption, devices).
+
+No test touches the network: downloads come from file:// mirrors in a temporary folder.
+"""
+
+import gzip
+import hashlib
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+import fuseflow.data as ffd
+from fuseflow import random
+from fuseflow.data import _mnist
+
+_CODES = {np.dtype("u1"): 0x08, np.dtype("i1"): 0x09, np.dtype("i2"): 0x0B,
+          np.dtype("i4"): 0x0C, np.dtype("f4"): 0x0D, np.dtype("f8"): 0x0E}
+_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def idx_bytes(arr) -> bytes:
+    """An independent IDX writer: the bytes the format spec prescribes for ``arr``."""
+    arr = np.asarray(arr)
+    header = bytes([0, 0, _CODES[arr.dtype], arr.ndim])
+    dims = np.array(arr.shape, dtype=">u4").tobytes()
+    return header + dims + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+
+
+def write(path, data: bytes, gz: bool):
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def fake_mnist(folder, n=20, gz=True, splits=("train", "test"), seed=0):
+    """A tiny MNIST-shaped data set; images[i] is filled with 10 * label[i] for checking."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split in splits:
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = np.repeat(labels * 10, 28 * 28).reshape(n, 28, 28).astype(np.uint8)
+        suffix = ".gz" if gz else ""
+        write(folder / (_NAMES[split][0] + suffix), idx_bytes(images), gz)
+        write(folder / (_NAMES[split][1] + suffix), idx_bytes(labels), gz)
+    return folder
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """No FUSEFLOW_DATA, an empty cache under tmp_path, and mirrors that serve nothing."""
+    monkeypatch.delenv("FUSEFLOW_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    empty = tmp_path / "empty-mirror"
+    empty.mkdir()
+    monkeypatch.setattr(_mnist, "MIRRORS", (empty.as_uri() + "/",))
+    return tmp_path
+
+
+# ----------------------------------------------------------------------------- IDX files
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("dtype", ["u1", "i1", "i2", "i4", "f4", "f8"])
+def test_read_idx_round_trips_every_type(tmp_path, dtype, gz):
+    arr = (np.arange(2 * 3 * 4) - 7).reshape(2, 3, 4).astype(dtype)
+    path = write(tmp_path / "a.idx", idx_bytes(arr), gz)
+    out = ffd.read_idx(path)
+    assert out.dtype == np.dtype(dtype) and out.dtype.isnative
+    np.testing.assert_array_equal(out, arr)
+
+
+GOOD = idx_bytes(np.arange(12, dtype=np.uint8).reshape(3, 4))
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "too short"),
+    (b"\x00\x00", "too short"),
+    (b"\x01\x02\x08\x01" + GOOD[4:], "not an IDX file"),
+    (GOOD[:2] + b"\x07" + GOOD[3:], "unknown IDX data type code 0x07"),
+    (b"\x00\x00\x08\x00", "0 dimensions"),
+    (GOOD[:10], "truncated inside its header"),
+    (GOOD[:-1], "truncated: dims (3, 4) of uint8 need 12 payload bytes, found 11"),
+    (GOOD + b"\x00\x00", "2 unexpected bytes after the payload"),
+])
+def test_damaged_idx_says_what_and_how_to_fix(tmp_path, data, message):
+    path = write(tmp_path / "bad-idx3-ubyte", data, gz=False)
+    with pytest.raises(ffd.DatasetError, match="bad-idx3-ubyte") as err:
+        ffd.read_idx(path)
+    assert message in str(err.value) and "delete it" in str(err.value)
+
+
+def test_bad_gzip_is_a_dataset_error(tmp_path):
+    packed = gzip.compress(GOOD)
+    cut = write(tmp_path / "cut.gz", packed[:-6], gz=False)
+    flipped = bytearray(packed)
+    flipped[-6] ^= 0xFF  # inside the CRC trailer
+    garbled = write(tmp_path / "garbled.gz", bytes(flipped), gz=False)
+    for path in (cut, garbled):
+        with pytest.raises(ffd.DatasetError, match=f"{path.name}: is not a valid gzip stream"):
+            ffd.read_idx(path)
+
+
+def test_idx_dataset_reads_flattens_and_scales(tmp_path):
+    folder = fake_mnist(tmp_path / "fashion", n=7, gz=False)
+    x, y = ffd.idx_dataset(folder, "test")
+    assert x.shape == (7, 784) and x.dtype == np.float32 and y.dtype == np.int64
+    np.testing.assert_array_equal(x, np.repeat(y[:, None] * 10 / 255.0, 784, 1).astype(np.float32))
+    x[0, 0] = 5.0  # results are the caller's own: the cache is not touched
+    assert ffd.idx_dataset(folder, "test")[0][0, 0] != 5.0
+
+
+def test_idx_dataset_pair_checks(tmp_path):
+    folder = fake_mnist(tmp_path / "d", n=5, gz=False)
+    images, labels = (folder / n for n in _NAMES["train"])
+    write(labels, idx_bytes(np.arange(4, dtype=np.uint8)), gz=False)
+    with pytest.raises(ffd.DatasetError, match="holds 4 labels but .* holds 5 images"):
+        ffd.idx_dataset(folder)
+    write(labels, idx_bytes(np.array([1, 2, 12, 3, 4], dtype=np.uint8)), gz=False)
+    with pytest.raises(ffd.DatasetError, match="label 12 at index 2 is out of range 0..9"):
+        ffd.idx_dataset(folder)
+    assert ffd.idx_dataset(folder, num_classes=None)[1].tolist() == [1, 2, 12, 3, 4]
+    shutil.copy(labels, images)  # images and labels swapped
+    with pytest.raises(ffd.DatasetError, match="should hold images.*not swapped"):
+        ffd.idx_dataset(folder)
+
+
+def test_idx_dataset_missing_folder_and_bad_split(tmp_path):
+    with pytest.raises(ffd.DatasetNotFoundError, match="t10k-images-idx3-ubyte"):
+        ffd.idx_dataset(tmp_path, "test")
+    with pytest.raises(ValueError, match="expected 'train' or 'test'"):
+        ffd.idx_dataset(tmp_path, "validation")
+
+
+# ----------------------------------------------------------------------- MNIST look-up
+
+def test_mnist_data_dir_is_the_folder_or_holds_mnist(isolated):
+    fake_mnist(isolated / "data" / "mnist", n=3)
+    assert len(ffd.mnist("train", data_dir=isolated / "data" / "mnist")[0]) == 3
+    assert len(ffd.mnist("test", data_dir=str(isolated / "data"))[0]) == 3
+
+
+def test_mnist_look_up_order(isolated, monkeypatch):
+    fake_mnist(isolated / "arg", n=3)
+    fake_mnist(isolated / "env" / "mnist", n=4)
+    fake_mnist(_mnist.cache_dir(), n=5)
+    monkeypatch.setattr(_mnist, "SHA256", {})  # the fake cache has no canonical checksums
+    monkeypatch.setenv("FUSEFLOW_DATA", str(isolated / "env"))
+    assert len(ffd.mnist("test", data_dir=isolated / "arg")[1]) == 3
+    assert len(ffd.mnist("test")[1]) == 4
+    with pytest.warns(UserWarning, match="not in data_dir=.*FUSEFLOW_DATA"):
+        assert len(ffd.mnist("test", data_dir=isolated / "nowhere")[1]) == 4
+    monkeypatch.delenv("FUSEFLOW_DATA")
+    assert len(ffd.mnist("test")[1]) == 5
+
+
+def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert ffd.cache_dir() == tmp_path / "fuseflow" / "mnist"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert ffd.cache_dir() == tmp_path / "home" / ".cache" / "fuseflow" / "mnist"
+
+
+def test_mnist_nowhere_lists_every_place_and_the_fix(isolated, monkeypatch):
+    monkeypatch.setenv("FUSEFLOW_DATA", str(isolated / "envdata"))
+    with pytest.raises(FileNotFoundError) as err:
+        ffd.mnist("train", data_dir=isolated / "mine")
+    msg = str(err.value)
+    assert isinstance(err.value, ffd.DatasetNotFoundError)
+    for place in (isolated / "mine", isolated / "mine" / "mnist", isolated / "envdata" / "mnist",
+                  _mnist.cache_dir()):
+        assert str(place) in msg
+    for fix in ("data_dir=", "FUSEFLOW_DATA", "fuseflow train --data-dir", "could not download"):
+        assert fix in msg
+    assert not _mnist.cache_dir().exists() or not any(_mnist.cache_dir().iterdir())
+    with pytest.raises(ffd.DatasetNotFoundError, match=r"download=False"):
+        ffd.mnist("test", download=False)
+
+
+def test_mnist_downloads_verifies_and_then_uses_the_cache(isolated, monkeypatch, mnist_dir):
+    bad, good = isolated / "bad-mirror", isolated / "good-mirror"
+    fake_mnist(bad, n=2, splits=("test",))  # right names, wrong bytes
+    good.mkdir()
+    for name in _NAMES["test"]:
+        shutil.copy(mnist_dir / (name + ".gz"), good)
+    monkeypatch.setattr(_mnist, "MIRRORS", (bad.as_uri(), good.as_uri() + "/"))
+    x, y = ffd.mnist("test")
+    assert x.shape == (10000, 784) and y[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+    assert sorted(p.name for p in _mnist.cache_dir().iterdir()) == sorted(
+        n + ".gz" for n in _NAMES["test"])  # no temporary files left behind
+    shutil.rmtree(good)
+    np.testing.assert_array_equal(ffd.mnist("test")[1], y)  # offline now: served by the cache
+
+
+def test_download_with_only_a_bad_mirror_leaves_no_file(isolated, monkeypatch):
+    bad = fake_mnist(isolated / "bad-mirror", n=2, splits=("test",))
+    monkeypatch.setattr(_mnist, "MIRRORS", (bad.as_uri(),))
+    with pytest.raises(ffd.DatasetNotFoundError, match="does not match the expected"):
+        ffd.mnist("test")
+    assert list(_mnist.cache_dir().iterdir()) == []
+
+
+def test_damaged_cache_file_is_named_with_the_fix(isolated):
+    fake_mnist(_mnist.cache_dir(), n=2, splits=("test",))
+    with pytest.raises(ffd.DatasetError, match=r"t10k-images-idx3-ubyte.gz: sha256 is .*delete"):
+        ffd.mnist("test")
+
+
+# ---------------------------------------------------------------------- the real MNIST
+
+def test_real_mnist(mnist_dir):
+    for name, digest in _mnist.SHA256.items():
+        assert hashlib.sha256((mnist_dir / name).read_bytes()).hexdigest() == digest, name
+    start = time.perf_counter()
+    (xtr, ytr), (xte, yte) = (ffd.mnist(s, data_dir=mnist_dir) for s in ("train", "test"))
+    seconds = time.perf_counter() - start
+    assert xtr.shape == (60000, 784) and xte.shape == (10000, 784)
+    assert ytr.shape == (60000,) and yte.shape == (10000,)
+    for x, y in ((xtr, ytr), (xte, yte)):
+        assert x.dtype == np.float32 and y.dtype == np.int64
+        assert x.min() == 0.0 and x.max() == 1.0
+        assert 0.11 < x.mean() < 0.15  # MNIST's mean pixel is about 0.13
+        counts = np.bincount(y, minlength=10)
+        assert len(counts) == 10 and counts.min() > 0.08 * len(y) and counts.max() < 0.12 * len(y)
+    assert ytr[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
+    assert np.bincount(ytr).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert seconds < 30, f"loading MNIST took {seconds:.1f}s"
+
+
+# ------------------------------------------------------------------------------ digits
+
+def test_digits_split_is_fixed_stratified_and_disjoint():
+    (xtr, ytr), (xte, yte) = ffd.digits("train"), ffd.digits("test")
+    assert xtr.shape == (1438, 64) and xte.shape == (359, 64)
+    for x, y in ((xtr, ytr), (xte, yte)):
+        assert x.dtype == np.float32 and y.dtype == np.int64
+        assert x.min() == 0.0 and x.max() == 1.0
+    assert np.bincount(yte).min() >= 35 and np.bincount(yte).max() <= 37
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    both = np.concatenate([xtr, xte]) * 16
+    assert sorted(map(bytes, both.astype(np.uint8))) == sorted(map(bytes, d.data.astype(np.uint8)))
+    np.testing.assert_array_equal(ffd.digits("test")[1], yte)
+    with pytest.raises(ValueError, match="expected 'train' or 'test'"):
+        ffd.digits("val")
+
+
+# ----------------------------------------------------------------------------- batches
+
+def labelled(n):
+    """x rows that carry their own index, so every batch can be checked against y."""
+    return np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32), np.arange(n)
+
+
+@pytest.mark.parametrize("n, bs, drop_last", [(10, 3, False), (10, 3, True), (9, 3, False),
+                                              (9, 3, True), (2, 5, False), (2, 5, True),
+                                              (0, 4, False)])
+def test_in_order_batches_cover_the_data(n, bs, drop_last):
+    x, y = labelled(n)
+    out = list(ffd.batches(x, y, bs, shuffle=False, drop_last=drop_last))
+    assert len(out) == ffd.num_batches(n, bs, drop_last)
+    assert all(len(xb) == bs for xb, _ in out[:-1])
+    seen = np.concatenate([yb for _, yb in out]) if out else np.array([], int)
+    assert seen.tolist() == list(range(len(out) * bs if drop_last else n))
+    for xb, yb in out:
+        np.testing.assert_array_equal(xb[:, 0], yb)
+
+
+def test_shuffled_order_is_the_key_permutation():
+    x, y = labelled(103)
+    k = random.key(7)
+    out = list(ffd.batches(x, y, 10, key=k))
+    order = np.concatenate([yb for _, yb in out])
+    np.testing.assert_array_equal(order, random.permutation(k, 103))
+    for xb, yb in out:
+        np.testing.assert_array_equal(xb[:, 0], yb)
+    again = np.concatenate([yb for _, yb in ffd.batches(x, y, 10, key=k)])
+    other = np.concatenate([yb for _, yb in ffd.batches(x, y, 10, key=random.key(8))])
+    np.testing.assert_array_equal(again, order)
+    assert not np.array_equal(other, order)
+
+
+@pytest.mark.parametrize("start", [0, 1, 5, 10, 11])
+def test_start_batch_resumes_bit_for_bit(start):
+    x, y = labelled(105)
+    k = random.fold_in(random.key(0), 3)
+    full = list(ffd.batches(x, y, 10, key=k))
+    resumed = list(ffd.batches(x, y, 10, key=k, start_batch=start))
+    assert len(resumed) == len(full) - start
+    for (a, b), (c, d) in zip(full[start:], resumed):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, d)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x, y: ffd.batches(x, y, 4), "needs a key"),
+    (lambda x, y: ffd.batches(x, y[:-1], 4, shuffle=False), "x has 10 rows but y has 9"),
+    (lambda x, y: ffd.batches(x, y, 0, shuffle=False), "positive int"),
+    (lambda x, y: ffd.batches(x, y, 2.0, shuffle=False), "positive int"),
+    (lambda x, y: ffd.batches(x, y, 4, shuffle=False, start_batch=4), r"outside 0..3"),
+    (lambda x, y: ffd.batches(x, y, 4, shuffle=False, start_batch=-1), r"outside 0..3"),
+])
+def test_batches_errors_are_raised_at_the_call(call, message):
+    x, y = labelled(10)
+    with pytest.raises(ValueError, match=message):
+        call(x, y)  # not only once iteration starts
+
+
+@pytest.mark.gpu
+def test_batches_on_cupy_arrays_match_numpy():
+    cp = pytest.importorskip("cupy")
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    x, y = labelled(50)
+    k = random.key(1)
+    host = list(ffd.batches(x, y, 8, key=k, start_batch=2))
+    dev = list(ffd.batches(cp.asarray(x), cp.asarray(y), 8, key=k, start_batch=2))
+    assert len(host) == len(dev)
+    for (a, b), (c, d) in zip(host, dev):
+        assert isinstance(c, cp.ndarray) and isinstance(d, cp.ndarray)
+        np.testing.assert_array_equal(a, c.get())
+        np.testing.assert_array_equal(b, d.get())
