@@ -1,0 +1,159 @@
+"""The optimizer contract, and the pieces every transform shares.
+
+A ``GradientTransformation`` is a pair of pure functions (as in optax)::
+
+    init(params) -> state
+    update(updates, state, params=None) -> (updates, new_state)
+
+``updates`` start as the gradients and leave as the step to add to the params
+(``apply_updates``). State is a NamedTuple of arrays only (step counts are 0-d int32
+arrays), so a whole training step can later be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from fuseflow import tree
+from fuseflow._namespace import namespace
+
+
+class GradientTransformation(NamedTuple):
+    init: Callable[[Any], Any]
+    update: Callable[..., tuple]
+
+
+class EmptyState(NamedTuple):
+    """The state of a transform that keeps nothing between steps."""
+
+
+def empty_init(params):
+    """``init`` of a transform that keeps nothing between steps."""
+    return EmptyState()
+
+
+def identity() -> GradientTransformation:
+    """Passes updates through unchanged."""
+    return GradientTransformation(empty_init, lambda u, s, params=None: (u, s))
+
+
+def chain(*transforms: GradientTransformation) -> GradientTransformation:
+    """Applies ``transforms`` in order; the state is the tuple of their states."""
+    for i, t in enumerate(transforms):
+        if not isinstance(t, GradientTransformation):
+            raise TypeError(
+                f"chain: argument {i} is {type(t).__name__} {t!r}, not a GradientTransformation. "
+                "Fix: call the constructors, e.g. chain(clip_by_global_norm(1.0), adam(1e-3))")
+
+    def init(params):
+        return tuple(t.init(params) for t in transforms)
+
+    def update(updates, state, params=None):
+        if not isinstance(state, tuple) or len(state) != len(transforms):
+            raise ValueError(
+                f"chain: expected the state from this chain's init() (a tuple of "
+                f"{len(transforms)} states), got {type(state).__name__}. "
+                "Fix: state = opt.init(params) with the same opt you call update() on")
+        new_state = []
+        for t, s in zip(transforms, state):
+            updates, s = t.update(updates, s, params)
+            new_state.append(s)
+        return updates, tuple(new_state)
+
+    return GradientTransformation(init, update)
+
+
+def apply_updates(params, updates):
+    """``params + updates``, leaf by leaf, keeping each param's dtype."""
+    check_like("apply_updates", updates, params, "params")
+    # asarray, not astype: NumPy turns 0-d arithmetic into scalars; params stay arrays.
+    return tree.map(lambda p, u: namespace(p).asarray(p + u, dtype=p.dtype), params, updates)
+
+
+# ---- helpers shared by the transforms (not public) ----
+
+def zero_count(params):
+    """A 0-d int32 step counter on the params' device."""
+    ls = tree.leaves(params)
+    xp = namespace(ls[0]) if ls else namespace(0)
+    return xp.zeros((), dtype=xp.int32)
+
+
+def increment(count):
+    """``count + 1`` that saturates at the int32 maximum instead of wrapping (as optax)."""
+    xp = namespace(count)
+    return xp.asarray(count + (count < xp.iinfo(count.dtype).max))
+
+
+def scalar_like(s, leaf):
+    """``s`` ready to multiply ``leaf`` without changing its dtype.
+
+    Under NumPy 2 (NEP 50) a Python float is weak and keeps float32, but a NumPy float64
+    scalar or 0-d array (what a schedule or a norm returns) promotes float32 to
+    float64; so cast those to the leaf's dtype, on the leaf's device.
+    """
+    return s if type(s) in (int, float) else s.astype(leaf.dtype)
+
+
+def check_like(where, updates, reference, ref_name):
+    """Raise if ``updates`` differ from ``reference`` in tree structure or leaf shapes."""
+    got, want = tree.structure(updates), tree.structure(reference)
+    if got != want:
+        raise ValueError(
+            f"{where}: the updates have structure {got}, but the {ref_name} have {want}. "
+            "Fix: pass gradients with the same structure as the params given to init() "
+            "(or call init() again for the new params)")
+    for i, (u, r) in enumerate(zip(tree.leaves(updates), tree.leaves(reference))):
+        if u.shape != r.shape:
+            path = tree.paths(reference)[i]
+            raise ValueError(
+                f"{where}: the update at {path!r} has shape {tuple(u.shape)}, but the "
+                f"{ref_name} there have shape {tuple(r.shape)}. Fix: pass gradients shaped "
+                "like the params given to init()")
+
+
+# ---- argument checks, run when an optimizer is built ----
+
+def _is_number(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_lr(opt, lr):
+    """A float lr becomes a Python float (weak, see scalar_like); a schedule stays."""
+    if callable(lr):
+        return lr
+    if not _is_number(lr):
+        raise TypeError(
+            f"{opt}: lr must be a float or a schedule (a callable step -> lr), got "
+            f"{type(lr).__name__} {lr!r}. Fix: {opt}(1e-3) or "
+            f"{opt}(ff.optim.cosine_decay_schedule(1e-3, 1000))")
+    if not lr >= 0:  # NaN fails too
+        raise ValueError(
+            f"{opt}: lr must be >= 0, got {lr}. Fix: {opt}({abs(lr) if lr < 0 else 1e-3}); "
+            "the minus sign of descent is applied for you")
+    return float(lr)
+
+
+def check_number(opt, name, value, *, low=None, high=None, low_open=False, example):
+    """Check ``low <= value < high`` (``low < value`` if ``low_open``; None: no bound).
+
+    Returns the value as a Python float, which never promotes a float32 leaf.
+    """
+    fix = f"Fix: {opt}(..., {name}={example})"
+    if not _is_number(value):
+        raise TypeError(f"{opt}: {name} must be a number, got {type(value).__name__} "
+                        f"{value!r}. {fix}")
+    above = low is None or (value > low if low_open else value >= low)
+    below = high is None or value < high
+    if not (above and below) or math.isnan(value):
+        if low is None:
+            want = "a number, not NaN"
+        elif high is None:
+            want = f"{'>' if low_open else '>='} {low}"
+        else:
+            want = f"in {'(' if low_open else '['}{low}, {high})"
+        raise ValueError(f"{opt}: {name} must be {want}, got {value}. {fix}")
+    return float(value)

@@ -1,0 +1,195 @@
+"""Building blocks: small gradient transformations that optimizers are chained from.
+
+Each follows optax's transform of the same name, to the operation order, so results agree
+with optax to float32 rounding. Hyperparameters are Python floats, so they never promote
+float32 leaves (see ``scalar_like``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np  # only to recognise NumPy bools in a mask, never on leaves
+import optree
+
+from fuseflow import tree
+from fuseflow._namespace import namespace
+from fuseflow.optim._base import (
+    EmptyState,
+    GradientTransformation,
+    check_like,
+    check_lr,
+    check_number,
+    empty_init,
+    increment,
+    scalar_like,
+    zero_count,
+)
+
+
+def scale(factor: float) -> GradientTransformation:
+    """Multiplies updates by a constant ``factor``."""
+    factor = check_number("scale", "factor", factor, example=-0.1)
+
+    def update(updates, state, params=None):
+        return tree.map(lambda g: g * factor, updates), state
+
+    return GradientTransformation(empty_init, update)
+
+
+class ScaleByScheduleState(NamedTuple):
+    count: Any  # 0-d int32 array: steps taken
+
+
+def scale_by_schedule(step_size_fn) -> GradientTransformation:
+    """Multiplies updates by ``step_size_fn(count)``, then counts the step."""
+    if not callable(step_size_fn):
+        raise TypeError(f"scale_by_schedule: expected a callable count -> step size, got "
+                        f"{type(step_size_fn).__name__}. Fix: scale_by_schedule(lambda c: 0.1)")
+
+    def init(params):
+        return ScaleByScheduleState(count=zero_count(params))
+
+    def update(updates, state, params=None):
+        step = step_size_fn(state.count)
+        updates = tree.map(lambda g: g * scalar_like(step, g), updates)
+        return updates, ScaleByScheduleState(count=increment(state.count))
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_learning_rate(lr, *, flip_sign: bool = True) -> GradientTransformation:
+    """Multiplies updates by ``-lr`` (``lr`` if not ``flip_sign``); lr a float or schedule."""
+    lr = check_lr("scale_by_learning_rate", lr)
+    m = -1.0 if flip_sign else 1.0
+    if callable(lr):
+        return scale_by_schedule(lambda count: m * lr(count))
+    return scale(m * lr)
+
+
+class TraceState(NamedTuple):
+    trace: Any  # pytree like params: the momentum buffer
+
+
+def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
+    """Momentum: ``t = g + decay * t``; emits ``t`` (or ``g + decay * t`` if nesterov)."""
+    decay = check_number("trace", "decay", decay, low=0.0, high=1.0, example=0.9)
+
+    def init(params):
+        return TraceState(trace=tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        check_like("trace.update", updates, state.trace, "momentum buffers (from init)")
+        new_trace = tree.map(lambda g, t: g + decay * t, updates, state.trace)
+        if nesterov:
+            updates = tree.map(lambda g, t: g + decay * t, updates, new_trace)
+        else:
+            updates = new_trace
+        return updates, TraceState(trace=new_trace)
+
+    return GradientTransformation(init, update)
+
+
+class ScaleByAdamState(NamedTuple):
+    count: Any  # 0-d int32 array: steps taken
+    mu: Any  # pytree like params: first moment
+    nu: Any  # pytree like params: second moment
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
+    """Adam's direction ``mu_hat / (sqrt(nu_hat) + eps)`` with bias-corrected moments."""
+    b1 = check_number("scale_by_adam", "b1", b1, low=0.0, high=1.0, example=0.9)
+    b2 = check_number("scale_by_adam", "b2", b2, low=0.0, high=1.0, example=0.999)
+    eps = check_number("scale_by_adam", "eps", eps, low=0.0, low_open=True, example=1e-8)
+
+    def init(params):
+        return ScaleByAdamState(count=zero_count(params), mu=tree.zeros_like(params),
+                                nu=tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        check_like("scale_by_adam.update", updates, state.mu, "moments (from init)")
+        mu = tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
+        nu = tree.map(lambda g, v: (1 - b2) * (g * g) + b2 * v, updates, state.nu)
+        count = increment(state.count)
+        corrections = {}  # leaf dtype -> (1 - b1**count, 1 - b2**count)
+
+        def direction(m, v):
+            if m.dtype not in corrections:
+                # In the leaf's dtype, as optax (JAX) does: float64 corrections would be
+                # more exact but differ from optax by up to 1e-5 in the first steps.
+                t, f = count.astype(m.dtype), m.dtype.type
+                corrections[m.dtype] = (1 - f(b1) ** t, 1 - f(b2) ** t)
+            c1, c2 = corrections[m.dtype]
+            return (m / c1) / (namespace(m).sqrt(v / c2) + eps)
+
+        updates = tree.map(direction, mu, nu)
+        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return GradientTransformation(init, update)
+
+
+def _mask_leaves(where, mask, params):
+    """The mask broadcast to one Python bool per leaf of ``params``."""
+    m = mask(params) if callable(mask) else mask
+    try:
+        full = optree.tree_broadcast_prefix(m, params, none_is_leaf=False)
+    except ValueError:
+        raise ValueError(
+            f"{where}: the mask has structure {tree.structure(m)}, which does not match "
+            f"the params' structure {tree.structure(params)}. Fix: build it from the "
+            "params, e.g. mask=ff.tree.map(lambda p: p.ndim > 1, params), or pass a "
+            "callable: mask=lambda params: ff.tree.map(lambda p: p.ndim > 1, params)"
+        ) from None
+    flags = tree.leaves(full)
+    bad = [f for f in flags if not isinstance(f, (bool, np.bool_))]
+    if bad:
+        raise TypeError(
+            f"{where}: mask leaves must be bools (True = decay this leaf), got "
+            f"{type(bad[0]).__name__} {bad[0]!r}. Fix: ff.tree.map(lambda p: p.ndim > 1, params)")
+    return [bool(f) for f in flags]
+
+
+def add_decayed_weights(weight_decay: float = 0.0, mask=None) -> GradientTransformation:
+    """Adds ``weight_decay * param`` to each update (only where ``mask`` is True).
+
+    ``mask``: None (decay every leaf), a pytree of bools like the params (or a prefix of
+    it), or a callable params -> such a pytree.
+    """
+    wd = check_number("add_decayed_weights", "weight_decay", weight_decay, low=0.0,
+                      example=1e-4)
+
+    def init(params):
+        if mask is not None:
+            _mask_leaves("add_decayed_weights", mask, params)  # fail at init, not step 1
+        return EmptyState()
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("add_decayed_weights needs the params. "
+                             "Fix: opt.update(grads, state, params)")
+        check_like("add_decayed_weights.update", updates, params, "params")
+        if mask is None:
+            return tree.map(lambda g, p: g + wd * p, updates, params), state
+        flags = _mask_leaves("add_decayed_weights", mask, params)
+        gs, treedef = tree.flatten(updates)
+        out = [g + wd * p if f else g for g, p, f in zip(gs, tree.leaves(params), flags)]
+        return tree.unflatten(treedef, out), state
+
+    return GradientTransformation(init, update)
+
+
+def clip_by_global_norm(max_norm: float) -> GradientTransformation:
+    """Scales all updates by ``max_norm / norm`` when their global L2 norm exceeds it."""
+    max_norm = check_number("clip_by_global_norm", "max_norm", max_norm, low=0.0,
+                            low_open=True, example=1.0)
+
+    def update(updates, state, params=None):
+        if not tree.leaves(updates):
+            return updates, state
+        norm = tree.l2_norm(updates)
+        # One factor for all leaves, no host branch: 1 when norm <= max_norm (also when
+        # norm is 0), and NaN stays NaN.
+        factor = max_norm / namespace(norm).maximum(norm, max_norm)
+        return tree.map(lambda g: g * scalar_like(factor, g), updates), state
+
+    return GradientTransformation(empty_init, update)
