@@ -7,10 +7,16 @@ Half-precision outputs are reduced in float32.
 
 from __future__ import annotations
 
+from fuseflow import backend
 from fuseflow._namespace import host_sync_allowed, namespace
 
-__all__ = ["softmax_cross_entropy", "mse", "sigmoid_binary_cross_entropy", "accuracy",
-           "LossError"]
+__all__ = [
+    "LossError",
+    "accuracy",
+    "mse",
+    "sigmoid_binary_cross_entropy",
+    "softmax_cross_entropy",
+]
 
 
 class LossError(ValueError):
@@ -37,7 +43,6 @@ def softmax_cross_entropy(logits, labels, *, check=True):
     ``check=False`` skips the label range check (which reads the labels back from the GPU;
     it is skipped by itself while a compiled step is captured).
     """
-    xp = namespace(logits)
     _check_batch("softmax_cross_entropy", logits, labels)
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise LossError(f"softmax_cross_entropy: labels must be a 1-D integer array of class "
@@ -50,15 +55,8 @@ def softmax_cross_entropy(logits, labels, *, check=True):
             raise LossError(f"softmax_cross_entropy: labels must lie in [0, {classes}) for "
                             f"{classes} logits, got values in [{lo}, {hi}]. Fix: give the last "
                             "Dense as many features as there are classes.")
-    z = _acc(logits, xp)
-    z = z - z.max(axis=1, keepdims=True)
-    ez = xp.exp(z)
-    sum_ez = ez.sum(axis=1, keepdims=True)
-    rows = xp.arange(n)
-    loss = (xp.log(sum_ez[:, 0]) - z[rows, labels]).mean()
-    grad = ez / sum_ez
-    grad[rows, labels] -= 1.0
-    return loss, (grad / n).astype(logits.dtype, copy=False)
+    return backend.of(logits, labels, where="softmax_cross_entropy").softmax_cross_entropy(
+        logits, labels)
 
 
 def mse(outputs, targets):

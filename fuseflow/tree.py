@@ -11,16 +11,31 @@ import optree
 from fuseflow._namespace import namespace
 
 __all__ = [
-    "map", "leaves", "structure", "flatten", "unflatten", "paths", "leaves_with_paths",
-    "zeros_like", "ones_like", "full_like", "astype", "add", "sub", "scale", "vdot",
-    "l2_norm", "size", "all_equal_structure",
+    "add",
+    "all_equal_structure",
+    "astype",
+    "flatten",
+    "full_like",
+    "l2_norm",
+    "leaves",
+    "leaves_with_paths",
+    "map",
+    "ones_like",
+    "paths",
+    "scale",
+    "size",
+    "structure",
+    "sub",
+    "unflatten",
+    "vdot",
+    "zeros_like",
 ]
 
 # None is an empty node (as in JAX), so an absent entry never becomes an array.
-_KW = dict(none_is_leaf=False)
+_KW = {"none_is_leaf": False}
 
 
-def map(fn, tree, *rest, is_leaf=None):  # noqa: A001 - mirrors jax.tree.map
+def map(fn, tree, *rest, is_leaf=None):
     return optree.tree_map(fn, tree, *rest, is_leaf=is_leaf, **_KW)
 
 

@@ -30,7 +30,7 @@ def mlp(params, x, activations):
     """Forward and backward of an MLP from the textbook formulas; returns (y, grad_fn)."""
     pres, hs = [], [x]
     for p, act in zip(params, activations):
-        pre = hs[-1] @ p["w"].T + (p["b"] if "b" in p else 0)
+        pre = hs[-1] @ p["w"].T + p.get("b", 0)
         pres.append(pre)
         hs.append(ACT[act][0](pre))
 

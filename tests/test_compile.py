@@ -16,8 +16,8 @@ def make_problem(sizes=(784, 64, 64, 10), batch=32, seed=0, optimizer=None):
 
     def step(params, opt_state, x, y):
         loss, grads = grad_fn(params, x, y)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return ff.optim.apply_updates(params, updates), opt_state, {"loss": loss}
+        params, opt_state = ff.optim.update_and_apply(opt, grads, opt_state, params)
+        return params, opt_state, {"loss": loss}
 
     rng = np.random.default_rng(seed)
     xs = rng.random((10, batch, sizes[0]), dtype=np.float32)
@@ -48,11 +48,13 @@ def _cuda():
 
 
 @gpu
-@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw", "clipped_adam"])
 def test_compiled_step_matches_eager_for_100_steps(opt_name):
     cp = _cuda()
     opt = {"sgd": ff.optim.sgd(0.05, momentum=0.9), "adam": ff.optim.adam(1e-3),
-           "adamw": ff.optim.adamw(1e-3, weight_decay=1e-2)}[opt_name]
+           "adamw": ff.optim.adamw(1e-3, weight_decay=1e-2),
+           "clipped_adam": ff.optim.chain(ff.optim.clip_by_global_norm(1.0),
+                                          ff.optim.adam(1e-3))}[opt_name]
     params, state, step, xs, ys = make_problem(optimizer=opt)
     params, state = ff.device_put((params, state), "cuda")
     xs, ys = cp.asarray(xs), cp.asarray(ys)

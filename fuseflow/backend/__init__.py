@@ -14,8 +14,21 @@ from fuseflow._namespace import device_of, is_cupy, namespace
 from fuseflow.backend.base import Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
 
-__all__ = ["Backend", "BackendError", "get", "of", "namespace", "device_of", "stats",
-           "reset_stats", "cuda_available", "graph_capture", "resolve", "device_put", "asarray"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "asarray",
+    "cuda_available",
+    "device_of",
+    "device_put",
+    "get",
+    "graph_capture",
+    "namespace",
+    "of",
+    "reset_stats",
+    "resolve",
+    "stats",
+]
 
 _BACKENDS: dict = {"numpy": NumpyBackend()}
 _cuda_error: str | None = None
@@ -36,7 +49,7 @@ def _load_cuda():
         from fuseflow.backend.cuda_backend import CudaBackend
 
         _BACKENDS["cuda"] = CudaBackend()
-    except Exception as e:  # missing package, no driver, no device
+    except Exception as e:  # noqa: BLE001 - missing package, no driver, no device
         _cuda_error = f"{type(e).__name__}: {e}"
         return None
     return _BACKENDS["cuda"]
@@ -118,3 +131,19 @@ def asarray(x, dtype=None):
     on_gpu = dev is not None and dev()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
     return get("cuda" if on_gpu else "numpy").asarray(x, dtype=dtype)
 
+
+
+def multi_tensor_update(kind, params, grads, states, **hyper):
+    """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
+    None where no fused kernel applies (NumPy arrays): the caller then runs the reference."""
+    leaves = list(params) + list(grads) + [s for group in states for s in group]
+    if not leaves or not all(is_cupy(a) for a in leaves):
+        return None
+    dtype = leaves[0].dtype
+    if len(params) > 32 or dtype.kind != "f" or dtype.itemsize < 4 or \
+            any(a.dtype != dtype or not a.flags.c_contiguous for a in leaves):
+        return None
+    from fuseflow.backend import _cuda_fused
+
+    get("cuda").calls["multi_tensor_update/" + kind] += 1
+    return _cuda_fused.multi_tensor_update(kind, params, grads, states, **hyper)

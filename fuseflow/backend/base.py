@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fuseflow.backend.epilogs import (DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, aux_shape,
-                                      lookup)
+from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, aux_shape, lookup
 
 
 class BackendError(ValueError):
@@ -102,6 +101,28 @@ class Backend:
         """Sum over the batch (the bias gradient when no epilog could provide it)."""
         self.calls["bias_grad"] += 1
         return self._sum_rows(dy)
+
+    # ---- loss ------------------------------------------------------------------------------
+    def softmax_cross_entropy(self, logits, labels):
+        """``(mean loss, dlogits)`` for integer labels; the loss is a 0-d array.
+
+        One fused kernel on the GPU. Half-precision logits are reduced in float32; dlogits
+        comes back in the logits' dtype. Labels are assumed valid (``fuseflow.losses`` checks).
+        """
+        self.calls["softmax_cross_entropy"] += 1
+        return self._softmax_cross_entropy(logits, labels)
+
+    def _softmax_cross_entropy(self, logits, labels):
+        xp = self.xp
+        z = logits.astype(xp.float32) if logits.dtype == xp.float16 else logits
+        z = z - z.max(axis=1, keepdims=True)
+        ez = xp.exp(z)
+        sum_ez = ez.sum(axis=1, keepdims=True)
+        rows = xp.arange(len(labels))
+        loss = (xp.log(sum_ez[:, 0]) - z[rows, labels]).mean()
+        grad = ez / sum_ez
+        grad[rows, labels] -= 1.0
+        return loss, (grad / len(labels)).astype(logits.dtype, copy=False)
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):

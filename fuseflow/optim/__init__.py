@@ -13,6 +13,7 @@ arrays on the params' device). A training step::
 """
 
 from fuseflow.optim._aliases import adam, adamw, sgd
+from fuseflow.optim._fused import update_and_apply
 from fuseflow.optim._base import EmptyState, GradientTransformation, apply_updates, chain, identity
 from fuseflow.optim._schedules import (
     constant_schedule,
@@ -60,5 +61,6 @@ __all__ = [
     "sgd",
     "step_decay_schedule",
     "trace",
+    "update_and_apply",
     "warmup_cosine_decay_schedule",
 ]

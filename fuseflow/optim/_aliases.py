@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fuseflow.optim._base import GradientTransformation, chain, check_lr, check_number, identity
+from fuseflow.optim._fused import fused_spec
 from fuseflow.optim._transforms import (
     add_decayed_weights,
     scale_by_adam,
@@ -26,13 +27,17 @@ def sgd(lr, momentum: float = 0.0, nesterov: bool = False) -> GradientTransforma
                          "Fix: sgd(lr, momentum=0.9, nesterov=True)")
     # momentum 0 keeps no buffer at all (optax's sgd(momentum=None)).
     first = trace(momentum, nesterov) if momentum > 0 else identity()
-    return chain(first, scale_by_learning_rate(lr))
+    return fused_spec(chain(first, scale_by_learning_rate(lr)), lr=lr,
+                      kind="momentum" if momentum > 0 else "sgd", momentum=momentum,
+                      nesterov=nesterov)
 
 
 def adam(lr, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
     """Adam (Kingma & Ba, 2015)."""
     lr = check_lr("adam", lr)
-    return chain(scale_by_adam(**_adam_args("adam", b1, b2, eps)), scale_by_learning_rate(lr))
+    args = _adam_args("adam", b1, b2, eps)
+    return fused_spec(chain(scale_by_adam(**args), scale_by_learning_rate(lr)),
+                      kind="adam", lr=lr, **args)
 
 
 def adamw(lr, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
@@ -45,6 +50,7 @@ def adamw(lr, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     """
     lr = check_lr("adamw", lr)
     wd = check_number("adamw", "weight_decay", weight_decay, low=0.0, example=1e-4)
-    return chain(scale_by_adam(**_adam_args("adamw", b1, b2, eps)),
-                 add_decayed_weights(wd, mask),
-                 scale_by_learning_rate(lr))
+    args = _adam_args("adamw", b1, b2, eps)
+    return fused_spec(chain(scale_by_adam(**args), add_decayed_weights(wd, mask),
+                            scale_by_learning_rate(lr)),
+                      kind="adam", lr=lr, weight_decay=wd, mask=mask, **args)

@@ -1,0 +1,158 @@
+"""Fused CUDA kernels for the compiled training step: few launches, not one per tensor.
+
+- ``softmax_xent``: softmax cross-entropy value AND gradient in one launch (one block loops
+  over the rows and reduces the loss in shared memory).
+- ``multi_tensor_update``: an optimizer update of ALL parameter tensors in one launch. The
+  kernel is generated for the exact list of tensor sizes (cached), each tensor's pointers
+  passed as arguments; every thread finds its tensor from the compile-time offsets. It can
+  write in place (inside a compiled step, where params/state are donated buffers) or into
+  fresh arrays (eager, keeping the step pure).
+
+The arithmetic repeats the reference optimizers' (``fuseflow.optim``) operation by
+operation, in the leaf dtype with the same float32 constants, so both paths agree to
+rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy
+import numpy as np
+
+_CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
+           np.dtype(np.float64): "double"}
+_LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
+                 np.dtype(np.uint8): "unsigned char", np.dtype(np.int16): "short",
+                 np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
+
+_XENT = r"""
+extern "C" __global__ void xent(const T* logits, const L* labels, int n, int c,
+                                T* dlogits, ACC* loss) {
+    __shared__ ACC partial[1024];
+    ACC acc = 0;
+    const ACC inv_n = (ACC)1 / (ACC)n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const T* z = logits + (long long)i * c;
+        ACC m = (ACC)z[0];
+        for (int j = 1; j < c; ++j) m = max(m, (ACC)z[j]);
+        ACC s = 0;
+        for (int j = 0; j < c; ++j) s += exp((ACC)z[j] - m);
+        int y = (int)labels[i];
+        acc += log(s) - ((ACC)z[y] - m);
+        T* d = dlogits + (long long)i * c;
+        for (int j = 0; j < c; ++j)
+            d[j] = (T)((exp((ACC)z[j] - m) / s - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) loss[0] = partial[0] * inv_n;
+}
+"""
+
+
+@functools.cache
+def _xent_kernel(dtype, label_dtype):
+    acc = "double" if dtype == np.float64 else "float"
+    head = (f"#include <cuda_fp16.h>\ntypedef {_CTYPES[dtype]} T; "
+            f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n")
+    return cupy.RawKernel(head + _XENT, "xent")
+
+
+def softmax_xent(logits, labels):
+    """``(mean loss, dlogits)`` of softmax cross-entropy in one kernel launch."""
+    n, c = logits.shape
+    logits = cupy.ascontiguousarray(logits)
+    labels = cupy.ascontiguousarray(labels)
+    acc = cupy.float64 if logits.dtype == cupy.float64 else cupy.float32
+    dlogits = cupy.empty_like(logits)
+    loss = cupy.empty((), dtype=acc)
+    threads = 1024 if n >= 1024 else max(32, 1 << (max(n, 1) - 1).bit_length())
+    _xent_kernel(logits.dtype, labels.dtype)((1,), (threads,),
+                                             (logits, labels, np.int32(n), np.int32(c),
+                                              dlogits, loss))
+    return loss, dlogits
+
+
+# ---- multi-tensor optimizer updates -------------------------------------------------------
+
+# Per element of tensor k: the reference's arithmetic. Names: p g (inputs), m v / t (state),
+# and the outputs P M V / T. Scalars: see _SCALARS.
+_BODIES = {
+    "sgd": "P = (T)(p + g * step);",
+    "momentum": "W tr = g + decay * t; T_ = tr; "
+                "W u = nesterov ? (W)(g + decay * tr) : tr; P = (T)(p + u * step);",
+    "adam": "W mu = one_minus_b1 * g + b1 * m; W nu = one_minus_b2 * (g * g) + b2 * v; "
+            "M = mu; V = nu; W u = (mu / c1) / (sqrt(nu / c2) + eps); "
+            "if (DECAY) u = u + wd * p; P = (T)(p + u * step);",
+}
+_STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
+
+
+@functools.cache
+def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov):
+    states = _STATE[kind]
+    args = ["long long total", "const W* step_ptr", "W step_const",
+            "const int* count_ptr", "W b1", "W b2", "W one_minus_b1", "W one_minus_b2",
+            "W eps", "W wd", "W decay"]
+    for k in range(len(sizes)):
+        args += [f"const T* p{k}", f"T* P{k}", f"const T* g{k}"]
+        for s in states:
+            args += [f"const T* {s}{k}", f"T* {s.upper()}{k}"]
+    body = _BODIES[kind].replace("T_ =", "T =")
+    branches, start = [], 0
+    for k, (size, decay) in enumerate(zip(sizes, decays)):
+        end = start + size
+        loads = [f"W p = (W)p{k}[j];", f"W g = (W)g{k}[j];"] + \
+                [f"W {s} = (W){s}{k}[j];" for s in states]
+        b = body.replace("DECAY", "true" if decay else "false")
+        for out in ["P"] + [s.upper() for s in states]:
+            b = b.replace(f"{out} =", f"{out}{k}[j] =")
+        branches.append(f"if (i < {end}LL) {{ long long j = i - {start}LL; "
+                        + " ".join(loads) + " " + b + " }")
+        start = end
+    src = ("#include <cuda_fp16.h>\n"
+           f"typedef {ctype} T; typedef {wtype} W;\n"
+           f"extern \"C\" __global__ void update({', '.join(args)}) {{\n"
+           f"  const bool nesterov = {'true' if nesterov else 'false'};\n"
+           "  W step = step_ptr ? (W)step_ptr[0] : (W)step_const;\n"
+           "  W t_ = count_ptr ? (W)(count_ptr[0]) : (W)0;\n"
+           "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n"
+           "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;"
+           " i += (long long)gridDim.x * blockDim.x) {\n    "
+           + "\n    else ".join(branches) + "\n  }\n}\n")
+    return cupy.RawKernel(src, "update")
+
+
+def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
+                        count=None, b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None,
+                        decay=0.0, nesterov=False, in_place=False):
+    """One launch that updates every tensor; returns ``(new_params, new_states)``.
+
+    ``states`` is a list (one per state kind: m and v for adam, the trace for momentum) of
+    lists of tensors like ``params``. ``step`` is a 0-d float32 device array (or None to use
+    ``step_const``); ``count`` a 0-d int32 device array (adam's bias corrections).
+    """
+    dtype = params[0].dtype
+    wtype = "double" if dtype == np.float64 else "float"
+    wnp = np.float64 if dtype == np.float64 else np.float32
+    sizes = tuple(int(p.size) for p in params)
+    decays = tuple(bool(d) for d in (decays or [False] * len(params)))
+    kern = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays, bool(nesterov))
+    new_params = params if in_place else [cupy.empty_like(p) for p in params]
+    new_states = states if in_place else [[cupy.empty_like(s) for s in group] for group in states]
+    args = [np.int64(sum(sizes)), step if step is not None else np.uintp(0),
+            wnp(step_const), count if count is not None else np.uintp(0),
+            wnp(b1), wnp(b2), wnp(1 - b1), wnp(1 - b2), wnp(eps), wnp(wd), wnp(decay)]
+    for k in range(len(params)):
+        args += [params[k], new_params[k], grads[k]]
+        for group, new_group in zip(states, new_states):
+            args += [group[k], new_group[k]]
+    threads = 256
+    blocks = max(1, min(-(-sum(sizes) // threads), 132 * 16))
+    kern((blocks,), (threads,), tuple(args))
+    return new_params, new_states

@@ -1,0 +1,85 @@
+"""``update_and_apply``: the optimizer step, in one GPU kernel launch where possible.
+
+``opt.update`` followed by ``apply_updates`` is a chain of small elementwise operations per
+parameter tensor: dozens of kernel launches per step for Adam. For the named optimizers
+(sgd with or without momentum, adam, adamw; constant or scheduled lr) on CUDA arrays,
+``update_and_apply`` runs the same arithmetic as ONE multi-tensor kernel over every tensor.
+Inside ``ff.compile`` it updates the (donated) params and moments in place. Anything else
+(NumPy arrays, chains with clipping, other transforms) runs the reference path, so the
+function is always safe to call.
+"""
+
+from __future__ import annotations
+
+from fuseflow import backend, tree
+from fuseflow._namespace import host_sync_allowed
+from fuseflow.optim._base import apply_updates, increment, scalar_like
+
+__all__ = ["update_and_apply", "fused_spec"]
+
+
+def fused_spec(transformation, **spec):
+    """Mark a named optimizer as fusable: its hyperparameters, for ``update_and_apply``."""
+    transformation.update.fused_spec = spec
+    return transformation
+
+
+def update_and_apply(opt, grads, opt_state, params):
+    """``(new_params, new_opt_state)`` = ``opt.update`` then ``apply_updates``, fused."""
+    spec = getattr(opt.update, "fused_spec", None)
+    if spec is not None:
+        out = _fused(spec, grads, opt_state, params)
+        if out is not None:
+            return out
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return apply_updates(params, updates), opt_state
+
+
+def _fused(spec, grads, state, params):
+    kind, lr = spec["kind"], spec["lr"]
+    p_leaves, treedef = tree.flatten(params)
+    g_leaves = tree.leaves(grads)
+    if not p_leaves or tree.structure(grads) != treedef:
+        return None
+    *core, sched = state
+    hyper = {}
+    if callable(lr):  # scheduled: the step size is a device scalar, the count advances
+        hyper["step"] = scalar_like(-1.0 * lr(sched.count), p_leaves[0])
+        new_sched = type(sched)(count=increment(sched.count))
+    else:
+        hyper["step_const"], new_sched = -lr, sched
+    first = core[0]
+    if kind == "adam":
+        count = increment(first.count)
+        groups = [tree.leaves(first.mu), tree.leaves(first.nu)]
+        hyper.update(count=count, b1=spec["b1"], b2=spec["b2"], eps=spec["eps"],
+                     wd=spec.get("weight_decay", 0.0), decays=_decay_flags(spec, params))
+    elif kind == "momentum":
+        groups = [tree.leaves(first.trace)]
+        hyper.update(decay=spec["momentum"], nesterov=spec["nesterov"])
+    else:
+        groups = []
+    res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups,
+                                      in_place=not host_sync_allowed(), **hyper)
+    if res is None:
+        return None
+    new_p, new_groups = res
+    new_params = tree.unflatten(treedef, new_p)
+    if kind == "adam":
+        mu_def = tree.structure(first.mu)
+        core[0] = type(first)(count=count, mu=tree.unflatten(mu_def, new_groups[0]),
+                              nu=tree.unflatten(mu_def, new_groups[1]))
+    elif kind == "momentum":
+        core[0] = type(first)(trace=tree.unflatten(tree.structure(first.trace), new_groups[0]))
+    return new_params, (*core, new_sched)
+
+
+def _decay_flags(spec, params):
+    if spec.get("weight_decay", 0.0) == 0.0:
+        return None
+    mask = spec.get("mask")
+    if mask is None:
+        return [True] * len(tree.leaves(params))
+    from fuseflow.optim._transforms import _mask_leaves
+
+    return list(_mask_leaves("adamw", mask, params))
