@@ -1,6 +1,7 @@
 """Checkpoints: any pytree of arrays and scalars to one safetensors file, and back.
 
-    ff.checkpoint.save("run/step_1000.safetensors", {"params": p, "opt": s}, metadata={"step": 1000})
+    ff.checkpoint.save("run/step_1000.safetensors", {"params": p, "opt": s},
+                       metadata={"step": 1000})
     state = ff.checkpoint.load("run/step_1000.safetensors", like={"params": p, "opt": s})
 
 Why this shape:
@@ -80,10 +81,11 @@ def _encode(node, path: tuple, tensors: dict):
     """JSON description of ``node``; its leaves are added to ``tensors`` under their paths."""
     if node is None:
         return None
+    name = "/".join(str(p) for p in path)  # the same string as fuseflow.tree.paths
     if isinstance(node, dict):
         for k in node:
             if isinstance(k, bool) or not isinstance(k, (str, int)):
-                raise TypeError(f"checkpoint.save: dict key {k!r} at {_where(path)} is a "
+                raise TypeError(f"checkpoint.save: dict key {k!r} at {_where(name)} is a "
                                 f"{type(k).__name__}; only str and int keys can be saved")
         return {"dict": [[k, _encode(v, path + (k,), tensors)] for k, v in node.items()]}
     if isinstance(node, tuple) and hasattr(type(node), "_fields"):
@@ -92,7 +94,6 @@ def _encode(node, path: tuple, tensors: dict):
     if isinstance(node, (list, tuple)):
         kind = "list" if isinstance(node, list) else "tuple"
         return {kind: [_encode(v, path + (i,), tensors) for i, v in enumerate(node)]}
-    name = "/".join(str(p) for p in path)  # the same string as fuseflow.tree.paths
     kind, arr = _to_host(node, name)
     if name in tensors or name == "__metadata__":
         raise TypeError(f"checkpoint.save: two leaves share the path {name!r} (or it is "
@@ -301,7 +302,8 @@ def _restore_like(path: Path, like, tensors: dict):
     problems = []
     for name, (shape, dtype) in expected.items():
         if name not in tensors:
-            problems.append(f"missing from the file: {_where(name)} (like has {_desc(shape, dtype)})")
+            problems.append(f"missing from the file: {_where(name)} "
+                            f"(like has {_desc(shape, dtype)})")
             continue
         found = tensors[name]
         if found.shape != shape:

@@ -110,6 +110,7 @@ def test_user_metadata_round_trips(tmp_path):
     ({"s": "relu"}, None, r"leaf 's' is a str"),
     ({"z": np.ones(2, np.complex64)}, None, r"leaf 'z' has dtype complex64"),
     ({(1, 2): np.ones(2)}, None, r"dict key \(1, 2\) at <root> is a tuple"),
+    ({"opt": [{1.5: np.ones(2)}]}, None, r"dict key 1.5 at 'opt/0' is a float"),
     ({"a/b": np.ones(1), "a": {"b": np.ones(1)}}, None, "two leaves share the path 'a/b'"),
     ({"w": np.ones(2)}, {"loss": np.float32(1)}, "JSON-serialisable.*float\\(loss\\)"),
     ({"w": np.ones(2)}, [1, 2], "metadata must be a dict"),
