@@ -15,17 +15,18 @@ import os
 # whichever variant runs next; passive waiting makes the side-by-side rounds fair.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
+import argparse
+import statistics
 import sys
 import time
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fuseflow as ff  # noqa: E402
-from _meta import metadata, write_json  # noqa: E402
+from _meta import metadata, write_json
+
+import fuseflow as ff
 
 SIZES, BATCH, LR = (784, 512, 512, 10), 128, 0.01
 

@@ -25,14 +25,14 @@ import time
 from fuseflow import tree
 from fuseflow._namespace import is_cupy
 
-__all__ = ["compile", "CompiledStep", "CompileError"]
+__all__ = ["CompileError", "CompiledStep", "compile"]
 
 
 class CompileError(ValueError):
     """The step's inputs/outputs do not fit the compile contract; the message says how."""
 
 
-def compile(step, *, donate_argnums=(0, 1)):  # noqa: A001 - mirrors jax.jit naming
+def compile(step, *, donate_argnums=(0, 1)):
     """Compile ``step`` (see the module docstring). ``donate_argnums`` name the arguments
     that the step returns updated, first and in the same order, e.g. params and opt_state."""
     return CompiledStep(step, tuple(donate_argnums))

@@ -6,7 +6,7 @@ import numpy as np
 
 from fuseflow import backend, random, tree
 
-__all__ = ["value_and_grad", "check_grads", "GradientCheckError", "GradCheckReport"]
+__all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "value_and_grad"]
 
 
 def _backward(model, params, residuals, dy, need_input_grad):

@@ -28,8 +28,13 @@ from fuseflow._namespace import namespace
 from fuseflow.grad import _backward
 from fuseflow.optim import GradientTransformation
 
-__all__ = ["value_and_grad", "dynamic_loss_scaling", "DynamicScaleState", "all_finite",
-           "COMPUTE_DTYPES"]
+__all__ = [
+    "COMPUTE_DTYPES",
+    "DynamicScaleState",
+    "all_finite",
+    "dynamic_loss_scaling",
+    "value_and_grad",
+]
 
 COMPUTE_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 

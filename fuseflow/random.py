@@ -9,8 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["key", "split", "fold_in", "normal", "uniform", "truncated_normal", "bernoulli",
-           "permutation", "randint", "generator"]
+__all__ = [
+    "bernoulli",
+    "fold_in",
+    "generator",
+    "key",
+    "normal",
+    "permutation",
+    "randint",
+    "split",
+    "truncated_normal",
+    "uniform",
+]
 
 
 def key(seed: int) -> np.ndarray:

@@ -16,13 +16,13 @@ writes them:
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 
 class Epilog(NamedTuple):
     name: str                  # the cuBLASLt / nvmath name, e.g. "RELU_AUX_BIAS"
     stage: str                 # "forward", "dgrad" (input gradient) or "wgrad" (weight gradient)
-    activation: Optional[str]  # None, "relu" or "gelu"
+    activation: str | None  # None, "relu" or "gelu"
     bias: bool                 # forward: adds a bias; dgrad/wgrad: also returns a bias gradient
     aux: bool                  # forward: writes aux; dgrad: reads aux
 

@@ -9,5 +9,15 @@ from fuseflow.nn._layer import Layer, LayerError
 from fuseflow.nn._layernorm import LayerNorm
 from fuseflow.nn._serial import Serial
 
-__all__ = ["Layer", "LayerError", "Dense", "ReLU", "GELU", "Dropout", "LayerNorm", "Flatten",
-           "Serial", "initializers"]
+__all__ = [
+           "GELU",
+           "Dense",
+           "Dropout",
+           "Flatten",
+           "Layer",
+           "LayerError",
+           "LayerNorm",
+           "ReLU",
+           "Serial",
+           "initializers",
+]

@@ -19,7 +19,7 @@ params, grads and residuals are tuples with one entry per layer (an absorbed ReL
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from fuseflow import random
 from fuseflow.backend.epilogs import AUX_KEYS
@@ -30,9 +30,9 @@ from fuseflow.nn._layer import Layer, LayerError
 
 class _Stage(NamedTuple):
     index: int                          # position of the Dense (or the only layer)
-    dense: Optional[Dense]              # None for a generic stage
-    activation: Optional[str] = None    # the stage's effective activation (dense stages)
-    absorbed: Optional[int] = None      # index of a ReLU/GELU layer fused into this Dense
+    dense: Dense | None              # None for a generic stage
+    activation: str | None = None    # the stage's effective activation (dense stages)
+    absorbed: int | None = None      # index of a ReLU/GELU layer fused into this Dense
 
 
 def plan_stages(layers) -> list:
@@ -75,7 +75,7 @@ class Serial(Layer):
     def _wrap(self, i, error):
         """Re-raise a layer's error with its position in this Serial, naming the layer once."""
         msg, own = str(error), repr(self.layers[i]) + ": "
-        return LayerError(f"{self._where(i)}: {msg[len(own):] if msg.startswith(own) else msg}")
+        return LayerError(f"{self._where(i)}: {msg.removeprefix(own)}")
 
     def _check_tree(self, tree, what):
         if not isinstance(tree, (tuple, list)) or len(tree) != len(self.layers):

@@ -2,4 +2,4 @@
 
 from fuseflow.ops.dense import dense_backward, dense_forward
 
-__all__ = ["dense_forward", "dense_backward"]
+__all__ = ["dense_backward", "dense_forward"]
