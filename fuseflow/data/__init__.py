@@ -9,10 +9,11 @@ Where MNIST is looked for, and how it is downloaded and verified, is described i
 """
 
 from fuseflow.data._batches import batches, num_batches
+from fuseflow.data._device import device_batches
 from fuseflow.data._digits import digits
 from fuseflow.data._errors import DatasetError, DatasetNotFoundError
 from fuseflow.data._idx import read_idx
 from fuseflow.data._mnist import cache_dir, idx_dataset, mnist
 
-__all__ = ["DatasetError", "DatasetNotFoundError", "batches", "cache_dir", "digits",
+__all__ = ["DatasetError", "DatasetNotFoundError", "batches", "device_batches", "cache_dir", "digits",
            "idx_dataset", "mnist", "num_batches", "read_idx"]
