@@ -1,0 +1,470 @@
+"""Training-step speed of fuseflow and its peers on one GPU, one process per framework.
+
+    python benchmarks/peers.py --out DIR            # all frameworks, one subprocess each
+    python benchmarks/peers.py --worker jax --out DIR   # one framework
+
+Models (ReLU MLPs, softmax cross-entropy): 784-30-10 and 784-1024-1024-10 at batch 256,
+784-4096-4096-10 at batch 8192; SGD (lr 0.01) and Adam (1e-3). Precisions: "fp32" (full
+float32, no TF32 anywhere), "tf32" (TF32 tensor cores allowed: JAX's default), and 16-bit
+compute for the large model ("bf16" for JAX/torch; "fp16" mixed precision for fuseflow).
+Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
+synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
+fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, data on the
+GPU), and the peak memory of fuseflow's compiled step. Every worker writes its own JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from _meta import metadata, write_json  # noqa: E402
+
+MODELS = {"784-30-10": ((784, 30, 10), 256),
+          "784-1024-1024-10": ((784, 1024, 1024, 10), 256),
+          "784-4096-4096-10": ((784, 4096, 4096, 10), 8192)}
+LR = {"sgd": 0.01, "adam": 1e-3}
+WORKERS = ("fuseflow", "jax", "torch", "hand_nvmath")
+
+
+def configs(low_precision):
+    for model in MODELS:
+        for opt in ("sgd", "adam"):
+            for prec in ("fp32", "tf32") + ((low_precision,) if model.endswith("4096-10") else ()):
+                yield model, opt, prec
+
+
+def median_step_us(step, sync, steps, repeats):
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        times.append((time.perf_counter() - t0) / steps * 1e6)
+    return statistics.median(times)
+
+
+def reps(model, quick):
+    big = model.endswith("4096-10")
+    return (10 if big else 100) // (5 if quick else 1), 5
+
+
+def matmul_flops(sizes, batch):
+    """FLOPs of one training step's matmuls (forward, weight grads, input grads but the first)."""
+    pairs = list(zip(sizes[:-1], sizes[1:]))
+    fwd = sum(2 * batch * i * o for i, o in pairs)
+    return 3 * fwd - 2 * batch * pairs[0][0] * pairs[0][1]
+
+
+# ---- fuseflow -----------------------------------------------------------------------------
+def worker_fuseflow(args):
+    import cupy as cp
+    import numpy as np
+
+    import fuseflow as ff
+
+    be = ff.backend.get("cuda")
+    out = {"steps": [], "memory": [], "mnist": None}
+
+    def sync():
+        cp.cuda.Device().synchronize()
+
+    def build(sizes, batch, opt_name, prec):
+        be.tf32 = prec == "tf32"
+        model = ff.nn.Serial(*[ff.nn.Dense(h, "relu") for h in sizes[1:-1]], ff.nn.Dense(sizes[-1]))
+        _, params = model.init(ff.random.key(0), (sizes[0],))
+        params = ff.device_put(params, "cuda")
+        opt = getattr(ff.optim, opt_name)(LR[opt_name])
+        if prec == "fp16":
+            opt = ff.mixed_precision.dynamic_loss_scaling(opt)
+            grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+            def step(p, s, x, y):
+                loss, g = grad_fn(p, x, y, loss_scale=s.scale)
+                p, s = ff.optim.update_and_apply(opt, g, s, p)
+                return p, s, loss
+        else:
+            grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+            def step(p, s, x, y):
+                loss, g = grad_fn(p, x, y)
+                p, s = ff.optim.update_and_apply(opt, g, s, p)
+                return p, s, loss
+        x = cp.random.random((batch, sizes[0]), dtype=cp.float32)
+        y = cp.random.randint(0, sizes[-1], batch).astype(cp.int64)
+        return model, params, opt.init(params), step, x, y
+
+    for name, opt_name, prec in configs("fp16"):
+        sizes, batch = MODELS[name]
+        steps, repeats = reps(name, args.quick)
+        model, params, state, step, x, y = build(sizes, batch, opt_name, prec)
+        st = {"p": params, "s": state}
+
+        def eager():
+            st["p"], st["s"], _ = step(st["p"], st["s"], x, y)
+
+        eager()
+        eager_us = median_step_us(eager, sync, max(2, steps // 5), 3)
+        compiled = ff.compile(step)
+        t0 = time.perf_counter()
+        cs = {"p": st["p"], "s": st["s"]}
+        cs["p"], cs["s"], loss = compiled(cs["p"], cs["s"], x, y)
+        sync()
+        compile_s = time.perf_counter() - t0
+
+        def graphed():
+            cs["p"], cs["s"], _ = compiled(cs["p"], cs["s"], x, y)
+
+        us = median_step_us(graphed, sync, steps, repeats)
+        flops = matmul_flops(sizes, batch)
+        row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
+               "eager_us": eager_us, "compiled_us": us, "compile_s": compile_s,
+               "tflops_compiled": flops / us / 1e6, "loss_finite": bool(np.isfinite(float(loss)))}
+        out["steps"].append(row)
+        print(json.dumps(row), flush=True)
+        if prec == "fp32" and opt_name == "adam":
+            out["memory"].append(memory_report(ff, compiled, sizes, batch, opt_name))
+        del compiled, cs, st
+        cp.get_default_memory_pool().free_all_blocks()
+    out["matmul_rate_tflops"] = plain_matmul_rate(cp)
+    be.tf32 = False
+    out["mnist"] = fuseflow_time_to_98(ff, cp, args)
+    return out
+
+
+def memory_report(ff, compiled, sizes, batch, opt_name):
+    """The compiled step's private pool (its peak: the pool never returns memory) against the
+    bytes that must be alive: params, grads, optimizer state, saved inputs and masks, a batch."""
+    graph = next(iter(compiled._graphs.values()))
+    pool_bytes = graph.capture.pool.total_bytes()
+    n_params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))
+    state_copies = {"sgd": 0, "adam": 2}[opt_name]
+    saved_inputs = batch * sum(sizes[:-1]) * 4                # x of every Dense
+    masks = sum(-(-(-(-h // 8)) // 16) * 16 * batch for h in sizes[1:-1])
+    logits = 2 * batch * sizes[-1] * 4                       # logits and dlogits
+    batch_bytes = batch * sizes[0] * 4 + batch * 8
+    need = n_params * 4 * (2 + state_copies) + saved_inputs + masks + logits + batch_bytes
+    return {"model": "-".join(map(str, sizes)), "batch": batch, "optimizer": opt_name,
+            "pool_bytes": pool_bytes, "must_be_alive_bytes": need, "ratio": pool_bytes / need}
+
+
+def plain_matmul_rate(cp):
+    """TFLOP/s of a large fp16 and bf16-free plain matmul (8192^3, CuPy/cuBLAS), as the ceiling."""
+    a = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
+    b = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
+    for _ in range(3):
+        a @ b
+    us = median_step_us(lambda: a @ b, cp.cuda.Device().synchronize, 10, 5)
+    return 2 * 8192 ** 3 / us / 1e6
+
+
+def fuseflow_time_to_98(ff, cp, args):
+    x, y = ff.data.mnist("train", data_dir=args.data_dir)
+    xt, yt = ff.data.mnist("test", data_dir=args.data_dir)
+    x, y, xt, yt = (cp.asarray(a) for a in (x, y, xt, yt))
+    model = ff.nn.Serial(ff.nn.Dense(1024, "relu"), ff.nn.Dense(1024, "relu"), ff.nn.Dense(10))
+    _, params = model.init(ff.random.key(0), (784,))
+    params = ff.device_put(params, "cuda")
+    opt = ff.optim.adam(1e-3)
+    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+    def step(p, s, xb, yb):
+        loss, g = grad_fn(p, xb, yb)
+        p, s = ff.optim.update_and_apply(opt, g, s, p)
+        return p, s, loss
+
+    compiled = ff.compile(step)
+    t0 = time.perf_counter()
+    p, s, _ = compiled(params, opt.init(params), x[:256], y[:256])  # compile (one extra step)
+    cp.cuda.Device().synchronize()
+    compile_s = time.perf_counter() - t0
+    train_s, epochs = 0.0, []
+    for epoch in range(10):
+        t0 = time.perf_counter()
+        for xb, yb in ff.data.device_batches(x, y, 256, key=ff.random.fold_in(ff.random.key(1), epoch)):
+            p, s, _ = compiled(p, s, xb, yb)
+        cp.cuda.Device().synchronize()
+        train_s += time.perf_counter() - t0
+        acc = float(ff.losses.accuracy(model.apply(p, xt), yt))
+        epochs.append({"epoch": epoch + 1, "test_accuracy": acc, "train_s": train_s})
+        print(json.dumps(epochs[-1]), flush=True)
+        if acc >= 0.98:
+            break
+    return {"recipe": "784-1024-1024-10 relu, adam 1e-3, batch 256, fp32, data on GPU",
+            "compile_s": compile_s, "epochs": epochs, "reached_98": epochs[-1]["test_accuracy"] >= 0.98,
+            "time_to_98_s": train_s if epochs[-1]["test_accuracy"] >= 0.98 else None}
+
+
+# ---- JAX ------------------------------------------------------------------------------------
+def worker_jax(args):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    out = {"steps": [], "mnist": None}
+
+    def init(sizes, key):
+        params = []
+        for i, o in zip(sizes[:-1], sizes[1:]):
+            key, k = jax.random.split(key)
+            params.append((jax.random.normal(k, (i, o)) * np.sqrt(2 / i), jnp.zeros(o)))
+        return params
+
+    def make_loss(dtype):
+        def loss_fn(params, x, y):
+            h = x.astype(dtype)
+            for w, b in params[:-1]:
+                h = jax.nn.relu(h @ w.astype(dtype) + b.astype(dtype))
+            w, b = params[-1]
+            logits = (h @ w.astype(dtype) + b.astype(dtype)).astype(jnp.float32)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss_fn
+
+    for name, opt_name, prec in configs("bf16"):
+        sizes, batch = MODELS[name]
+        steps, repeats = reps(name, args.quick)
+        precision = {"fp32": "highest", "tf32": "default", "bf16": "default"}[prec]
+        dtype = jnp.bfloat16 if prec == "bf16" else jnp.float32
+        opt = getattr(optax, opt_name)(LR[opt_name])
+        loss_fn = make_loss(dtype)
+
+        @jax.jit
+        def step(params, s, x, y):
+            loss, g = jax.value_and_grad(loss_fn)(params, x, y)
+            u, s = opt.update(g, s, params)
+            return optax.apply_updates(params, u), s, loss
+
+        with jax.default_matmul_precision(precision):
+            params = init(sizes, jax.random.PRNGKey(0))
+            s = opt.init(params)
+            x = jax.random.uniform(jax.random.PRNGKey(1), (batch, sizes[0]))
+            y = jax.random.randint(jax.random.PRNGKey(2), (batch,), 0, sizes[-1])
+            t0 = time.perf_counter()
+            params, s, loss = step(params, s, x, y)
+            loss.block_until_ready()
+            compile_s = time.perf_counter() - t0
+            st = {"p": params, "s": s, "l": loss}
+
+            def one():
+                st["p"], st["s"], st["l"] = step(st["p"], st["s"], x, y)
+
+            us = median_step_us(one, lambda: st["l"].block_until_ready(), steps, repeats)
+        row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
+               "jit_us": us, "compile_s": compile_s,
+               "tflops": matmul_flops(sizes, batch) / us / 1e6}
+        out["steps"].append(row)
+        print(json.dumps(row), flush=True)
+    out["mnist"] = jax_time_to_98(jax, jnp, np, optax, init, make_loss, args)
+    return out
+
+
+def jax_time_to_98(jax, jnp, np, optax, init, make_loss, args):
+    import fuseflow as ff  # only the data loader
+
+    x, y = ff.data.mnist("train", data_dir=args.data_dir)
+    xt, yt = ff.data.mnist("test", data_dir=args.data_dir)
+    x, y, xt, yt = (jnp.asarray(a) for a in (x, y, xt, yt))
+    opt = optax.adam(1e-3)
+    loss_fn = make_loss(jnp.float32)
+    nb = len(x) // 256
+
+    with jax.default_matmul_precision("highest"):
+        def epoch_fn(params, s, key):
+            perm = jax.random.permutation(key, len(x))[: nb * 256].reshape(nb, 256)
+
+            def body(carry, idx):
+                p, st = carry
+                loss, g = jax.value_and_grad(loss_fn)(p, x[idx], y[idx])
+                u, st = opt.update(g, st, p)
+                return (optax.apply_updates(p, u), st), loss
+            (params, s), losses = jax.lax.scan(body, (params, s), perm)
+            return params, s, losses
+
+        def predict(params, xs):
+            h = xs
+            for w, b in params[:-1]:
+                h = jax.nn.relu(h @ w + b)
+            return h @ params[-1][0] + params[-1][1]
+
+        params = init((784, 1024, 1024, 10), jax.random.PRNGKey(0))
+        s = opt.init(params)
+        t0 = time.perf_counter()
+        epoch = jax.jit(epoch_fn).lower(params, s, jax.random.PRNGKey(1)).compile()
+        pred = jax.jit(predict)
+        compile_s = time.perf_counter() - t0
+        train_s, epochs = 0.0, []
+        for e in range(10):
+            t0 = time.perf_counter()
+            params, s, losses = epoch(params, s, jax.random.PRNGKey(100 + e))
+            losses.block_until_ready()
+            train_s += time.perf_counter() - t0
+            acc = float((pred(params, xt).argmax(1) == yt).mean())
+            epochs.append({"epoch": e + 1, "test_accuracy": acc, "train_s": train_s})
+            print(json.dumps(epochs[-1]), flush=True)
+            if acc >= 0.98:
+                break
+    return {"recipe": "784-1024-1024-10 relu, adam 1e-3, batch 256, fp32 highest, epoch = jitted lax.scan",
+            "compile_s": compile_s, "epochs": epochs, "reached_98": epochs[-1]["test_accuracy"] >= 0.98,
+            "time_to_98_s": train_s if epochs[-1]["test_accuracy"] >= 0.98 else None}
+
+
+# ---- PyTorch --------------------------------------------------------------------------------
+def worker_torch(args):
+    import torch
+
+    out = {"steps": []}
+    dev = "cuda"
+
+    def sync():
+        torch.cuda.synchronize()
+
+    for name, opt_name, prec in configs("bf16"):
+        sizes, batch = MODELS[name]
+        steps, repeats = reps(name, args.quick)
+        torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+        torch.backends.cudnn.allow_tf32 = prec == "tf32"
+        modes = ["eager"] + ([] if args.no_torch_compile else ["default", "reduce-overhead"])
+        for mode in modes:
+            torch.manual_seed(0)
+            layers = []
+            for i, o in zip(sizes[:-1], sizes[1:]):
+                layers += [torch.nn.Linear(i, o), torch.nn.ReLU()]
+            model = torch.nn.Sequential(*layers[:-1]).to(dev)
+            opt = (torch.optim.SGD(model.parameters(), lr=LR["sgd"]) if opt_name == "sgd"
+                   else torch.optim.Adam(model.parameters(), lr=LR["adam"]))
+            x = torch.rand(batch, sizes[0], device=dev)
+            y = torch.randint(0, sizes[-1], (batch,), device=dev)
+
+            def train_step(x, y):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=prec == "bf16"):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                return loss
+
+            fn = train_step if mode == "eager" else torch.compile(train_step, mode=mode)
+            try:
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    fn(x, y)
+                sync()
+                compile_s = time.perf_counter() - t0
+                us = median_step_us(lambda: fn(x, y), sync, steps, repeats)
+            except Exception as e:  # noqa: BLE001 - report, keep measuring the others
+                print(f"torch {mode} {name} {opt_name} {prec} failed: {e}", flush=True)
+                continue
+            row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
+                   "mode": mode, "us": us, "warmup_s": compile_s}
+            out["steps"].append(row)
+            print(json.dumps(row), flush=True)
+            torch._dynamo.reset()
+    return out
+
+
+# ---- the hand-written nvmath pattern ---------------------------------------------------------
+def worker_hand_nvmath(args):
+    """The public nvmath MNIST tutorial's pattern, extended to any depth: planned Matmul
+    objects (RELU_AUX_BIAS forward, DRELU_BGRAD backward, BGRADB), CuPy for the rest, SGD."""
+    import cupy as cp
+    from nvmath.linalg.advanced import Matmul, MatmulEpilog as E
+
+    out = {"steps": []}
+    ct = {"compute_type": __import__("nvmath").linalg.ComputeType.COMPUTE_32F}
+    for name in MODELS:
+        sizes, batch = MODELS[name]
+        steps, repeats = reps(name, args.quick)
+        W = [cp.random.standard_normal((o, i), dtype=cp.float32) * (2 / i) ** 0.5
+             for i, o in zip(sizes[:-1], sizes[1:])]
+        b = [cp.zeros(o, cp.float32) for o in sizes[1:]]
+        x = cp.random.random((batch, sizes[0]), dtype=cp.float32)
+        y = cp.random.randint(0, sizes[-1], batch)
+        L = len(W)
+        plans = {}
+
+        def mm(key, a, bb, epilog=None, inputs=None):
+            m = plans.get(key)
+            if m is None:
+                m = plans[key] = Matmul(a, bb, options=ct)
+                m.plan(epilog=epilog, epilog_inputs=inputs)
+            else:
+                m.reset_operands(a=a, b=bb, epilog_inputs=inputs)
+            return m.execute()
+
+        def step():
+            hs, auxs = [x], []
+            for l in range(L - 1):
+                d, aux = mm(("f", l), W[l], hs[-1].T, E.RELU_AUX_BIAS, {"bias": b[l]})
+                hs.append(d.T)
+                auxs.append(aux["relu_aux"])
+            logits = mm(("f", L - 1), hs[-1], W[L - 1].T) + b[L - 1]
+            z = logits - logits.max(1, keepdims=True)
+            e = cp.exp(z)
+            g = e / e.sum(1, keepdims=True)
+            g[cp.arange(batch), y] -= 1
+            g /= batch
+            for l in range(L - 1, -1, -1):  # g: gradient w.r.t. layer l's pre-activation
+                dw, aux = mm(("w", l), hs[l].T, g, E.BGRADB)  # dW.T and db in one call
+                if l > 0:  # masked by layer l-1's relu_aux: layer l-1's pre-activation grad
+                    dh, _ = mm(("d", l), W[l].T, g.T, E.DRELU_BGRAD, {"relu_aux": auxs[l - 1]})
+                W[l] -= LR["sgd"] * dw.T
+                b[l] -= LR["sgd"] * aux["bgradb"]
+                if l > 0:
+                    g = dh.T
+
+        step()
+        sync = cp.cuda.Device().synchronize
+        eager_us = median_step_us(step, sync, max(2, steps // 5), 3)
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            step()
+            stream.synchronize()
+            stream.begin_capture()
+            step()
+            graph = stream.end_capture()
+        us = median_step_us(lambda: graph.launch(stream), stream.synchronize, steps, repeats)
+        row = {"model": name, "batch": batch, "optimizer": "sgd", "precision": "fp32",
+               "eager_us": eager_us, "graph_us": us}
+        out["steps"].append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--worker", choices=WORKERS)
+    ap.add_argument("--workers", default=",".join(WORKERS))
+    ap.add_argument("--data-dir", default=os.environ.get("FUSEFLOW_MNIST"))
+    ap.add_argument("--quick", action="store_true", help="fewer steps per repeat")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.worker:
+        result = {"benchmark": "peers", "framework": args.worker,
+                  **metadata("cupy", "nvmath", "jax", "optax", "torch"),
+                  **globals()["worker_" + args.worker](args)}
+        write_json(os.path.join(args.out, f"peers_{args.worker}.json"), result)
+        return
+    for w in args.workers.split(","):
+        cmd = [sys.executable, __file__, "--worker", w, "--out", args.out]
+        cmd += ["--quick"] * args.quick + ["--no-torch-compile"] * args.no_torch_compile
+        cmd += ["--data-dir", args.data_dir] if args.data_dir else []
+        print("==", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=False)
+
+
+if __name__ == "__main__":
+    main()
