@@ -1,0 +1,164 @@
+"""Data-parallel training: the same model on every rank, each rank a shard of the batch.
+
+Ranks are processes started by a launcher (``mpirun -np N python train.py`` or
+``mpiexec``); ``init()`` reads the launcher's environment. Gradients are averaged with ONE
+collective per step over a single flat buffer (all leaves packed together), so the
+parameters stay identical on every rank. Two engines:
+
+- CPU (NumPy arrays): MPI through mpi4py;
+- GPU (CuPy arrays): NCCL through CuPy's bindings, its unique id shared over MPI.
+
+A single process without a launcher gets a communicator of size 1, so a script written for
+N ranks runs unchanged on one. Checkpoints: save from rank 0 only (``is_main``); load on
+every rank (any number of ranks: parameters are replicated, not sharded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+
+from fuseflow import tree
+from fuseflow._namespace import is_cupy, namespace
+
+__all__ = ["Communicator", "DistributedError", "init", "launched_by_mpi"]
+
+_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS",
+                  "HYDRA_CONTROL_FD")
+
+
+class DistributedError(RuntimeError):
+    """Ranks disagree (model shapes, batch sizes) or the launcher set-up is unusable."""
+
+
+def launched_by_mpi() -> bool:
+    """True when this process was started by an MPI launcher (mpirun/mpiexec)."""
+    return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+class Communicator:
+    """``rank``/``size`` and the few collectives data-parallel training needs."""
+
+    def __init__(self, mpi_comm=None):
+        self._mpi = mpi_comm
+        self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
+        self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
+        self._nccl = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that prints, logs and writes checkpoints."""
+        return self.rank == 0
+
+    def __repr__(self):
+        return f"Communicator(rank={self.rank}, size={self.size})"
+
+    # ---- collectives -------------------------------------------------------------------------
+    def allreduce_mean(self, grads):
+        """Average a pytree over ranks with one collective on one packed buffer."""
+        if self.size == 1 and self._nccl is None:
+            return grads
+        leaves, treedef = tree.flatten(grads)
+        xp = namespace(leaves[0])
+        flat = xp.concatenate([g.reshape(-1) for g in leaves])
+        if is_cupy(flat):
+            self._allreduce_nccl(flat)
+        else:
+            from mpi4py import MPI
+
+            self._mpi.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        flat /= self.size
+        out, offset = [], 0
+        for g in leaves:
+            out.append(flat[offset:offset + g.size].reshape(g.shape))
+            offset += g.size
+        return tree.unflatten(treedef, out)
+
+    def _allreduce_nccl(self, flat):
+        import cupy
+        from cupy.cuda import nccl
+
+        if self._nccl is None:
+            uid = nccl.get_unique_id() if self.rank == 0 else None
+            if self._mpi is not None:
+                uid = self._mpi.bcast(uid, root=0)
+            self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        dtype = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
+                 np.dtype(np.float16): nccl.NCCL_FLOAT16}[flat.dtype]
+        stream = cupy.cuda.get_current_stream()
+        self._nccl.allReduce(flat.data.ptr, flat.data.ptr, flat.size, dtype, nccl.NCCL_SUM,
+                             stream.ptr)
+
+    def broadcast(self, value, root=0):
+        """Rank ``root``'s pytree on every rank (e.g. the initial params)."""
+        if self.size == 1:
+            return value
+        leaves, treedef = tree.flatten(value)
+        out = []
+        for leaf in leaves:
+            host = leaf.get() if is_cupy(leaf) else np.ascontiguousarray(leaf)
+            self._mpi.Bcast(host, root=root)
+            out.append(namespace(leaf).asarray(host))
+        return tree.unflatten(treedef, out)
+
+    def check_same(self, what: str, description: str):
+        """Raise on every rank (no hang) when ranks disagree about ``description``."""
+        if self.size == 1:
+            return
+        digest = hashlib.sha256(description.encode()).hexdigest()[:16]
+        everyone = self._mpi.allgather((digest, description))
+        if len({d for d, _ in everyone}) > 1:
+            lines = "\n".join(f"  rank {r}: {d}" for r, (_, d) in enumerate(everyone))
+            raise DistributedError(f"ranks disagree about the {what}:\n{lines}\n"
+                                   "Fix: start every rank with the same model and arguments.")
+
+    def check_model(self, params):
+        """All ranks must hold the same model: same tree, shapes and dtypes."""
+        desc = "; ".join(f"{p} {tuple(x.shape)} {x.dtype}" for p, x in tree.leaves_with_paths(params))
+        self.check_same("model shapes", desc or "(no params)")
+
+    def shard(self, *arrays):
+        """This rank's contiguous share of a global batch (equal shares; the size must divide)."""
+        n = len(arrays[0])
+        if n % self.size:
+            raise DistributedError(f"a global batch of {n} cannot be split evenly over "
+                                   f"{self.size} ranks. Fix: a batch size divisible by {self.size}.")
+        k = n // self.size
+        parts = tuple(a[self.rank * k:(self.rank + 1) * k] for a in arrays)
+        return parts if len(parts) > 1 else parts[0]
+
+    def barrier(self):
+        if self._mpi is not None:
+            self._mpi.Barrier()
+
+
+def init() -> Communicator:
+    """The communicator for this process: MPI's world when launched by MPI, else size 1."""
+    if not launched_by_mpi():
+        return Communicator(None)
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise DistributedError("this process was started by an MPI launcher but mpi4py is not "
+                               "installed. Fix: pip install 'fuseflow[mpi]'") from e
+    _abort_on_uncaught_exception(MPI.COMM_WORLD)
+    return Communicator(MPI.COMM_WORLD)
+
+
+def _abort_on_uncaught_exception(comm):
+    """A rank that dies of an exception takes the job down (MPI_Abort) instead of leaving
+    the other ranks waiting forever in their next collective."""
+    import sys
+
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.write(f"fuseflow.distributed: rank {comm.Get_rank()} failed; aborting all "
+                         f"{comm.Get_size()} ranks\n")
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = hook

@@ -1,0 +1,30 @@
+"""Run under ``mpiexec -n N`` (or alone): 20 data-parallel SGD/adam steps on fixed global
+batches; rank 0 saves the final params to the path given as argv[1]."""
+
+import sys
+
+import numpy as np
+
+import fuseflow as ff
+
+comm = ff.distributed.init()
+model = ff.nn.Serial(ff.nn.Dense(32, "relu"), ff.nn.Dense(16, "gelu"), ff.nn.Dense(10))
+_, params = model.init(ff.random.key(comm.rank if "--bad-init" in sys.argv else 0), (20,))
+params = comm.broadcast(params)  # identical start everywhere, whatever each rank drew
+if "--bad-model" in sys.argv and comm.rank == 1:
+    _, params = ff.nn.Serial(ff.nn.Dense(33, "relu"), ff.nn.Dense(10)).init(ff.random.key(0), (20,))
+comm.check_model(params)
+opt = ff.optim.adam(1e-2)
+state = opt.init(params)
+grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+rng = np.random.default_rng(0)
+for step in range(20):
+    x = rng.standard_normal((64, 20)).astype(np.float32)  # the same global batch on every rank
+    y = rng.integers(0, 10, 64)
+    if "--die" in sys.argv and comm.rank == 1 and step == 5:
+        raise RuntimeError("simulated failure on rank 1")
+    loss, grads = grad_fn(params, *comm.shard(x, y))
+    grads = comm.allreduce_mean(grads)
+    params, state = ff.optim.update_and_apply(opt, grads, state, params)
+if comm.is_main:
+    ff.checkpoint.save(sys.argv[1], params)
