@@ -335,7 +335,9 @@ def worker_torch(args):
         steps, repeats = reps(name, args.quick)
         torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
         torch.backends.cudnn.allow_tf32 = prec == "tf32"
-        modes = ["eager"] + ([] if args.no_torch_compile else ["default", "reduce-overhead"])
+        compile_here = not args.no_torch_compile and prec == "fp32" and (
+            args.torch_compile_models == "all" or name in args.torch_compile_models.split(","))
+        modes = ["eager"] + (["default", "reduce-overhead"] if compile_here else [])
         for mode in modes:
             torch.manual_seed(0)
             layers = []
@@ -450,6 +452,9 @@ def main():
     ap.add_argument("--data-dir", default=os.environ.get("FUSEFLOW_MNIST"))
     ap.add_argument("--quick", action="store_true", help="fewer steps per repeat")
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--torch-compile-models", default="784-1024-1024-10",
+                    help="models (comma-separated, or 'all') timed with torch.compile, fp32 only: "
+                         "each compile costs tens of seconds")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.worker:
@@ -461,6 +466,7 @@ def main():
     for w in args.workers.split(","):
         cmd = [sys.executable, __file__, "--worker", w, "--out", args.out]
         cmd += ["--quick"] * args.quick + ["--no-torch-compile"] * args.no_torch_compile
+        cmd += ["--torch-compile-models", args.torch_compile_models]
         cmd += ["--data-dir", args.data_dir] if args.data_dir else []
         print("==", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=False)
