@@ -3,12 +3,15 @@
 #   GPU tests (pytest -m gpu), the seed epilog benchmark, `fuseflow train` on MNIST on the
 #   GPU in float32 and float16, and the peers benchmark.
 #
-#   benchmarks/device_all.sh [MNIST_DIR]   (default .devdata/mnist; writes $OUT/results.tgz)
+#   benchmarks/device_all.sh [checks|peers|all] [MNIST_DIR]
+#   (default: all, .devdata/mnist; writes $OUT/results-PART.tgz). Each part fits one
+#   10-minute call of the device tool.
 #
 # Run from the repo root after `pip install --target /tmp/site .whl/*.whl` (see docs/gpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-mnist="${1:-.devdata/mnist}"
+part="${1:-all}"
+mnist="${2:-.devdata/mnist}"
 res=/tmp/ffres
 rm -rf "$res"; mkdir -p "$res"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
@@ -29,12 +32,14 @@ run() {  # run NAME TIMEOUT CMD...: log to $res/NAME.log, print the tail
   python3 -c "import cupy, nvmath, numpy, sys; print(sys.version); print('cupy', cupy.__version__, 'nvmath', nvmath.__version__, 'numpy', numpy.__version__, 'cublasLt', nvmath.bindings.cublasLt.get_version())"
 } > "$res/env.txt" 2>&1
 cat "$res/env.txt"
+if [ "$part" != peers ]; then
 TAILN=15 run pytest_gpu 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --junitxml="$res/junit-gpu.xml"
 run seed 200 python3 benchmarks/seed_epilogs.py --out "$res/seed_epilogs.json"
 run train_cuda_fp32 150 python3 -m fuseflow train --backend cuda --data-dir "$mnist" --out /tmp/run32 --no-progress
 run train_cuda_fp16 150 python3 -m fuseflow train --backend cuda --precision float16 --data-dir "$mnist" --out /tmp/run16 --no-progress
 cp /tmp/run32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl" 2>/dev/null
 cp /tmp/run16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl" 2>/dev/null
-TAILN=40 run peers 330 python3 benchmarks/peers.py --out "$res" --data-dir "$mnist" --quick
-tar czf "${OUT:-.}/results.tgz" -C "$res" .
+fi
+[ "$part" != checks ] && TAILN=40 run peers 330 python3 benchmarks/peers.py --out "$res" --data-dir "$mnist" --quick
+tar czf "${OUT:-.}/results-$part.tgz" -C "$res" .
 echo "== archived $(ls "$res" | wc -l) files"
