@@ -40,8 +40,8 @@ def make_fuseflow(params, x, y):
 
     def step():
         loss, grads = grad_fn(state["params"], x, y)
-        updates, state["opt"] = opt.update(grads, state["opt"], state["params"])
-        state["params"] = ff.optim.apply_updates(state["params"], updates)
+        state["params"], state["opt"] = ff.optim.update_and_apply(opt, grads, state["opt"],
+                                                                  state["params"])
         return loss
     return step
 

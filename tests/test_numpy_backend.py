@@ -102,3 +102,11 @@ def test_backend_rejects_bad_operands():
     _, aux = be.activation(rand(rng, 4, 5), "relu")
     with pytest.raises(BackendError, match="another batch or another layer"):
         be.linear_dgrad(rand(rng, 8, 3), w, "DRELU", aux)
+
+
+def test_drelu_is_a_select_even_for_non_finite_gradients():
+    """mask ? dx : 0 (cuBLASLt), not dx * mask: an inf where the mask is clear gives 0."""
+    pre = np.array([[-1.0, 2.0, -3.0]])
+    _, aux = be.activation(pre, "relu")
+    dy = np.array([[np.inf, 1.0, np.nan]])
+    np.testing.assert_array_equal(be.activation_grad(dy, "relu", aux), [[0.0, 1.0, 0.0]])

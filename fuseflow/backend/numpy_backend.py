@@ -58,19 +58,24 @@ class NumpyBackend(Backend):
     # ---- dense matmuls ---------------------------------------------------------------------
     def _linear(self, x, w, bias, spec):
         # Accumulate, add the bias and apply the activation before the one final rounding.
+        # ``pre`` is a fresh array, so the bias and ReLU are applied in place.
         pre = _mm(x, w.T)
         if spec.bias:
-            pre = pre + bias.astype(pre.dtype)
-        if not spec.activation:
-            return pre.astype(x.dtype, copy=False), None
-        y, aux = self._activation(pre, spec.activation, spec.aux)
-        if spec.activation == "gelu" and aux is not None:
-            aux = aux.astype(x.dtype, copy=False)
-        return y.astype(x.dtype, copy=False), aux
+            pre += bias.astype(pre.dtype, copy=False)
+        if spec.activation == "relu":
+            aux = pack_relu_aux(pre) if spec.aux else None
+            np.maximum(pre, 0, out=pre)
+            return pre.astype(x.dtype, copy=False), aux
+        if spec.activation == "gelu":
+            y = gelu(pre).astype(x.dtype, copy=False)
+            return y, (pre.T.astype(x.dtype, copy=False) if spec.aux else None)
+        return pre.astype(x.dtype, copy=False), None
 
     def _linear_dgrad(self, dy, w, spec, aux):
         dx = _mm(dy, w).astype(dy.dtype, copy=False)
-        if spec.activation:
+        if spec.activation == "relu":
+            _relu_mask_in_place(dx, aux)
+        elif spec.activation:
             dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
@@ -90,7 +95,9 @@ class NumpyBackend(Backend):
 
     def _activation_grad(self, dy, activation, aux):
         if activation == "relu":
-            return np.where(unpack_relu_aux(aux, dy.shape[1]), dy, dy.dtype.type(0))
+            dx = dy.copy()
+            _relu_mask_in_place(dx, aux)
+            return dx
         pre = aux.T.astype(_acc(dy.dtype))
         return (dy.astype(pre.dtype) * gelu_grad(pre)).astype(dy.dtype)
 
@@ -107,6 +114,19 @@ class NumpyBackend(Backend):
 
     def to_numpy(self, x):
         return self.asarray(x)
+
+
+def _relu_mask_in_place(dx, aux):
+    """Zero ``dx`` where relu_aux's bit is clear: ``mask ? dx : 0``, as cuBLASLt's DRELU.
+
+    Multiplying by the 0/1 mask is exact and 10x faster than a select; only a non-finite
+    gradient (inf * 0 = nan) needs the select, so that case takes the slow path.
+    """
+    mask = unpack_relu_aux(aux, dx.shape[1])
+    if np.isfinite(dx.sum(dtype=np.float64)):
+        np.multiply(dx, mask, out=dx)
+    else:
+        np.copyto(dx, 0, where=~mask)
 
 
 def _mm(a, b):

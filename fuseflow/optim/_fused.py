@@ -12,7 +12,7 @@ function is always safe to call.
 from __future__ import annotations
 
 from fuseflow import backend, tree
-from fuseflow._namespace import host_sync_allowed
+from fuseflow._namespace import host_sync_allowed, is_cupy
 from fuseflow.optim._base import apply_updates, increment, scalar_like
 
 __all__ = ["update_and_apply", "fused_spec"]
@@ -41,6 +41,15 @@ def _fused(spec, grads, state, params):
     g_leaves = tree.leaves(grads)
     if not p_leaves or tree.structure(grads) != treedef:
         return None
+    if kind == "sgd" and not callable(lr) and not any(is_cupy(p) for p in p_leaves):
+        # Plain SGD on the host: one temporary per tensor instead of two (the same
+        # arithmetic as ``p + g * (-lr)``: IEEE addition commutes exactly).
+        new = []
+        for p, g in zip(p_leaves, g_leaves):
+            u = g * -lr
+            u += p
+            new.append(u.astype(p.dtype, copy=False))
+        return tree.unflatten(treedef, new), state
     *core, sched = state
     hyper = {}
     if callable(lr):  # scheduled: the step size is a device scalar, the count advances
