@@ -116,7 +116,8 @@ class Communicator:
 
     def check_model(self, params):
         """All ranks must hold the same model: same tree, shapes and dtypes."""
-        desc = "; ".join(f"{p} {tuple(x.shape)} {x.dtype}" for p, x in tree.leaves_with_paths(params))
+        desc = "; ".join(f"{p} {tuple(x.shape)} {x.dtype}"
+                         for p, x in tree.leaves_with_paths(params))
         self.check_same("model shapes", desc or "(no params)")
 
     def shard(self, *arrays):
@@ -124,7 +125,8 @@ class Communicator:
         n = len(arrays[0])
         if n % self.size:
             raise DistributedError(f"a global batch of {n} cannot be split evenly over "
-                                   f"{self.size} ranks. Fix: a batch size divisible by {self.size}.")
+                                   f"{self.size} ranks. Fix: a batch size divisible by "
+                                   f"{self.size}.")
         k = n // self.size
         parts = tuple(a[self.rank * k:(self.rank + 1) * k] for a in arrays)
         return parts if len(parts) > 1 else parts[0]

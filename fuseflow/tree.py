@@ -108,7 +108,9 @@ def l2_norm(tree):
     if not ls:
         return 0.0
     xp = _xp(ls[0])
-    return xp.sqrt(sum((xp.sum(x.astype(xp.float32) ** 2) if x.dtype == xp.float16 else xp.sum(x * x)) for x in ls))
+    squares = (xp.sum(x.astype(xp.float32) ** 2) if x.dtype == xp.float16 else xp.sum(x * x)
+               for x in ls)  # half precision would overflow
+    return xp.sqrt(sum(squares))
 
 
 def size(tree) -> int:

@@ -89,7 +89,8 @@ def test_residuals_from_another_layer(mlp):
 def test_residuals_from_inference_forward(mlp):
     model, params = mlp
     _, res = model.forward(params, x_of(), train=False)
-    with pytest.raises(LayerError, match=r"Serial layer 1 \(Dense\(10\)\): the layer below has no relu_aux.*train=False"):
+    with pytest.raises(LayerError, match=r"Serial layer 1 \(Dense\(10\)\): the layer below "
+                                         r"has no relu_aux.*train=False"):
         model.backward(params, res, np.ones((4, 10), np.float32))
 
 

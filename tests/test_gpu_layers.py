@@ -37,7 +37,8 @@ def test_layer_matches_numpy_reference(cp, layer, batch, dtype, rtol):
     if dtype == np.float16 and isinstance(layer, nn.LayerNorm):
         pytest.skip("LayerNorm params are float32 by design")
     _, params = layer.init(ff.random.key(batch), (23,))
-    params = ff.tree.map(lambda p: (p + 0.1 * np.random.default_rng(p.size).standard_normal(p.shape)).astype(dtype), params)
+    params = ff.tree.map(lambda p: (p + 0.1 * np.random.default_rng(p.size).standard_normal(
+        p.shape)).astype(dtype), params)
     rng = np.random.default_rng(batch)
     x = rng.standard_normal((batch, 23)).astype(dtype)
     x[0, :] = 0.0  # exact-zero pre-activations where biases are zero
@@ -132,7 +133,8 @@ def test_host_array_into_gpu_model_is_a_clear_error(cp):
     model = nn.Serial(nn.Dense(8, "relu"), nn.Dense(2))
     _, params = model.init(ff.random.key(0), (4,))
     gpu_params = ff.device_put(params, "cuda")
-    with pytest.raises(ff.backend.BackendError, match="host .NumPy. and GPU .CuPy. arrays.*device_put"):
+    with pytest.raises(ff.backend.BackendError,
+                       match="host .NumPy. and GPU .CuPy. arrays.*device_put"):
         model.forward(gpu_params, np.ones((3, 4), np.float32))
     with pytest.raises(ff.backend.BackendError, match="device_put"):
         model.forward(params, cp.ones((3, 4), cp.float32))

@@ -27,7 +27,8 @@ def randn(seed, *shape):
     nn.LayerNorm(), nn.Dropout(0.3), nn.Flatten(),
     nn.Serial(nn.Dense(13, "relu"), nn.Dense(11, "gelu"), nn.Dense(3)),
     nn.Serial(nn.Dense(13), nn.ReLU(), nn.Dense(5), nn.GELU(), nn.Dense(2)),
-    nn.Serial(nn.Dense(8, "relu"), nn.Dropout(0.5), nn.LayerNorm(), nn.Dense(9, "relu", use_bias=False), nn.Dense(4)),
+    nn.Serial(nn.Dense(8, "relu"), nn.Dropout(0.5), nn.LayerNorm(),
+              nn.Dense(9, "relu", use_bias=False), nn.Dense(4)),
 ], ids=repr)
 @pytest.mark.parametrize("batch", [1, 5])
 def test_layer_matches_finite_differences(layer, batch):

@@ -72,7 +72,7 @@ class Dense(Layer):
             check_dtype(self, x, w.dtype)
 
     def forward(self, params, x, *, key=None, train=True, activation=None):
-        """``activation`` overrides the layer's own: Serial uses it to fuse a following ReLU/GELU."""
+        """``activation`` overrides the layer's own (Serial fuses a following ReLU/GELU so)."""
         self.check_params(params, x)
         return dense_forward(params, x, activation=activation or self.activation, train=train,
                              where=repr(self))
@@ -81,7 +81,8 @@ class Dense(Layer):
         x = residuals.get("x") if isinstance(residuals, dict) else None
         if x is None:
             raise self.error("residuals must be the dict this layer's forward returned (with "
-                             f"key 'x'), got {type(residuals).__name__}: residuals of another layer?")
+                             f"key 'x'), got {type(residuals).__name__}: residuals of another "
+                             "layer?")
         w = params["w"]
         if x.ndim != 2 or x.shape[1] != w.shape[1]:
             raise self.error(f"residuals hold an input of shape {x.shape} but this layer takes "

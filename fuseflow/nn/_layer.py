@@ -61,4 +61,5 @@ def check_2d(layer, x, width=None, what="input"):
 def check_dtype(layer, x, dtype, what="input"):
     if x.dtype != dtype:
         raise layer.error(f"expected {what} of dtype {dtype}, got {x.dtype}. Fix: "
-                          f"x.astype({dtype}), or cast the params with ff.tree.astype(params, ...).")
+                          f"x.astype({dtype}), or cast the params with "
+                          "ff.tree.astype(params, ...).")

@@ -50,7 +50,9 @@ def variance_scaling(scale, mode="fan_in", distribution="truncated_normal"):
         var = scale / max(1.0, fan)
         if distribution == "truncated_normal":
             # std of a standard normal truncated to [-2, 2]
-            x = random.truncated_normal(key, shape, dtype=np.float64) * np.sqrt(var) / .87962566103423978
+            std_of_truncated = 0.87962566103423978  # a standard normal cut at +-2
+            x = random.truncated_normal(key, shape, dtype=np.float64) * np.sqrt(var) \
+                / std_of_truncated
         elif distribution == "normal":
             x = random.normal(key, shape, np.float64) * np.sqrt(var)
         elif distribution == "uniform":
