@@ -1,0 +1,529 @@
+"""The CUDA backend: CuPy arrays, nvmath-python cuBLASLt matmuls with fused epilogs.
+
+Every matmul is a planned ``nvmath.linalg.advanced.Matmul`` taken from a plan cache keyed by
+everything that makes a plan (stage, epilog, shapes, strides, dtype, compute type, device,
+operand alignment). A cache hit swaps the operands in (``reset_operands_unchecked``: safe
+because the key already pins shape, strides, dtype, device and alignment) and executes.
+
+Orientation (cuBLASLt is column-major; activations are row-major ``(batch, features)``):
+
+============  ===========================  ====================  =========================
+stage         cuBLASLt product             M, N, K               D (column-major) is
+============  ===========================  ====================  =========================
+forward       ``y.T = W @ x.T``            out, batch, in        ``y`` (batch, out), C order
+dgrad         ``dx.T = W.T @ dy.T``        in, batch, out        ``dx`` (batch, in), C order
+wgrad         ``dw.T = x.T @ dy``          in, out, batch        ``dw`` (out, in), C order
+============  ===========================  ====================  =========================
+
+Forward epilogs with neither bias nor aux (DEFAULT, RELU, GELU) are planned as
+``y = x @ W.T`` instead: nothing then fixes D's layout and nvmath lays D out like A, so
+A = x (row-major) gives a row-major y directly.
+
+- ``bias`` (forward) is per row of D = per output feature. DRELU_BGRAD/DGELU_BGRAD give the
+  row sums of the masked dx.T (the lower layer's bias gradient); BGRADB sums B = dy over K =
+  batch (this layer's bias gradient).
+- relu_aux is returned exactly as cuBLASLt writes it. gelu_aux: nvmath allocates it with
+  ``round_up(F, 8)`` rows (cuBLASLt needs the aux leading dimension to be a multiple of 8);
+  the backend returns the ``(F, batch)`` view of that buffer and hands the padded buffer
+  back to cuBLASLt in the backward without a copy.
+- Fallbacks, all transparent and counted in ``stats()["fallbacks"]``: DRELU/DGELU with
+  K == 1 (cuBLASLt refuses it) and any epilog that cuBLASLt refuses to plan run as a plain
+  matmul plus the CuPy kernels of ``_cuda_kernels``. Layout fixes (non-contiguous inputs,
+  a misaligned bias, an aux with other strides) are copies counted in ``stats()["copies"]``.
+- cuBLASLt's GELU epilogs approximate the tanh-GELU (float32: ~5e-6 absolute; float64:
+  ~3e-10); fuseflow's own GELU kernels use numpy_backend's exact formula.
+
+Precision: float16 accumulates in float32 (COMPUTE_32F), float32 runs full fp32 by default
+(``tf32=True`` or ``FUSEFLOW_TF32=1`` selects COMPUTE_32F_FAST_TF32), float64 COMPUTE_64F.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter, OrderedDict
+
+import cupy
+import numpy as np
+import nvmath
+from nvmath.linalg.advanced import Matmul, MatmulEpilog
+
+from fuseflow.backend import _cuda_kernels as K
+from fuseflow.backend.base import Backend, BackendError
+from fuseflow.backend.epilogs import relu_aux_rows
+
+__all__ = ["CudaBackend", "GPUOutOfMemoryError"]
+
+_CT = nvmath.linalg.ComputeType
+_LOG = logging.getLogger("fuseflow.nvmath")
+_LOG.setLevel(logging.WARNING)  # nvmath logs at INFO per call; keep it quiet unless asked
+
+_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_AUX_ALIGN = 16  # bytes; epilog bias/aux pointers are kept at least this aligned
+
+
+class GPUOutOfMemoryError(BackendError, MemoryError):
+    """The GPU ran out of memory for an operation (catchable as MemoryError too)."""
+
+
+class _Unfused:
+    """Plan-cache marker: this key runs unfused (plain matmul + CuPy kernels)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+def _align(ptr: int) -> int:
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, cupy.cuda.memory.OutOfMemoryError):
+        return True
+    msg = str(e)
+    return "out of memory" in msg.lower() or "cudaErrorMemoryAllocation" in msg \
+        or "CUDA_ERROR_OUT_OF_MEMORY" in msg or "ALLOC_FAILED" in msg
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    device = "cuda"
+    xp = cupy
+    dtypes = (np.float16, np.float32, np.float64)
+
+    def __init__(self, *, tf32: bool | None = None, autotune: bool | None = None,
+                 max_plans: int = 512):
+        super().__init__()
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device is visible")
+        #: float32 matmuls on TF32 tensor cores (COMPUTE_32F_FAST_TF32) instead of full fp32.
+        self.tf32 = (os.environ.get("FUSEFLOW_TF32", "0") == "1") if tf32 is None else tf32
+        #: time every candidate algorithm of a new plan once (nvmath autotune) and keep the fastest.
+        self.autotune = (os.environ.get("FUSEFLOW_AUTOTUNE", "0") == "1") if autotune is None \
+            else autotune
+        self.max_plans = max_plans
+        self._plans: OrderedDict = OrderedDict()
+        self._counters = Counter()
+        self._planning_s = 0.0
+        self._fallbacks = Counter()
+        self._copies = Counter()
+
+    # ---- stats -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = super().stats()
+        s.update({
+            "plans": self._counters["plans"],
+            "planning_s": self._planning_s,
+            "cache_hits": self._counters["cache_hits"],
+            "executions": self._counters["executions"],
+            "cache_size": len(self._plans),
+            "evictions": self._counters["evictions"],
+            "fallbacks": dict(self._fallbacks),
+            "copies": dict(self._copies),
+            "tf32": self.tf32,
+        })
+        return s
+
+    def reset_stats(self):
+        super().reset_stats()
+        self._counters.clear()
+        self._planning_s = 0.0
+        self._fallbacks.clear()
+        self._copies.clear()
+
+    def clear_plans(self):
+        """Free every cached plan (they are re-made on next use)."""
+        while self._plans:
+            _, mm = self._plans.popitem(last=False)
+            if isinstance(mm, Matmul):
+                mm.free()
+
+    # ---- placement -------------------------------------------------------------------------
+    def asarray(self, x, dtype=None):
+        """NumPy -> device copy; CuPy as is; GPU DLPack producers (torch, JAX) without a copy."""
+        if isinstance(x, cupy.ndarray):
+            out = x
+        elif isinstance(x, np.ndarray):
+            out = cupy.asarray(x)
+        elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__") \
+                and x.__dlpack_device__()[0] in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            out = cupy.from_dlpack(x)
+        elif hasattr(x, "__dlpack__"):
+            out = cupy.asarray(np.from_dlpack(x))
+        else:
+            out = cupy.asarray(np.asarray(x))
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def to_numpy(self, x):
+        if isinstance(x, cupy.ndarray):
+            return cupy.asnumpy(x)
+        if isinstance(x, np.ndarray):
+            return x
+        if hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in (2, 13):
+            return cupy.asnumpy(cupy.from_dlpack(x))
+        return np.asarray(x)
+
+    # ---- checks ----------------------------------------------------------------------------
+    def _check_device(self, op, **arrays):
+        dev = None
+        for k, a in arrays.items():
+            if a is None:
+                continue
+            if not isinstance(a, cupy.ndarray):
+                where = "a NumPy array on the host" if isinstance(a, np.ndarray) \
+                    else f"a {type(a).__module__}.{type(a).__name__}"
+                raise BackendError(
+                    f"{op}: {k} is {where}, but the cuda backend needs CuPy arrays on the GPU. "
+                    "Fix: ff.device_put(x, 'cuda') for inputs (or put the model on the CPU "
+                    "with ff.device_put(params, 'cpu')).")
+            d = a.device.id
+            if dev is None:
+                dev = d
+            elif d != dev:
+                raise BackendError(f"{op}: operands are on different GPUs ({k} is on device {d}, "
+                                   f"others on {dev}). Fix: move them to one device.")
+        return dev
+
+    def _check_dtype(self, op, dtype):
+        if np.dtype(dtype) not in _DTYPES:
+            raise BackendError(
+                f"{op}: dtype {np.dtype(dtype)} is not supported by the cuda backend; use one of "
+                "float16, float32, float64 (e.g. x.astype('float32')).")
+
+    def _contig(self, what, a):
+        """C-contiguous ``a`` (copy only if needed, counted)."""
+        if a.flags.c_contiguous:
+            return a
+        self._copies[what] += 1
+        return cupy.ascontiguousarray(a)
+
+    def _prep_bias(self, bias):
+        if bias.strides[0] == bias.itemsize and bias.data.ptr % _AUX_ALIGN == 0:
+            return bias
+        self._copies["bias"] += 1
+        return cupy.array(bias)  # fresh, contiguous and aligned
+
+    def _relu_aux_for_cublas(self, aux, rows, batch):
+        """relu_aux with exactly the layout cuBLASLt reads: strides (1, rows), aligned."""
+        ok = aux.strides[0] == 1 and (batch == 1 or aux.strides[1] == rows) \
+            and aux.data.ptr % _AUX_ALIGN == 0
+        if ok:
+            return aux
+        self._copies["relu_aux"] += 1
+        out = cupy.empty((rows, batch), dtype=cupy.uint8, order="F")
+        out[...] = aux
+        return out
+
+    def _gelu_aux_for_cublas(self, aux, features, batch):
+        """The (round_up(F, 8), batch) column-major buffer cuBLASLt reads, without a copy
+        when ``aux`` is a view of one (as returned by the forward)."""
+        s = aux.itemsize
+        m8 = _round_up(features, 8)
+        if aux.strides[0] == s and (batch == 1 or aux.strides[1] == m8 * s) \
+                and aux.data.ptr % _AUX_ALIGN == 0:
+            if m8 == features:
+                return aux
+            mem = aux.data.mem
+            if aux.data.ptr + m8 * batch * s <= mem.ptr + mem.size:
+                return cupy.ndarray((m8, batch), dtype=aux.dtype, memptr=aux.data,
+                                    strides=(s, m8 * s))
+        self._copies["gelu_aux"] += 1
+        out = cupy.zeros((m8, batch), dtype=aux.dtype, order="F")
+        out[:features] = aux
+        return out
+
+    def _aux_ld(self, aux, rows, batch):
+        """Leading dimension (elements) of a column-major aux, for the CuPy kernels."""
+        if aux.strides[0] != aux.itemsize:
+            return None
+        return rows if batch == 1 else aux.strides[1] // aux.itemsize
+
+    def _oom(self, op, e, arrays, outputs):
+        ins = ", ".join(f"{k} {tuple(a.shape)} {a.dtype}" for k, a in arrays.items()
+                        if a is not None)
+        outs = ", ".join(f"{k} {tuple(shape)} {np.dtype(dt)} = "
+                         f"{_fmt_bytes(float(np.prod(shape)) * np.dtype(dt).itemsize)}"
+                         for k, shape, dt in outputs())
+        try:
+            free, total = cupy.cuda.runtime.memGetInfo()
+            pool = cupy.get_default_memory_pool()
+            mem = (f" The GPU has {_fmt_bytes(free)} free of {_fmt_bytes(total)}; CuPy's pool "
+                   f"holds {_fmt_bytes(pool.total_bytes())} ({_fmt_bytes(pool.free_bytes())} of "
+                   "it cached, unused).")
+        except Exception:  # noqa: BLE001 - best effort, only for the message
+            mem = ""
+        return GPUOutOfMemoryError(
+            f"out of GPU memory in {op} (inputs: {ins}; outputs asked for: {outs}).{mem} "
+            "Fix: use a smaller batch size (or smaller layers); free arrays you no longer need "
+            "(del them, then cupy.get_default_memory_pool().free_all_blocks()).")
+
+    # ---- the plan cache --------------------------------------------------------------------
+    def _compute_type(self, dtype):
+        if dtype == np.float64:
+            return _CT.COMPUTE_64F
+        if dtype == np.float32 and self.tf32:
+            return _CT.COMPUTE_32F_FAST_TF32
+        return _CT.COMPUTE_32F
+
+    def _matmul(self, stage, epilog, a, b, inputs):
+        """Plan (or take from the cache) and execute ``a @ b`` with ``epilog``.
+
+        Returns ``(D, aux_outputs_dict)``, or None when this key runs unfused (cuBLASLt
+        refused the epilog; the caller then computes it from a plain matmul).
+        """
+        ct = self._compute_type(a.dtype)
+        key = (stage, epilog, a.shape, a.strides, _align(a.data.ptr), b.shape, b.strides,
+               _align(b.data.ptr), a.dtype.char, int(ct), a.device.id,
+               tuple((k, v.shape, v.strides, v.dtype.char) for k, v in inputs.items()))
+        mm = self._plans.get(key)
+        fresh = mm is None
+        if fresh:
+            mm = self._plan(key, stage, epilog, a, b, inputs, ct)
+        else:
+            self._plans.move_to_end(key)
+            self._counters["cache_hits"] += 1
+        if isinstance(mm, _Unfused):
+            self._fallbacks[mm.reason] += 1
+            return None
+        if not fresh:
+            mm.reset_operands_unchecked(a=a, b=b, epilog_inputs=inputs or None)
+        try:
+            out = mm.execute()
+        except Exception as e:
+            if _is_oom(e):
+                raise
+            if not fresh or epilog is None:
+                raise
+            # cuBLASLt planned the epilog but refuses to run it: remember, run unfused.
+            reason = f"{stage}/{epilog}: execute failed ({type(e).__name__})"
+            self._plans[key] = _Unfused(reason)
+            mm.free()
+            self._fallbacks[reason] += 1
+            return None
+        finally:
+            if isinstance(mm, Matmul) and mm.valid_state:
+                mm.release_operands()  # the cache must not keep the caller's arrays alive
+        self._counters["executions"] += 1
+        if isinstance(out, tuple):
+            return out
+        return out, {}
+
+    def _plan(self, key, stage, epilog, a, b, inputs, ct):
+        t0 = time.perf_counter()
+        mm = None
+        try:
+            mm = Matmul(a, b, options={"compute_type": ct, "logger": _LOG})
+            mm.plan(epilog=None if epilog is None else MatmulEpilog[epilog],
+                    epilog_inputs=inputs or None)
+            if self.autotune:
+                mm.autotune(iterations=3)
+        except Exception as e:
+            if mm is not None:
+                mm.free()
+            if _is_oom(e) or epilog is None:
+                raise
+            mm = _Unfused(f"{stage}/{epilog}: cuBLASLt refused ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120]})")
+        else:
+            self._counters["plans"] += 1
+        finally:
+            self._planning_s += time.perf_counter() - t0
+        self._plans[key] = mm
+        while len(self._plans) > self.max_plans:
+            _, old = self._plans.popitem(last=False)
+            self._counters["evictions"] += 1
+            if isinstance(old, Matmul):
+                old.free()
+        return mm
+
+    def _guard(self, op, fn, arrays, outputs):
+        """Run ``fn`` on the operands' device, turning OOM into a clear BackendError."""
+        dev = next(iter(arrays.values())).device.id
+        try:
+            if dev != cupy.cuda.runtime.getDevice():
+                with cupy.cuda.Device(dev):
+                    return fn()
+            return fn()
+        except GPUOutOfMemoryError:
+            raise
+        except Exception as e:
+            if _is_oom(e):
+                raise self._oom(op, e, arrays, outputs) from e
+            raise
+
+    # ---- dense matmuls ---------------------------------------------------------------------
+    def _linear(self, x, w, bias, spec):
+        op = f"linear/{spec.name}"
+        self._check_device(op, x=x, w=w, bias=bias)
+        self._check_dtype(op, x.dtype)
+        x, w = self._contig("x", x), self._contig("w", w)
+        batch, out = x.shape[0], w.shape[0]
+
+        def outputs():
+            o = [("y", (batch, out), x.dtype)]
+            if spec.aux:
+                o.append((f"{spec.activation}_aux",
+                          (relu_aux_rows(out), batch) if spec.activation == "relu"
+                          else (_round_up(out, 8), batch),
+                          np.uint8 if spec.activation == "relu" else x.dtype))
+            return o
+
+        return self._guard(op, lambda: self._linear_impl(x, w, bias, spec),
+                           {"x": x, "w": w, "bias": bias}, outputs)
+
+    def _linear_impl(self, x, w, bias, spec):
+        out = w.shape[0]
+        if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
+            # No epilog input or output fixes D's layout here, and nvmath lays D out like A:
+            # plan y = x @ W.T (A = x, row-major) so that y comes out row-major.
+            res = self._matmul("forward", None if spec.name == "DEFAULT" else spec.name,
+                               x, w.T, {})
+            if res is None:
+                return self._linear_unfused(x, w, bias, spec)
+            return self._contig("y", res[0]), None
+        inputs = {"bias": self._prep_bias(bias)} if spec.bias else {}
+        res = self._matmul("forward", spec.name, w, x.T, inputs)
+        if res is None:
+            return self._linear_unfused(x, w, bias, spec)
+        d, auxd = res
+        y = self._contig("y", d.T)
+        aux = None
+        if spec.aux:
+            aux = auxd[f"{spec.activation}_aux"]
+            if spec.activation == "gelu" and aux.shape[0] != out:
+                aux = aux[:out]  # (F, batch) view of the (round_up(F, 8), batch) buffer
+        return y, aux
+
+    def _linear_unfused(self, x, w, bias, spec):
+        pre, _ = self._matmul("forward", None, x, w.T, {})
+        pre = self._contig("y", pre)
+        if bias is not None:
+            bias = cupy.ascontiguousarray(bias)
+        if spec.activation == "relu":
+            if spec.aux:
+                return K.relu_pack(pre, bias, relu_aux_rows(w.shape[0]))
+            if bias is not None:
+                pre += bias
+            return K.relu(pre), None
+        if bias is not None:
+            pre += bias
+        if spec.activation == "gelu":
+            return K.gelu(pre), (pre.T if spec.aux else None)
+        return pre, None
+
+    def _linear_dgrad(self, dy, w, spec, aux):
+        op = f"linear_dgrad/{spec.name}"
+        self._check_device(op, dy=dy, w=w, aux=aux)
+        self._check_dtype(op, dy.dtype)
+        dy, w = self._contig("dy", dy), self._contig("w", w)
+        def outputs():
+            o = [("dx", (dy.shape[0], w.shape[1]), dy.dtype)]
+            return o + ([("dbias", (w.shape[1],), dy.dtype)] if spec.bias else [])
+
+        return self._guard(op, lambda: self._dgrad_impl(dy, w, spec, aux),
+                           {"dy": dy, "w": w, "aux": aux}, outputs)
+
+    def _dgrad_impl(self, dy, w, spec, aux):
+        batch, features = dy.shape[0], w.shape[1]
+        if spec.activation:
+            if w.shape[0] == 1:  # K == 1: cuBLASLt refuses DRELU/DGELU
+                self._fallbacks[f"dgrad/{spec.name}: K == 1"] += 1
+                return self._dgrad_unfused(dy, w, spec, aux)
+            if spec.activation == "relu":
+                cub_aux = self._relu_aux_for_cublas(aux, relu_aux_rows(features), batch)
+            else:
+                cub_aux = self._gelu_aux_for_cublas(aux, features, batch)
+            res = self._matmul("dgrad", spec.name, w.T, dy.T,
+                               {f"{spec.activation}_aux": cub_aux})
+            if res is None:
+                return self._dgrad_unfused(dy, w, spec, aux)
+            d, auxd = res
+            dx = self._contig("dx", d.T)
+            return dx, (auxd[spec.name.lower()] if spec.bias else None)
+        d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
+        return self._contig("dx", d.T), None
+
+    def _dgrad_unfused(self, dy, w, spec, aux):
+        d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
+        dx = self._activation_grad(self._contig("dx", d.T), spec.activation, aux)
+        return dx, (self._sum_rows(dx) if spec.bias else None)
+
+    def _linear_wgrad(self, dy, x, spec):
+        op = f"linear_wgrad/{spec.name}"
+        self._check_device(op, dy=dy, x=x)
+        self._check_dtype(op, dy.dtype)
+        dy, x = self._contig("dy", dy), self._contig("x", x)
+        def outputs():
+            return [("dw", (dy.shape[1], x.shape[1]), dy.dtype)]
+
+        return self._guard(op, lambda: self._wgrad_impl(dy, x, spec),
+                           {"dy": dy, "x": x}, outputs)
+
+    def _wgrad_impl(self, dy, x, spec):
+        if spec.bias:
+            res = self._matmul("wgrad", "BGRADB", x.T, dy, {})
+            if res is not None:
+                d, auxd = res
+                return self._contig("dw", d.T), auxd["bgradb"]
+        d, _ = self._matmul("wgrad", None, x.T, dy, {})
+        return self._contig("dw", d.T), (self._sum_rows(dy) if spec.bias else None)
+
+    # ---- activations -----------------------------------------------------------------------
+    def _activation(self, x, activation, want_aux):
+        op = f"activation/{activation}"
+        self._check_device(op, x=x)
+        self._check_dtype(op, x.dtype)
+        if activation not in ("relu", "gelu"):
+            raise BackendError(f"unknown activation {activation!r}; expected 'relu' or 'gelu'")
+        x = self._contig("x", x)
+
+        def run():
+            if activation == "relu":
+                if want_aux:
+                    return K.relu_pack(x, None, relu_aux_rows(x.shape[1]))
+                return K.relu(x), None
+            return K.gelu(x), (x.T if want_aux else None)
+
+        return self._guard(op, run, {"x": x}, lambda: [("y", x.shape, x.dtype)])
+
+    def _activation_grad(self, dy, activation, aux):
+        op = f"activation_grad/{activation}"
+        self._check_device(op, dy=dy, aux=aux)
+        self._check_dtype(op, dy.dtype)
+        dy = self._contig("dy", dy)
+        batch = dy.shape[0]
+        rows = aux.shape[0]
+        ld = self._aux_ld(aux, rows, batch)
+        if ld is None or aux.data.ptr % aux.itemsize:
+            self._copies[f"{activation}_aux"] += 1
+            aux = cupy.asfortranarray(aux)
+            ld = rows
+        if activation not in ("relu", "gelu"):
+            raise BackendError(f"unknown activation {activation!r}; expected 'relu' or 'gelu'")
+        kern = K.relu_grad if activation == "relu" else K.gelu_grad
+        return self._guard(op, lambda: kern(dy, aux, ld), {"dy": dy},
+                           lambda: [("dx", dy.shape, dy.dtype)])
+
+    def _sum_rows(self, a):
+        self._check_device("bias_grad", a=a)
+        self._check_dtype("bias_grad", a.dtype)
+        if a.ndim != 2:
+            raise BackendError(f"bias_grad needs a 2-D (batch, features) array, got {a.shape}")
+        a = self._contig("dy", a)
+        return self._guard("bias_grad", lambda: K.sum_rows(a), {"a": a},
+                           lambda: [("dbias", (a.shape[1],), a.dtype)])

@@ -1,0 +1,629 @@
+"""The CUDA backend (CuPy + nvmath-python cuBLASLt epilogs) against the NumPy reference.
+
+Every test needs an NVIDIA GPU with CuPy and nvmath-python; without them the whole module is
+skipped (CI has no GPU). Run on a GPU machine with ``pytest -m gpu`` (or
+``benchmarks/gpu_run.sh``).
+
+Inputs are fresh random draws each run; the seed is in every failure message (and in the
+junit properties) so a failure can be replayed with ``FUSEFLOW_TEST_SEED``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+import fuseflow.backend as fb
+from fuseflow.backend import BackendError
+from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, relu_aux_rows
+from fuseflow.backend.numpy_backend import NumpyBackend, pack_relu_aux, unpack_relu_aux
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX must not take the GPU
+
+cupy = pytest.importorskip("cupy")
+pytest.importorskip("nvmath")
+try:
+    _NDEV = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # noqa: BLE001 - CuPy without a driver or a device
+    _NDEV = 0
+if _NDEV < 1:
+    pytest.skip("no CUDA GPU visible", allow_module_level=True)
+
+_cuda = pytest.importorskip("fuseflow.backend.cuda_backend")
+CudaBackend, GPUOutOfMemoryError = _cuda.CudaBackend, _cuda.GPUOutOfMemoryError
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [np.float16, np.float32, np.float64]
+TOL = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
+# cuBLASLt's GELU epilogs (GELU*, DGELU*) approximate the tanh-GELU: measured on an H200
+# (cuBLASLt 13.1) up to 5.2e-10 relative (norm) in float64 and 1.02e-5 in float32 against the
+# exact formula, so fused GELU results get these bounds; see test_cublaslt_gelu_accuracy.
+GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9}
+# |pre-activation| under which GPU and CPU may round to different signs (random inputs only)
+SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10}
+# (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny
+SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16, 3, 8)]
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cb():
+    return CudaBackend(tf32=False, autotune=False)
+
+
+@pytest.fixture(scope="module")
+def nb():
+    return NumpyBackend()
+
+
+class _Rng:
+    """A NumPy Generator that remembers its seed (for failure messages)."""
+
+    def __init__(self, seed):
+        self.seed = seed
+        self._g = np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self._g, name)
+
+
+@pytest.fixture
+def rng(request):
+    seed = int(os.environ.get("FUSEFLOW_TEST_SEED", secrets.randbits(32)))
+    request.node.user_properties.append(("seed", seed))
+    return _Rng(seed)
+
+
+def dev(a):
+    return None if a is None else cupy.asarray(a)
+
+
+def host(a):
+    return None if a is None else cupy.asnumpy(a)
+
+
+def rel_err(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.isfinite(got).all(), "non-finite values in the GPU result"
+    den = np.linalg.norm(ref)
+    return np.linalg.norm(got - ref) / (den if den > 0 else 1.0)
+
+
+def check_close(what, got, ref, dtype, seed, tol=None, scale=None):
+    """‖got - ref‖ / ‖ref‖ <= tol. With ``scale`` (the pre-activation, or the product before
+    masking) the denominator is max(‖ref‖, ‖scale‖): a ReLU that zeroes all but a few tiny
+    outputs must not turn rounding at the pre-activation's magnitude into a large ratio."""
+    tol = TOL[dtype] if tol is None else tol[dtype]
+    got = host(got)
+    err = rel_err(got, ref)
+    if scale is not None:
+        den = np.linalg.norm(np.asarray(ref, dtype=np.float64))
+        err = err * den / max(den, np.linalg.norm(scale)) if den > 0 else \
+            np.linalg.norm(got.astype(np.float64) - ref) / max(np.linalg.norm(scale), 1e-300)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol} (seed {seed})"
+
+
+def normal(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def ints(rng, shape, dtype, lo=-2, hi=2):
+    return rng.integers(lo, hi + 1, shape).astype(dtype)
+
+
+def check_relu_aux_layout(aux, features, batch):
+    rows = relu_aux_rows(features)
+    assert isinstance(aux, cupy.ndarray)
+    assert aux.dtype == np.uint8 and aux.shape == (rows, batch)
+    assert aux.strides[0] == 1 and (batch == 1 or aux.strides[1] == rows), aux.strides
+
+
+# ---- forward ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilog", sorted(EPILOGS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_forward_matches_numpy(cb, nb, rng, dtype, epilog, shape):
+    batch, fin, fout = shape
+    spec = EPILOGS[epilog]
+    x = normal(rng, (batch, fin), dtype)
+    w = normal(rng, (fout, fin), dtype, 1 / np.sqrt(fin))
+    b = normal(rng, (fout,), dtype) if spec.bias else None
+    y_ref, aux_ref = nb.linear(x, w, b, epilog)
+    y, aux = cb.linear(dev(x), dev(w), dev(b), epilog)
+
+    assert isinstance(y, cupy.ndarray) and y.dtype == dtype and y.shape == (batch, fout)
+    assert y.flags.c_contiguous
+    pre = x.astype(np.float64) @ w.T.astype(np.float64)
+    if b is not None:
+        pre += b
+    gelu_tol = GELU_EPILOG_TOL if spec.activation == "gelu" else None
+    check_close(f"y ({epilog})", y, y_ref, dtype, rng.seed, gelu_tol, scale=pre)
+    if not spec.aux:
+        assert aux is None
+        return
+    if spec.activation == "relu":
+        check_relu_aux_layout(aux, fout, batch)
+        safe = np.abs(pre) > SIGN_MARGIN[dtype]
+        bits, bits_ref = unpack_relu_aux(host(aux), fout), unpack_relu_aux(aux_ref, fout)
+        bad = int(((bits != bits_ref) & safe).sum())
+        assert bad == 0, f"{bad} relu_aux bits differ (seed {rng.seed})"
+    else:
+        assert aux.shape == (fout, batch) and aux.dtype == dtype
+        check_close(f"gelu_aux ({epilog})", aux, aux_ref, dtype, rng.seed)
+
+
+@pytest.mark.parametrize("features", [*range(1, 38), 1000])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_relu_aux_bits_identical_with_exact_zeros(cb, nb, rng, dtype, features):
+    """Integer-valued inputs make every pre-activation exact on both sides (many exactly 0):
+    y, relu_aux (bits of rows < F), the DRELU(_BGRAD) gradient and its bias gradient must all
+    be identical, fused and standalone."""
+    batch, fin, fout2 = 19, 11, 5
+    x = ints(rng, (batch, fin), dtype)
+    x[::4] = 0                                   # zero samples: pre == bias
+    w = ints(rng, (features, fin), dtype)
+    b = ints(rng, (features,), dtype)
+    b[::3] = 0                                   # ... and zero bias entries: pre == 0 exactly
+    pre = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert (pre == 0).any()
+
+    for epilog in ("RELU_AUX_BIAS", "RELU_AUX"):
+        bias = b if EPILOGS[epilog].bias else None
+        y_ref, aux_ref = nb.linear(x, w, bias, epilog)
+        y, aux = cb.linear(dev(x), dev(w), dev(bias), epilog)
+        check_relu_aux_layout(aux, features, batch)
+        np.testing.assert_array_equal(host(y), y_ref, err_msg=f"{epilog} y (seed {rng.seed})")
+        np.testing.assert_array_equal(unpack_relu_aux(host(aux), features),
+                                      unpack_relu_aux(aux_ref, features),
+                                      err_msg=f"{epilog} relu_aux bits (seed {rng.seed})")
+
+    # standalone kernel on the same pre-activation: same bits, zero padding bytes
+    pre_c = pre.astype(dtype)
+    y2, aux2 = cb.activation(dev(pre_c), "relu")
+    check_relu_aux_layout(aux2, features, batch)
+    np.testing.assert_array_equal(host(y2), np.maximum(pre_c, 0))
+    np.testing.assert_array_equal(host(aux2), pack_relu_aux(pre_c))  # padding written as 0
+
+    # backward through the next layer (K = fout2 > 1, fused) with the GPU-made aux
+    w2 = ints(rng, (fout2, features), dtype)
+    dz = ints(rng, (batch, fout2), dtype)
+    _, aux_ref = nb.linear(x, w, b, "RELU_AUX_BIAS")
+    _, aux = cb.linear(dev(x), dev(w), dev(b), "RELU_AUX_BIAS")
+    for epilog in ("DRELU", "DRELU_BGRAD"):
+        dh_ref, db_ref = nb.linear_dgrad(dz, w2, epilog, aux_ref)
+        dh, db = cb.linear_dgrad(dev(dz), dev(w2), epilog, aux)
+        np.testing.assert_array_equal(host(dh), dh_ref, err_msg=f"{epilog} dx (seed {rng.seed})")
+        if db_ref is None:
+            assert db is None
+        else:
+            np.testing.assert_array_equal(host(db), db_ref,
+                                          err_msg=f"{epilog} dbias (seed {rng.seed})")
+        dh3 = cb.activation_grad(dev(dz @ w2 if dtype != np.float16 else
+                                     (dz.astype(np.float32) @ w2.astype(np.float32))
+                                     .astype(dtype)), "relu", aux)
+        np.testing.assert_array_equal(host(dh3), dh_ref, err_msg="activation_grad relu")
+
+
+# ---- input gradient --------------------------------------------------------------------------
+def _lower_aux(cb, rng, activation, batch, features, dtype):
+    """(aux_ref numpy, aux_gpu made by the GPU, aux_host_copy) for a lower layer."""
+    pre = normal(rng, (batch, features), dtype)
+    pre[:, ::4] = 0                              # exact zeros: the gradient passes at 0
+    if activation == "relu":
+        aux_ref = pack_relu_aux(pre)
+        _, aux_gpu = cb.activation(dev(pre), "relu")
+    else:
+        aux_ref = pre.T
+        aux_gpu = dev(pre).T
+    return aux_ref, aux_gpu, dev(aux_ref)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilog", sorted(DGRAD_EPILOGS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_dgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
+    batch, fin, fout = shape                     # this layer: w (fout, fin); aux: fin features
+    spec = DGRAD_EPILOGS[epilog]
+    dy = normal(rng, (batch, fout), dtype)
+    w = normal(rng, (fout, fin), dtype, 1 / np.sqrt(fout))
+    auxes = [(None, None)]
+    if spec.aux:
+        aux_ref, aux_gpu, aux_host_made = _lower_aux(cb, rng, spec.activation, batch, fin, dtype)
+        auxes = [(aux_ref, aux_gpu), (aux_ref, aux_host_made)]
+    before = dict(cb.stats()["fallbacks"])
+    for aux_ref, aux in auxes:
+        dx_ref, db_ref = nb.linear_dgrad(dy, w, epilog, aux_ref)
+        dx, db = cb.linear_dgrad(dev(dy), dev(w), epilog, aux)
+        assert isinstance(dx, cupy.ndarray) and dx.shape == (batch, fin) and dx.dtype == dtype
+        assert dx.flags.c_contiguous
+        # the K == 1 fallback runs fuseflow's own GELU kernel (numpy's formula): exact bounds
+        gelu_tol = GELU_EPILOG_TOL if spec.activation == "gelu" and fout > 1 else None
+        product = dy.astype(np.float64) @ w.astype(np.float64)   # before the mask
+        check_close(f"dx ({epilog})", dx, dx_ref, dtype, rng.seed, gelu_tol, scale=product)
+        if spec.bias:
+            assert db.shape == (fin,) and db.dtype == dtype
+            check_close(f"dbias ({epilog})", db, db_ref, dtype, rng.seed, gelu_tol)
+        else:
+            assert db is None
+    if spec.aux and fout == 1:                   # K == 1: the transparent unfused path ran
+        after = cb.stats()["fallbacks"]
+        key = f"dgrad/{epilog}: K == 1"
+        assert after.get(key, 0) > before.get(key, 0)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilog", sorted(WGRAD_EPILOGS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_wgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
+    batch, fin, fout = shape
+    dy = normal(rng, (batch, fout), dtype)
+    x = normal(rng, (batch, fin), dtype)
+    dw_ref, db_ref = nb.linear_wgrad(dy, x, epilog)
+    dw, db = cb.linear_wgrad(dev(dy), dev(x), epilog)
+    assert dw.shape == (fout, fin) and dw.dtype == dtype and dw.flags.c_contiguous
+    check_close(f"dw ({epilog})", dw, dw_ref, dtype, rng.seed)
+    if WGRAD_EPILOGS[epilog].bias:
+        assert db.shape == (fout,) and db.dtype == dtype
+        check_close(f"dbias ({epilog})", db, db_ref, dtype, rng.seed)
+    else:
+        assert db is None
+
+
+# ---- fused chains: forward aux straight into the backward ------------------------------------
+@pytest.mark.parametrize("features", [8, 13, 37, 1000])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_chain_forward_aux_into_dgrad_without_copies(nb, rng, dtype, activation, features):
+    cb = CudaBackend(tf32=False)
+    batch, fin, fout2 = 24, 10, 6
+    x = normal(rng, (batch, fin), dtype)
+    w1 = normal(rng, (features, fin), dtype, 1 / np.sqrt(fin))
+    b1 = normal(rng, (features,), dtype)
+    w2 = normal(rng, (fout2, features), dtype, 1 / np.sqrt(features))
+    dz = normal(rng, (batch, fout2), dtype)
+    fwd, bwd = f"{activation.upper()}_AUX_BIAS", f"D{activation.upper()}_BGRAD"
+
+    h_ref, aux_ref = nb.linear(x, w1, b1, fwd)
+    dh_ref, db_ref = nb.linear_dgrad(dz, w2, bwd, aux_ref)
+    h, aux = cb.linear(dev(x), dev(w1), dev(b1), fwd)
+    dh, db = cb.linear_dgrad(dev(dz), dev(w2), bwd, aux)
+    gelu_tol = GELU_EPILOG_TOL if activation == "gelu" else None
+    check_close("h", h, h_ref, dtype, rng.seed, gelu_tol)
+    if activation == "gelu":
+        # nvmath allocates gelu_aux with round_up(F, 8) rows; the backend returns the
+        # (F, batch) view and hands the padded buffer back to cuBLASLt without a copy.
+        m8 = -(-features // 8) * 8
+        assert aux.shape == (features, batch)
+        assert aux.strides == (aux.itemsize, m8 * aux.itemsize)
+    if activation == "relu":
+        bits_ok = np.abs(x.astype(np.float64) @ w1.T.astype(np.float64) + b1) \
+            > SIGN_MARGIN[dtype]
+        # compare only where the sign is unambiguous: the masks feed the gradient
+        assert ((unpack_relu_aux(host(aux), features) == unpack_relu_aux(aux_ref, features))
+                | ~bits_ok).all()
+        aux_ref = host(aux)  # same mask on both sides for the gradient comparison
+        dh_ref, db_ref = nb.linear_dgrad(dz, w2, bwd, aux_ref)
+    else:
+        aux_ref = host(aux)
+        dh_ref, db_ref = nb.linear_dgrad(dz, w2, bwd, aux_ref)
+    check_close("dh", dh, dh_ref, dtype, rng.seed, gelu_tol)
+    check_close("dbias", db, db_ref, dtype, rng.seed, gelu_tol)
+    s = cb.stats()
+    assert s["copies"] == {}, s["copies"]
+    assert s["fallbacks"] == {}, s["fallbacks"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_no_fallbacks_or_copies_on_ordinary_shapes(rng, dtype):
+    cb = CudaBackend(tf32=False)
+    batch, fin, fout = 64, 48, 96
+    x, w = dev(normal(rng, (batch, fin), dtype)), dev(normal(rng, (fout, fin), dtype))
+    b = dev(normal(rng, (fout,), dtype))
+    for e, spec in EPILOGS.items():
+        cb.linear(x, w, b if spec.bias else None, e)
+    dy = dev(normal(rng, (batch, fout), dtype))
+    _, raux = cb.linear(x, w, b, "RELU_AUX_BIAS")
+    _, gaux = cb.linear(x, w, b, "GELU_AUX_BIAS")
+    w2 = dev(normal(rng, (32, fout), dtype))
+    dz = dev(normal(rng, (batch, 32), dtype))
+    for e in DGRAD_EPILOGS:
+        cb.linear_dgrad(dz, w2, e, {"relu": raux, "gelu": gaux, None: None}[
+            DGRAD_EPILOGS[e].activation])
+    for e in WGRAD_EPILOGS:
+        cb.linear_wgrad(dy, x, e)
+    s = cb.stats()
+    assert s["fallbacks"] == {} and s["copies"] == {}, (s["fallbacks"], s["copies"])
+    assert s["plans"] == len(EPILOGS) + len(DGRAD_EPILOGS) + len(WGRAD_EPILOGS)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_cublaslt_gelu_accuracy(record_property, dtype):
+    """How far cuBLASLt's GELU / DGELU epilogs are from the exact tanh-GELU (recorded in the
+    junit properties; the bounds are loose, the numbers are what docs/gpu.md reports)."""
+    from fuseflow.backend.numpy_backend import gelu, gelu_grad
+
+    cb = CudaBackend(tf32=False)
+    grid = np.linspace(-8, 8, 64 * 96).reshape(64, 96).astype(dtype)
+    eye = np.eye(96, dtype=dtype)                     # x @ I.T is exact: y = gelu(x)
+    y, aux = cb.linear(dev(grid), dev(eye), None, "GELU_AUX")
+    exact = gelu(grid.astype(np.float64))
+    got = host(y).astype(np.float64)
+    big = np.abs(exact) > 1e-3
+    fwd_abs = float(np.abs(got - exact).max())
+    fwd_rel = float((np.abs(got - exact)[big] / np.abs(exact[big])).max())
+    np.testing.assert_array_equal(host(aux), grid.T)  # the aux is the exact pre-activation
+    dx, _ = cb.linear_dgrad(dev(np.ones((64, 96), dtype)), dev(eye), "DGELU", aux)
+    dexact = gelu_grad(grid.astype(np.float64))
+    bwd_abs = float(np.abs(host(dx).astype(np.float64) - dexact).max())
+    for k, v in {"gelu_max_abs_err": fwd_abs, "gelu_max_rel_err": fwd_rel,
+                 "dgelu_max_abs_err": bwd_abs,
+                 "gelu_norm_rel_err": rel_err(got, exact)}.items():
+        record_property(k, v)
+    print(f"cuBLASLt GELU {np.dtype(dtype).name}: max abs {fwd_abs:.3g}, max rel (|y|>1e-3) "
+          f"{fwd_rel:.3g}; DGELU max abs {bwd_abs:.3g}")
+    bound = 1e-4 if dtype == np.float32 else 1e-7
+    assert fwd_abs < bound and bwd_abs < bound
+    assert cb.stats()["fallbacks"] == {}
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 37), (7, 1), (65, 33), (200, 1000), (129, 5)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_bias_grad_matches_numpy(cb, nb, rng, dtype, shape):
+    a = normal(rng, shape, dtype)
+    got = cb.bias_grad(dev(a))
+    assert got.shape == (shape[1],) and got.dtype == dtype
+    check_close("bias_grad", got, nb.bias_grad(a), dtype, rng.seed)
+    strided = dev(np.repeat(a, 2, axis=1))[:, ::2]           # non-contiguous input
+    check_close("bias_grad (strided)", cb.bias_grad(strided), nb.bias_grad(a), dtype, rng.seed)
+
+
+# ---- standalone activation kernels -----------------------------------------------------------
+@pytest.mark.parametrize("features", [1, 7, 8, 9, 37, 1000])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_activation_kernels_match_numpy(cb, nb, rng, dtype, activation, features):
+    batch = 21
+    x = normal(rng, (batch, features), dtype)
+    x[:, ::3] = 0
+    dy = normal(rng, (batch, features), dtype)
+    y_ref, aux_ref = nb.activation(x, activation)
+    y, aux = cb.activation(dev(x), activation)
+    check_close("y", y, y_ref, dtype, rng.seed)
+    if activation == "relu":
+        np.testing.assert_array_equal(host(y), y_ref)
+        np.testing.assert_array_equal(host(aux), aux_ref)
+    else:
+        np.testing.assert_array_equal(host(aux), aux_ref)
+    y2, aux2 = cb.activation(dev(x), activation, want_aux=False)
+    assert aux2 is None
+    check_close("y (no aux)", y2, y_ref, dtype, rng.seed)
+    dx_ref = nb.activation_grad(dy, activation, aux_ref)
+    dx = cb.activation_grad(dev(dy), activation, aux)
+    check_close("dx", dx, dx_ref, dtype, rng.seed)
+    if activation == "relu":
+        np.testing.assert_array_equal(host(dx), dx_ref)
+        # an aux whose columns are further apart than its rows (a strided view) reads right,
+        # and is copied into cuBLASLt's exact layout before a fused matmul
+        rows = relu_aux_rows(features)
+        big = cupy.full((rows + 16, batch), 0xFF, dtype=cupy.uint8, order="F")
+        big[:rows] = aux
+        view = big[:rows]
+        assert view.strides == (1, rows + 16)
+        np.testing.assert_array_equal(host(cb.activation_grad(dev(dy), "relu", view)), dx_ref)
+
+
+def test_relu_grad_never_reads_padding_bits(cb, rng):
+    """Padding bits (rows >= F) are garbage on the GPU: set them all and check nothing leaks."""
+    batch, features = 9, 13                      # 2 data bytes, 14 padding bytes; 3 padding bits
+    x = normal(rng, (batch, features), np.float32)
+    _, aux = cb.activation(dev(x), "relu")
+    poisoned = aux.copy(order="F")
+    poisoned[2:] = 0xFF
+    poisoned[1] |= np.uint8(0b11100000)          # bits of features 13, 14, 15
+    dy = dev(normal(rng, (batch, features), np.float32))
+    np.testing.assert_array_equal(host(cb.activation_grad(dy, "relu", poisoned)),
+                                  host(cb.activation_grad(dy, "relu", aux)))
+    w = dev(normal(rng, (4, features), np.float32))
+    dz = dev(normal(rng, (batch, 4), np.float32))
+    a = cb.linear_dgrad(dz, w, "DRELU_BGRAD", aux)
+    p = cb.linear_dgrad(dz, w, "DRELU_BGRAD", poisoned)
+    np.testing.assert_array_equal(host(a[0]), host(p[0]))
+    np.testing.assert_array_equal(host(a[1]), host(p[1]))
+
+
+# ---- layouts, copies, plan cache -------------------------------------------------------------
+def test_odd_layouts_are_copied_and_still_right(nb, rng):
+    cb = CudaBackend(tf32=False)
+    dtype = np.float32
+    x = normal(rng, (32, 40), dtype)
+    w = normal(rng, (24, 20), dtype)
+    flat = dev(normal(rng, (25,), dtype))
+    b_odd = flat[1:]                             # 4-byte aligned view: copied before cuBLASLt
+    b = host(b_odd)
+    xs = dev(x)[:, ::2]                          # non-contiguous input
+    y_ref, _ = nb.linear(np.ascontiguousarray(x[:, ::2]), w, b, "RELU_AUX_BIAS")
+    y, _ = cb.linear(xs, dev(w), b_odd, "RELU_AUX_BIAS")
+    check_close("y", y, y_ref, dtype, rng.seed)
+    yf, _ = cb.linear(cupy.asfortranarray(dev(x[:, ::2])), cupy.asfortranarray(dev(w)),
+                      b_odd, "BIAS")
+    check_close("y (F-ordered operands)", yf, nb.linear(x[:, ::2].copy(), w, b, "BIAS")[0],
+                dtype, rng.seed)
+    c = cb.stats()["copies"]
+    assert c.get("x", 0) >= 2 and c.get("bias", 0) >= 1 and c.get("w", 0) >= 1, c
+
+
+def test_plan_cache_hits_and_operand_reset(nb, rng):
+    cb = CudaBackend(tf32=False)
+    dtype = np.float32
+    shape_x, shape_w = (32, 24), (40, 24)
+    results = []
+    for i in range(3):
+        x, w, b = (normal(rng, shape_x, dtype), normal(rng, shape_w, dtype),
+                   normal(rng, (40,), dtype))
+        y, aux = cb.linear(dev(x), dev(w), dev(b), "RELU_AUX_BIAS")
+        results.append((y, aux, nb.linear(x, w, b, "RELU_AUX_BIAS")))
+        s = cb.stats()
+        assert s["plans"] == 1, s
+        assert s["cache_hits"] == i and s["executions"] == i + 1, s
+    for y, _, (y_ref, _) in results:   # every call saw its own operands
+        check_close("y", y, y_ref, dtype, rng.seed)
+    # the aux (an epilog input) is swapped too
+    w2 = normal(rng, (8, 40), dtype)
+    dz = normal(rng, (32, 8), dtype)
+    for _, aux, _ in results:
+        dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DRELU_BGRAD", aux)
+        dh_ref, db_ref = nb.linear_dgrad(dz, w2, "DRELU_BGRAD", host(aux))
+        check_close("dh", dh, dh_ref, dtype, rng.seed)
+        check_close("db", db, db_ref, dtype, rng.seed)
+    s = cb.stats()
+    assert s["plans"] == 2 and s["cache_hits"] == 4, s
+    assert s["planning_s"] > 0
+    assert s["calls"]["linear/RELU_AUX_BIAS"] == 3
+    # another shape, and TF32, each make a new plan
+    cb.linear(dev(normal(rng, (33, 24), dtype)), dev(normal(rng, shape_w, dtype)),
+              dev(normal(rng, (40,), dtype)), "RELU_AUX_BIAS")
+    assert cb.stats()["plans"] == 3
+    cb.tf32 = True
+    x, w, b = normal(rng, shape_x, dtype), normal(rng, shape_w, dtype), normal(rng, (40,), dtype)
+    y, _ = cb.linear(dev(x), dev(w), dev(b), "RELU_AUX_BIAS")
+    assert cb.stats()["plans"] == 4
+    assert rel_err(host(y), nb.linear(x, w, b, "RELU_AUX_BIAS")[0]) < 1e-2  # TF32: ~1e-3
+    cb.reset_stats()
+    assert cb.stats()["plans"] == 0 and cb.stats()["cache_size"] == 4
+
+
+def test_cache_is_bounded(rng):
+    cb = CudaBackend(tf32=False, max_plans=3)
+    for n in range(1, 7):
+        cb.linear(dev(normal(rng, (n, 8), np.float32)), dev(normal(rng, (4, 8), np.float32)))
+    s = cb.stats()
+    assert s["cache_size"] == 3 and s["evictions"] == 3 and s["plans"] == 6
+
+
+def test_tf32_env_switch(monkeypatch):
+    monkeypatch.setenv("FUSEFLOW_TF32", "1")
+    assert CudaBackend().tf32 is True
+    monkeypatch.setenv("FUSEFLOW_TF32", "0")
+    assert CudaBackend().tf32 is False
+
+
+# ---- placement and DLPack --------------------------------------------------------------------
+def test_asarray_numpy_cupy_and_to_numpy(cb, rng):
+    x = normal(rng, (5, 3), np.float32)
+    a = cb.asarray(x)
+    assert isinstance(a, cupy.ndarray)
+    np.testing.assert_array_equal(cb.to_numpy(a), x)
+    assert cb.asarray(a) is a
+    assert cb.asarray(a, dtype=np.float16).dtype == np.float16
+    assert fb.of(a).name == "cuda" and fb.of(x).name == "numpy"
+    assert isinstance(fb.device_put({"w": x}, "cuda")["w"], cupy.ndarray)
+
+
+def test_dlpack_torch_both_ways_without_copies(cb):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    t = torch.randn(64, 32, device="cuda")
+    a = cb.asarray(t)
+    assert isinstance(a, cupy.ndarray) and a.data.ptr == t.data_ptr()
+    assert fb.asarray(t).data.ptr == t.data_ptr()
+    back = torch.from_dlpack(a)
+    assert back.data_ptr() == a.data.ptr
+    w = torch.randn(16, 32, device="cuda")
+    y, _ = cb.linear(a, cb.asarray(w), None, "DEFAULT")
+    ref = (t @ w.T).cpu().numpy()
+    assert rel_err(host(y), ref) < 1e-5
+    # a torch tensor on the host is copied to the GPU
+    c = torch.randn(3, 4)
+    np.testing.assert_array_equal(host(cb.asarray(c)), c.numpy())
+    np.testing.assert_array_equal(cb.to_numpy(t), t.cpu().numpy())
+
+
+def test_dlpack_jax_both_ways_without_copies(cb):
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    gpus = [d for d in jax.devices() if d.platform in ("gpu", "cuda")]
+    if not gpus:
+        pytest.skip("JAX without a GPU backend")
+    x = jax.device_put(jnp.arange(64 * 32, dtype=jnp.float32).reshape(64, 32), gpus[0])
+    x.block_until_ready()
+    a = cb.asarray(x)
+    assert isinstance(a, cupy.ndarray) and a.data.ptr == x.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(host(a), np.asarray(x))
+    c = cupy.arange(48, dtype=cupy.float32).reshape(6, 8)
+    j = jnp.from_dlpack(c)
+    assert j.unsafe_buffer_pointer() == c.data.ptr
+    np.testing.assert_array_equal(np.asarray(j), host(c))
+
+
+# ---- errors ----------------------------------------------------------------------------------
+def test_error_wrong_aux_shape(cb, rng):
+    dy = dev(normal(rng, (8, 4), np.float32))
+    w = dev(normal(rng, (4, 16), np.float32))
+    _, aux_other_batch = cb.activation(dev(normal(rng, (9, 16), np.float32)), "relu")
+    with pytest.raises(BackendError, match="relu_aux has shape"):
+        cb.linear_dgrad(dy, w, "DRELU_BGRAD", aux_other_batch)
+    with pytest.raises(BackendError, match="gelu_aux has shape"):
+        cb.linear_dgrad(dy, w, "DGELU", dev(normal(rng, (15, 8), np.float32)))
+    with pytest.raises(BackendError, match="dtype"):
+        cb.linear_dgrad(dy, w, "DRELU", cupy.zeros((16, 8), dtype=cupy.int8))
+    with pytest.raises(BackendError, match="required"):
+        cb.linear_dgrad(dy, w, "DRELU")
+
+
+def test_error_host_array_mixed_with_gpu(cb, rng):
+    x = normal(rng, (8, 4), np.float32)
+    w = normal(rng, (3, 4), np.float32)
+    with pytest.raises(BackendError, match="NumPy array on the host"):
+        cb.linear(x, dev(w))
+    with pytest.raises(BackendError, match="host"):
+        fb.of(x, dev(w))
+    dy = dev(normal(rng, (8, 3), np.float32))
+    aux_host = pack_relu_aux(normal(rng, (8, 4), np.float32))
+    with pytest.raises(BackendError, match="aux is a NumPy array"):
+        cb.linear_dgrad(dy, dev(w), "DRELU", aux_host)
+    with pytest.raises(BackendError, match="NumPy array"):
+        cb.activation(x, "relu")
+
+
+def test_error_unsupported_dtype(cb):
+    x = cupy.ones((8, 4), dtype=cupy.int32)
+    w = cupy.ones((3, 4), dtype=cupy.int32)
+    with pytest.raises(BackendError, match="int32 is not supported"):
+        cb.linear(x, w)
+    with pytest.raises(BackendError, match="int32 is not supported"):
+        cb.linear_wgrad(cupy.ones((8, 3), dtype=cupy.int32), x)
+    with pytest.raises(BackendError, match="int32 is not supported"):
+        cb.activation(x, "relu")
+    with pytest.raises(BackendError, match="share one dtype"):
+        cb.linear(x.astype(cupy.float32), w.astype(cupy.float16))
+
+
+def test_error_out_of_memory_is_clear_and_recoverable(cb, rng):
+    n = 1 << 18                                  # y would be 2^36 float32 = 256 GiB
+    x = cupy.ones((n, 8), dtype=cupy.float32)
+    w = cupy.ones((n, 8), dtype=cupy.float32)
+    with pytest.raises(GPUOutOfMemoryError, match="smaller batch") as ei:
+        cb.linear(x, w)
+    assert isinstance(ei.value, BackendError) and isinstance(ei.value, MemoryError)
+    assert "262144" in str(ei.value)
+    del x, w
+    cupy.get_default_memory_pool().free_all_blocks()
+    y, _ = cb.linear(dev(normal(rng, (4, 8), np.float32)), dev(normal(rng, (2, 8), np.float32)))
+    assert y.shape == (4, 2)
+
+
+def test_stats_shape(cb):
+    s = cb.stats()
+    for k in ("backend", "calls", "plans", "planning_s", "cache_hits", "executions",
+              "cache_size", "fallbacks", "copies", "tf32"):
+        assert k in s
+    assert s["backend"] == "cuda"
+    assert "cuda" in fb.stats() or fb.get("cuda").name == "cuda"
