@@ -88,9 +88,14 @@ def test_inference_uses_relu_bias_and_writes_no_mask(cp):
 
 
 def test_784_1024_1024_10_trains_identically_on_both_backends(cp):
+    """Same initial params and batches: the same 50 losses to 1e-4 on CPU and GPU.
+
+    With SGD + momentum. (Adam divides by sqrt(v): for weights whose gradient is rounding
+    noise it takes full-size steps in the noise's direction, so its CPU/GPU losses were
+    measured to drift to 5e-3 after ~20 steps although both backends are correct.)"""
     model = nn.Serial(nn.Dense(1024, "relu"), nn.Dense(1024, "relu"), nn.Dense(10))
     _, params = model.init(ff.random.key(0), (784,))
-    opt = ff.optim.adam(1e-3)
+    opt = ff.optim.sgd(0.05, momentum=0.9)
     grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
     rng = np.random.default_rng(0)
     xs = rng.random((50, 64, 784), dtype=np.float32)
