@@ -519,6 +519,13 @@ class CudaBackend(Backend):
         return self._guard(op, lambda: kern(dy, aux, ld), {"dy": dy},
                            lambda: [("dx", dy.shape, dy.dtype)])
 
+    def _softmax_cross_entropy(self, logits, labels):
+        """Value and gradient in one kernel launch (``_cuda_fused.softmax_xent``)."""
+        from fuseflow.backend._cuda_fused import softmax_xent
+
+        self._check_device("softmax_cross_entropy", logits=logits, labels=labels)
+        return softmax_xent(logits, labels)
+
     def _sum_rows(self, a):
         self._check_device("bias_grad", a=a)
         self._check_dtype("bias_grad", a.dtype)
