@@ -1,0 +1,7 @@
+"""``python -m fuseflow``: the same as the ``fuseflow`` command."""
+
+import sys
+
+from fuseflow.cli import main
+
+sys.exit(main())

@@ -1,0 +1,385 @@
+"""The ``fuseflow`` command: ``train``, ``eval`` and ``bench``.
+
+    fuseflow train --data-dir ../shared/data/mnist --out runs/mnist
+    fuseflow eval runs/mnist/last.safetensors
+    fuseflow bench --hidden 1024,1024 --steps 50
+
+The last line ``train`` and ``eval`` print is ``test_accuracy=0.XXXX`` (scripts can take
+it with ``tail -n 1``). Exit codes: 0 done, 1 an error with a message that names the fix
+(data, checkpoint, backend, options that contradict a checkpoint), 2 a malformed command
+line, 130 stopped by Ctrl-C. The training recipe is saved in every checkpoint, so ``eval``
+and ``train --resume`` need nothing but the file. Full reference: docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from fuseflow import __version__, backend, checkpoint, data, random
+from fuseflow.compile import compile as compile_step
+from fuseflow.data import num_batches
+from fuseflow.train import (LAST, METRICS_FILE, Interrupted, Recipe, RecipeError, evaluate,
+                            fit, init_state, load_dataset, load_split, load_state, make_step)
+from fuseflow.train._labels import unchecked_cross_entropy
+from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+#: defaults of ``fuseflow train`` (options left out on the command line; on --resume the
+#: checkpoint's recipe takes their place)
+DEFAULTS = dict(dataset="mnist", hidden=(512, 512), activation="relu", epochs=5,
+                batch_size=128, optimizer="adam", weight_decay=0.0, schedule="cosine",
+                seed=0, precision="float32", backend="auto")
+#: recipe fields an explicit option may not change on --resume (they define the run)
+_FIXED_ON_RESUME = ("hidden", "activation", "optimizer", "lr", "weight_decay", "schedule",
+                    "batch_size", "seed", "precision")
+_RUN_FILES = (LAST, METRICS_FILE)
+
+
+class CLIError(Exception):
+    """An error to report as one message and exit code 1 (no traceback)."""
+
+
+# ------------------------------------------------------------------------------- parsing
+
+def _hidden(text: str) -> tuple:
+    try:
+        sizes = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive layer widths such as 1024,1024; got {text!r}")
+    return sizes
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _backend_option(p):
+    p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
+                   help="where arrays live: numpy (any CPU), cuda (CuPy + nvmath on an NVIDIA "
+                        "GPU), auto (cuda when usable, else numpy). Default: auto")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fuseflow", description="Train and evaluate MLPs on MNIST-style data.",
+        epilog="Exit codes: 0 ok, 1 error, 2 bad command line, 130 interrupted (Ctrl-C).")
+    parser.add_argument("--version", action="version", version=f"fuseflow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench}")
+    d = DEFAULTS
+
+    t = sub.add_parser("train", help="train an MLP; last line: test_accuracy=0.XXXX",
+                       description="Train an MLP; write metrics.jsonl, curves.png and a "
+                                   "checkpoint per epoch to --out. Options left out take "
+                                   "their defaults, or the checkpoint's values with --resume.")
+    t.add_argument("--dataset", choices=("mnist", "digits"), default=None,
+                   help=f"mnist, or scikit-learn's 8x8 digits (offline). Default: "
+                        f"{d['dataset']}, falling back to digits when MNIST is nowhere")
+    t.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="a folder with the four IDX files (MNIST, Fashion-MNIST, ...), or one "
+                        "holding mnist/; input width and classes come from the data")
+    t.add_argument("--hidden", type=_hidden, default=None, metavar="W1,W2,...",
+                   help=f"hidden layer widths. Default: {','.join(map(str, d['hidden']))}")
+    t.add_argument("--activation", choices=ACTIVATIONS, default=None,
+                   help=f"hidden activation (fused in the matmul). Default: {d['activation']}")
+    t.add_argument("--epochs", type=_positive(int), default=None,
+                   help=f"epochs in all (a resumed run continues to this). Default: {d['epochs']}")
+    t.add_argument("--batch-size", type=_positive(int), default=None,
+                   help=f"examples per step. Default: {d['batch_size']}")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help=f"momentum is sgd with momentum 0.9. Default: {d['optimizer']}")
+    t.add_argument("--lr", type=_positive(float), default=None,
+                   help="peak learning rate. Default: " + ", ".join(
+                       f"{k} {v:g}" for k, v in DEFAULT_LR.items()))
+    t.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help=f"cosine: lr decays to 0 over all epochs. Default: {d['schedule']}")
+    t.add_argument("--weight-decay", type=float, default=None, metavar="WD",
+                   help="decoupled weight decay of the weights (not biases); adamw only. "
+                        "Default: 0 (1e-4 with adamw)")
+    t.add_argument("--seed", type=int, default=None,
+                   help=f"fixes initialisation and data order. Default: {d['seed']}")
+    t.add_argument("--precision", "--dtype", choices=PRECISIONS, default=None,
+                   help="float16: mixed precision (16-bit compute, float32 master weights, "
+                        f"dynamic loss scaling); meant for GPUs. Default: {d['precision']}")
+    _backend_option(t)
+    t.add_argument("--out", metavar="DIR", default=None,
+                   help="output folder. Default: runs/<dataset>, or the checkpoint's folder "
+                        "with --resume")
+    t.add_argument("--resume", metavar="CKPT", default=None,
+                   help="continue the run saved in CKPT (e.g. runs/mnist/last.safetensors); "
+                        "the result is bit for bit that of an uninterrupted run")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace a previous run's files in --out instead of refusing")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    e = sub.add_parser("eval", help="test accuracy of a checkpoint; prints test_accuracy=0.XXXX",
+                       description="Rebuild the model from a `fuseflow train` checkpoint and "
+                                   "evaluate it on its data set's test split.")
+    e.add_argument("checkpoint", metavar="CKPT")
+    e.add_argument("--data-dir", metavar="DIR", default=None,
+                   help="where the test IDX files are now (default: where training found them)")
+    e.add_argument("--batch-size", type=_positive(int), default=None,
+                   help="evaluation batch size. Default: the one training used (1000)")
+    _backend_option(e)
+
+    b = sub.add_parser("bench", help="time training steps on random data; prints steps/s",
+                       description="Time N training steps of an MLP on random data "
+                                   "(no data set needed).")
+    b.add_argument("--hidden", type=_hidden, default=d["hidden"], metavar="W1,W2,...",
+                   help=f"Default: {','.join(map(str, d['hidden']))}")
+    b.add_argument("--activation", choices=ACTIVATIONS, default="relu")
+    b.add_argument("--batch-size", type=_positive(int), default=d["batch_size"])
+    b.add_argument("--input-width", type=_positive(int), default=784)
+    b.add_argument("--classes", type=_positive(int), default=10)
+    b.add_argument("--optimizer", choices=OPTIMIZERS, default=d["optimizer"])
+    b.add_argument("--steps", type=_positive(int), default=100, help="timed steps (100)")
+    b.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
+    b.add_argument("--precision", "--dtype", choices=PRECISIONS, default="float32")
+    _backend_option(b)
+    return parser
+
+
+# ------------------------------------------------------------------------------- helpers
+
+def _select_backend(name: str) -> str:
+    """Resolve and check the backend; print the one line that says which one runs."""
+    resolved = backend.resolve(name)
+    try:
+        backend.get(resolved)
+    except RuntimeError as e:
+        raise CLIError(f"--backend {name}: {e}") from None
+    why = " (auto: no usable CUDA GPU)" if name == "auto" and resolved == "numpy" else ""
+    print(f"backend: {resolved}{why}", flush=True)
+    return resolved
+
+
+def _to_device(state, device: str):
+    if device != "cuda":
+        return state
+    return state._replace(params=backend.device_put(state.params, "cuda"),
+                          opt_state=backend.device_put(state.opt_state, "cuda"))
+
+
+def _read_recipe(path) -> Recipe:
+    path = Path(path)
+    if not path.is_file():
+        raise CLIError(f"checkpoint {path} does not exist. Fix: pass a file such as "
+                       "runs/mnist/last.safetensors.")
+    meta = checkpoint.read_metadata(path)
+    return Recipe.from_metadata(meta.get("recipe"), str(path))
+
+
+def _check_data_fits(recipe: Recipe, width: int, classes: int, where: str):
+    if width != recipe.input_width or classes > recipe.classes:
+        raise CLIError(f"{where}: the data has {width} inputs and {classes} classes, but the "
+                       f"checkpoint's model takes {recipe.input_width} inputs and "
+                       f"{recipe.classes} classes. Fix: --data-dir with the data it was "
+                       "trained on.")
+
+
+def _prepare_out(out: Path, overwrite: bool, same_run: bool):
+    """Refuse to mix two runs in one folder, unless asked to replace the old one."""
+    existing = [n for n in _RUN_FILES if (out / n).exists()]
+    if not existing or same_run:
+        return
+    if not overwrite:
+        raise CLIError(f"{out} already holds a run ({', '.join(existing)}). Fix: --resume "
+                       f"{out / LAST} to continue it, --out NEW_DIR, or --overwrite to "
+                       "replace it.")
+    for f in [*out.glob("ckpt-epoch*.safetensors"), out / LAST, out / METRICS_FILE,
+              out / "curves.png"]:
+        f.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------- commands
+
+def _fresh_recipe(args, ds) -> Recipe:
+    d = DEFAULTS
+    optimizer = args.optimizer or d["optimizer"]
+    weight_decay = args.weight_decay
+    if weight_decay is None:
+        weight_decay = 1e-4 if optimizer == "adamw" else d["weight_decay"]
+    return Recipe(dataset=ds.name, data_dir=ds.data_dir, input_width=ds.input_width,
+                  classes=ds.classes, hidden=tuple(args.hidden or d["hidden"]),
+                  activation=args.activation or d["activation"], optimizer=optimizer,
+                  lr=args.lr or DEFAULT_LR[optimizer], weight_decay=weight_decay,
+                  schedule=args.schedule or d["schedule"], epochs=args.epochs or d["epochs"],
+                  batch_size=args.batch_size or d["batch_size"],
+                  seed=d["seed"] if args.seed is None else args.seed,
+                  precision=args.precision or d["precision"])
+
+
+def _show(value) -> str:
+    """An option's value as it is typed on the command line (1024,1024 for a tuple)."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _resumed_recipe(args, recipe: Recipe) -> Recipe:
+    conflicts = []
+    for name in _FIXED_ON_RESUME:
+        given, saved = getattr(args, name), getattr(recipe, name)
+        if given is not None and given != saved:
+            conflicts.append(f"--{name.replace('_', '-')} {_show(given)} (the checkpoint has "
+                             f"{_show(saved)})")
+    if args.dataset is not None and (args.dataset == "digits") != (recipe.dataset == "digits"):
+        conflicts.append(f"--dataset {args.dataset} (the checkpoint has {recipe.dataset})")
+    if conflicts:
+        raise CLIError("--resume continues the checkpoint's run, but these options differ "
+                       "from it: " + "; ".join(conflicts) + ". Fix: leave them out, or start "
+                       "a new run without --resume.")
+    if args.epochs is not None and args.epochs != recipe.epochs:
+        if recipe.schedule == "cosine":
+            print(f"note: --epochs {args.epochs} changes the run's {recipe.epochs} epochs: "
+                  "the cosine schedule is stretched from here on, so the result differs from "
+                  f"a run trained for {args.epochs} epochs from the start")
+        recipe = dataclasses.replace(recipe, epochs=args.epochs)
+    return recipe
+
+
+def _train(args) -> int:
+    device = _select_backend(args.backend)
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None:
+        recipe = _resumed_recipe(args, _read_recipe(resume))
+        ds = load_dataset(recipe.dataset, args.data_dir or recipe.data_dir)
+        _check_data_fits(recipe, ds.input_width, ds.classes, "--resume")
+    else:
+        ds = load_dataset(args.dataset or DEFAULTS["dataset"], args.data_dir,
+                          fallback=args.dataset is None)
+        recipe = _fresh_recipe(args, ds)
+    if ds.note:
+        print(ds.note)
+    print(ds.describe(), flush=True)
+
+    out = Path(args.out) if args.out else (resume.parent if resume else Path("runs") / ds.name)
+    same_run = resume is not None and out.resolve() == resume.parent.resolve()
+    _prepare_out(out, args.overwrite, same_run)
+    if resume is not None and not same_run and (resume.parent / METRICS_FILE).is_file():
+        out.mkdir(parents=True, exist_ok=True)  # carry the epochs so far into the new folder
+        shutil.copyfile(resume.parent / METRICS_FILE, out / METRICS_FILE)
+
+    steps_per_epoch = num_batches(len(ds.train[0]), recipe.batch_size, drop_last=True)
+    if steps_per_epoch == 0:
+        raise CLIError(f"--batch-size {recipe.batch_size} is larger than the "
+                       f"{len(ds.train[0])} training examples. Fix: a smaller --batch-size.")
+    model, optimizer = recipe.model(), recipe.optimizer_for(steps_per_epoch)
+    state = init_state(model, optimizer, recipe.in_shape, random.key(recipe.seed))
+    if resume is not None:
+        state = load_state(resume, like=state)
+        if state.epoch > recipe.epochs:
+            raise CLIError(f"{resume} has already trained {state.epoch} epochs, more than "
+                           f"--epochs {recipe.epochs}. Fix: --epochs {state.epoch} or more.")
+        print(f"resuming {resume} at epoch {state.epoch}, step {state.step}")
+    print(f"model: {recipe.input_width} -> {' -> '.join(map(str, recipe.hidden))} "
+          f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
+          f"{recipe.schedule}; {recipe.precision}; {recipe.epochs} epochs of {steps_per_epoch} "
+          f"steps; out {out}", flush=True)
+    try:
+        result = fit(model, optimizer, _to_device(state, device), ds.train, ds.test,
+                     epochs=recipe.epochs, batch_size=recipe.batch_size, out_dir=out,
+                     metadata={"recipe": recipe.to_metadata()},
+                     eval_batch_size=recipe.eval_batch_size,
+                     compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
+                     progress=not args.no_progress,
+                     log=lambda line: print(line, flush=True))
+    except Interrupted as e:
+        kept = e.checkpoint or resume
+        where = (f"last full checkpoint: {kept} (epoch {e.epoch}); continue with: fuseflow "
+                 f"train --resume {kept}") if kept else "no epoch finished, no checkpoint written"
+        print(f"interrupted: {where}", flush=True)
+        return EXIT_INTERRUPTED
+    print(f"checkpoint: {result.checkpoint or resume}")
+    print(f"test_accuracy={result.test.accuracy:.4f}")
+    return EXIT_OK
+
+
+def _eval(args) -> int:
+    device = _select_backend(args.backend)
+    path = Path(args.checkpoint)
+    recipe = _read_recipe(path)
+    x, y = load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+    _check_data_fits(recipe, int(x.shape[1]), int(y.max()) + 1, "eval")
+    model = recipe.model()
+    like = init_state(model, recipe.optimizer_for(1), recipe.in_shape, random.key(0))
+    params = _to_device(load_state(path, like=like), device).params
+    x, y = backend.device_put((x, y), device) if device == "cuda" else (x, y)
+    result = evaluate(model, params, x, y, args.batch_size or recipe.eval_batch_size)
+    print(f"test_loss={result.loss:.4f} ({result.correct}/{result.count} correct)")
+    print(f"test_accuracy={result.accuracy:.4f}")
+    return EXIT_OK
+
+
+def _bench(args) -> int:
+    device = _select_backend(args.backend)
+    recipe = Recipe(dataset="digits", data_dir=None, input_width=args.input_width,
+                    classes=args.classes, hidden=tuple(args.hidden), activation=args.activation,
+                    optimizer=args.optimizer, lr=DEFAULT_LR[args.optimizer], schedule="constant",
+                    batch_size=args.batch_size, precision=args.precision)
+    model, optimizer = recipe.model(), recipe.optimizer_for(1)
+    state = _to_device(init_state(model, optimizer, recipe.in_shape, random.key(0)), device)
+    x = random.normal(random.key(1), (args.batch_size, args.input_width))
+    y = random.randint(random.key(2), (args.batch_size,), 0, args.classes)
+    if device == "cuda":
+        x, y = backend.device_put((x, y), "cuda")
+    step = make_step(model, unchecked_cross_entropy, optimizer,
+                     compute_dtype=recipe.compute_dtype)
+    if device == "cuda":
+        step = compile_step(step)  # as `fuseflow train` runs it: one CUDA graph per step
+    params, opt_state = state.params, state.opt_state
+    for _ in range(max(0, args.warmup)):
+        params, opt_state, metrics = step(params, opt_state, x, y)
+    if args.warmup > 0:
+        float(metrics["loss"])  # wait for the warm-up to finish before the clock starts
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        params, opt_state, metrics = step(params, opt_state, x, y)
+    float(metrics["loss"])  # wait for the device
+    seconds = time.perf_counter() - t0
+    print(f"model: {args.input_width} -> {' -> '.join(map(str, args.hidden))} -> "
+          f"{args.classes}, batch {args.batch_size}, {args.optimizer}, {args.precision}; "
+          f"{args.steps} steps in {seconds:.3f}s")
+    rate = args.steps / seconds
+    print(f"steps_per_s={rate:.1f} samples_per_s={rate * args.batch_size:.0f} "
+          f"ms_per_step={1e3 / rate:.2f}")
+    return EXIT_OK
+
+
+_COMMANDS = {"train": _train, "eval": _eval, "bench": _bench}
+_REPORTED = (CLIError, RecipeError, data.DatasetError, data.DatasetNotFoundError,
+             checkpoint.CheckpointError)
+
+
+def main(argv=None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except _REPORTED as e:
+        print(f"fuseflow {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: no checkpoint written", flush=True)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

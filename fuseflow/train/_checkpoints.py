@@ -1,0 +1,67 @@
+"""A run's checkpoints: the whole TrainState in one safetensors file per epoch.
+
+``ckpt-epoch{N}.safetensors`` is written after epoch N, then the same state under
+``last.safetensors`` (a real file, not a symlink, so it survives copying the folder to any
+file system). Each write is atomic (``fuseflow.checkpoint.save``), and Ctrl-C is held back
+while the pair is written, so the two files never disagree and an interrupted run always
+leaves its last full checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from pathlib import Path
+
+from fuseflow import checkpoint
+from fuseflow.train._state import TrainState
+
+__all__ = ["LAST", "epoch_checkpoint", "save_state", "load_state", "read_metadata",
+           "hold_interrupts"]
+
+LAST = "last.safetensors"
+
+
+def epoch_checkpoint(out_dir, epoch: int) -> Path:
+    return Path(out_dir) / f"ckpt-epoch{epoch}.safetensors"
+
+
+def save_state(path, state: TrainState, metadata: dict | None = None) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(f"save_state: expected a TrainState, got {type(state).__name__}. "
+                        "Fix: pass the state fit or init_state returned.")
+    checkpoint.save(path, state, metadata=metadata)
+
+
+def load_state(path, like: TrainState) -> TrainState:
+    """The TrainState saved at ``path``; ``like`` (e.g. ``init_state(...)`` of the same model
+    and optimizer) fixes the structure, shapes, dtypes and device, and any mismatch is a
+    CheckpointError listing every difference."""
+    if not isinstance(like, TrainState):
+        raise TypeError(f"load_state: like must be a TrainState, got {type(like).__name__}. "
+                        "Fix: like=init_state(model, optimizer, in_shape, key).")
+    return checkpoint.load(path, like=like)
+
+
+read_metadata = checkpoint.read_metadata
+
+
+@contextlib.contextmanager
+def hold_interrupts():
+    """Hold back Ctrl-C (SIGINT) until the block ends, then raise KeyboardInterrupt.
+
+    Only the main thread can install signal handlers; elsewhere the block runs unprotected
+    (each file write is still atomic on its own).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt

@@ -1,0 +1,198 @@
+"""The training loop: epochs of shuffled mini-batches, an evaluation after each epoch, and,
+given an output folder, a checkpoint, a metrics line and a plot per epoch.
+
+``fit`` is a plain loop over the pure pieces (``make_step``, ``evaluate``, ``TrainState``);
+everything it knows between epochs is in the TrainState it returns and saves. A run
+resumed from a checkpoint therefore continues exactly as the uninterrupted one would have:
+same batches, same keys, same optimizer state, same floating-point results.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from tqdm import tqdm
+
+from fuseflow import random, tree
+from fuseflow._namespace import device_of, namespace
+from fuseflow.backend import device_put
+from fuseflow.compile import compile as compile_step
+from fuseflow.data import batches, num_batches
+from fuseflow.train._checkpoints import LAST, epoch_checkpoint, hold_interrupts, save_state
+from fuseflow.train._evaluate import EvalResult, evaluate
+from fuseflow.train._labels import check_labels, unchecked_cross_entropy
+from fuseflow.train._records import (CURVES_FILE, append_metrics, plot_curves,
+                                     start_metrics)
+from fuseflow.train._state import TrainState
+from fuseflow.train._step import make_step
+
+__all__ = ["fit", "FitResult", "Interrupted"]
+
+
+class FitResult(NamedTuple):
+    state: TrainState
+    history: list             # one record (dict, keys FIELDS) per epoch of this out_dir's run
+    test: EvalResult | None   # the final evaluation (None without test data)
+    checkpoint: Path | None   # the last checkpoint written (None without out_dir)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C (or a KeyboardInterrupt from a callback).
+
+    ``checkpoint`` is the last full checkpoint this call wrote (None if it wrote none) and
+    ``epoch`` the number of epochs it holds; nothing newer was written.
+    """
+
+    def __init__(self, checkpoint: Path | None, epoch: int):
+        super().__init__(checkpoint, epoch)
+        self.checkpoint, self.epoch = checkpoint, epoch
+
+
+def _placer(params):
+    """Moves host arrays to the params' device (the data follows the model)."""
+    leaves = tree.leaves(params)
+    if leaves and device_of(leaves[0]) == "cuda":
+        return lambda t: device_put(t, "cuda")
+    return lambda t: t
+
+
+def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
+        batch_size: int, loss_fn=None, out_dir=None, metadata: dict | None = None,
+        eval_batch_size: int = 1000, drop_last: bool = True, compute_dtype=None,
+        compiled: bool = False, on_step=None, progress: bool = True, log=print,
+        log_every: int = 20) -> FitResult:
+    """Train from ``state`` until ``epochs`` epochs are complete; returns a FitResult.
+
+    ``train``/``test`` are ``(x, y)`` pairs; they are moved to the params' device once.
+    ``loss_fn`` defaults to softmax cross-entropy (labels checked once, up front).
+    ``drop_last`` keeps every batch the same shape (a different remainder is left out each
+    epoch). ``compute_dtype`` is passed to ``make_step`` (mixed precision). ``compiled``
+    captures the step in a CUDA graph (``ff.compile``) when the params are on the GPU; the
+    model must then draw no random numbers (no Dropout), as it gets no key. With
+    ``out_dir``, each epoch writes ``ckpt-epoch{N}.safetensors``,
+    ``last.safetensors`` (``metadata`` plus the epoch's record under "metrics"),
+    ``metrics.jsonl`` and ``curves.png``. ``on_step(state, metrics)`` runs after every
+    step. ``log`` prints one summary line per epoch (None: silent); ``progress`` shows a
+    per-epoch tqdm bar on terminals. Ctrl-C raises ``Interrupted`` (a KeyboardInterrupt).
+    """
+    if not isinstance(state, TrainState):
+        raise TypeError(f"fit: state must be a TrainState, got {type(state).__name__}. "
+                        "Fix: state = ff.train.init_state(model, optimizer, in_shape, key).")
+    if not isinstance(epochs, int) or epochs < state.epoch:
+        raise ValueError(f"fit: epochs={epochs!r} but the state has already completed "
+                         f"{state.epoch} epochs. Fix: epochs >= {state.epoch}.")
+    put = _placer(state.params)
+    x, y = put(tuple(train))
+    if test is not None:
+        test = put(tuple(test))
+    if loss_fn is None:
+        check_labels(model, state.params, x, y, "fit: train")
+        if test is not None:
+            check_labels(model, state.params, *test, "fit: test")
+        loss_fn = unchecked_cross_entropy
+    steps_per_epoch = num_batches(len(x), batch_size, drop_last)
+    if steps_per_epoch == 0:
+        raise ValueError(f"fit: {len(x)} training examples make no batch of {batch_size}. "
+                         f"Fix: batch_size <= {len(x)}, or drop_last=False.")
+
+    step_fn = make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype)
+    if compiled:
+        step_fn = _keyless(compile_step(step_fn))
+    history = start_metrics(out_dir, state.epoch) if out_dir is not None else []
+    saved, saved_epoch, final = None, state.epoch, None
+    try:
+        for epoch in range(state.epoch, epochs):
+            state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
+                                         steps_per_epoch, drop_last, on_step, progress,
+                                         log_every)
+            final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
+            if final is not None:
+                record.update(test_loss=final.loss, test_acc=final.accuracy)
+            history.append(record)
+            if out_dir is not None:
+                out = Path(out_dir)
+                with hold_interrupts():  # the pair of files and the metrics line, or none
+                    _save_epoch(out, state, record, metadata)
+                    saved, saved_epoch = out / LAST, state.epoch
+                plot_curves(history, out / CURVES_FILE)
+            if log is not None:
+                log(_summary(record, epochs))
+    except KeyboardInterrupt:
+        raise Interrupted(saved, saved_epoch) from None
+    if final is None:  # no epoch ran here (a finished run resumed), or no test data
+        final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
+    return FitResult(state=state, history=history, test=final, checkpoint=saved)
+
+
+def _keyless(compiled_step):
+    """A compiled step takes positional arrays only; its model draws no random numbers."""
+    def step(params, opt_state, x, y, key=None):
+        return compiled_step(params, opt_state, x, y)
+    return step
+
+
+def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoch,
+                 drop_last, on_step, progress, log_every):
+    start = state.batch_in_epoch
+    todo = min(len(x), steps_per_epoch * batch_size) - start * batch_size
+    order_key = random.fold_in(state.data_key, epoch)
+    loss_sum = acc_sum = seen = 0
+    has_acc = False
+    bar = tqdm(total=todo, desc=f"epoch {epoch + 1}/{epochs}", unit="sample", unit_scale=True,
+               leave=False, disable=None if progress else True, dynamic_ncols=True)
+    t0 = time.perf_counter()
+    try:
+        for xb, yb in batches(x, y, batch_size, key=order_key, drop_last=drop_last,
+                              start_batch=start):
+            params, opt_state, metrics = step_fn(state.params, state.opt_state, xb, yb,
+                                                 key=random.fold_in(state.key, state.step))
+            state = state._replace(params=params, opt_state=opt_state, step=state.step + 1,
+                                   batch_in_epoch=state.batch_in_epoch + 1)
+            n = len(xb)
+            f64 = namespace(metrics["loss"]).float64
+            loss_sum = loss_sum + metrics["loss"].astype(f64) * n
+            if "accuracy" in metrics:
+                has_acc = True
+                acc_sum = acc_sum + metrics["accuracy"].astype(f64) * n
+            seen += n
+            if on_step is not None:
+                on_step(state, metrics)
+            bar.update(n)
+            if not bar.disable and state.batch_in_epoch % log_every == 0:
+                bar.set_postfix({k: f"{float(v):.4f}" for k, v in metrics.items()},
+                                refresh=False)
+        train_loss = float(loss_sum) / seen  # waits for the device: the timing is honest
+        seconds = time.perf_counter() - t0
+    finally:
+        bar.close()
+    record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss,
+              "train_acc": float(acc_sum) / seen if has_acc else None,
+              "test_loss": None, "test_acc": None, "seconds": seconds,
+              "samples_per_s": seen / seconds if seconds > 0 else None}
+    return state._replace(epoch=epoch + 1, batch_in_epoch=0), record
+
+
+def _evaluate(model, params, test, batch_size, loss_fn):
+    if test is None:
+        return None
+    return evaluate(model, params, *test, batch_size, loss_fn=loss_fn)
+
+
+def _save_epoch(out_dir, state, record, metadata):
+    meta = dict(metadata or {}, metrics=record)
+    save_state(epoch_checkpoint(out_dir, state.epoch), state, meta)
+    save_state(out_dir / LAST, state, meta)
+    append_metrics(out_dir, record)
+
+
+def _summary(r, epochs):
+    parts = [f"epoch {r['epoch']}/{epochs}", f"train_loss={r['train_loss']:.4f}"]
+    for key in ("train_acc", "test_loss", "test_acc"):
+        if r[key] is not None:
+            parts.append(f"{key}={r[key]:.4f}")
+    parts.append(f"{r['seconds']:.1f}s")
+    if r["samples_per_s"]:
+        parts.append(f"{r['samples_per_s']:,.0f} samples/s")
+    return "  ".join(parts)

@@ -1,0 +1,98 @@
+"""What a run leaves in its output folder besides checkpoints: ``metrics.jsonl`` and
+``curves.png``.
+
+``metrics.jsonl`` holds one JSON object per finished epoch (keys in ``FIELDS``), appended
+and flushed as each epoch ends, so a run that is stopped keeps every epoch it finished. A
+resumed run first drops the lines of epochs after its checkpoint (they belong to the
+abandoned continuation), so the file always describes the one run the checkpoints hold.
+``curves.png`` is redrawn from the file after every epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["FIELDS", "METRICS_FILE", "CURVES_FILE", "read_metrics", "start_metrics",
+           "append_metrics", "plot_curves"]
+
+FIELDS = ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "seconds",
+          "samples_per_s")
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+
+
+def read_metrics(path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` file (an empty list when there is none)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:
+            raise ValueError(f"{path}:{n}: not a JSON object ({e}). Fix: delete the damaged "
+                             "line, or the file to start a new record.") from None
+    return records
+
+
+def start_metrics(out_dir, completed_epochs: int) -> list[dict]:
+    """Keep only the records of epochs ``<= completed_epochs`` (all of them gone for a fresh
+    run); returns the records kept. The file is replaced atomically."""
+    path = Path(out_dir) / METRICS_FILE
+    kept = [r for r in read_metrics(path) if r.get("epoch", 0) <= completed_epochs]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return kept
+
+
+def append_metrics(out_dir, record: dict) -> None:
+    with open(Path(out_dir) / METRICS_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def plot_curves(records: list[dict], path) -> None:
+    """Loss and accuracy (train and test) against epoch, as a PNG.
+
+    Drawn on a bare Agg canvas rather than through pyplot: no global backend switch, no
+    figure registry, nothing left open in a long-running process.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    epochs = [r["epoch"] for r in records]
+    for ax, what, label in ((fig.add_subplot(1, 2, 1), "loss", "loss"),
+                            (fig.add_subplot(1, 2, 2), "acc", "accuracy")):
+        for split, style in (("train", "o-"), ("test", "s-")):
+            pts = [(e, r[f"{split}_{what}"]) for e, r in zip(epochs, records)
+                   if r.get(f"{split}_{what}") is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, label=split)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        if what == "loss":
+            ax.set_yscale("log")
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    try:  # a plot cut short by Ctrl-C leaves the previous one, not half a file
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,59 @@
+"""One training step as a pure function: ``(params, opt_state, x, y) -> (params, opt_state,
+metrics)``.
+
+The step returns its metrics as arrays on the params' device and never reads a value back
+to the host: on a GPU the next step can be queued while this one runs, and the whole step
+can be captured in one CUDA graph (``ff.compile``). The caller decides when to synchronise
+(once per progress-bar update, once per epoch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fuseflow import losses, mixed_precision
+from fuseflow.grad import value_and_grad
+from fuseflow.optim import update_and_apply
+
+__all__ = ["make_step"]
+
+
+def make_step(model, loss_fn, optimizer, *, compute_dtype=None):
+    """``step(params, opt_state, x, y, key=None) -> (params, opt_state, metrics)``.
+
+    ``metrics`` is ``{"loss": ..., "accuracy": ...}`` (0-d arrays); accuracy is there when
+    ``y`` holds integer class labels. ``key`` reaches layers that draw random numbers.
+    The update is ``ff.optim.update_and_apply`` (one fused kernel on the GPU for the named
+    optimizers). ``compute_dtype="float16"`` is mixed precision: float32 params, 16-bit
+    forward and backward, and an ``optimizer`` wrapped in
+    ``ff.mixed_precision.dynamic_loss_scaling`` (its state carries the loss scale).
+    """
+    mixed = compute_dtype is not None and np.dtype(compute_dtype) != np.float32
+    if mixed:
+        grad_fn = mixed_precision.value_and_grad(model, loss_fn, compute_dtype,
+                                                 with_outputs=True)
+    else:
+        grad_fn = value_and_grad(model, loss_fn, with_outputs=True)
+
+    def step(params, opt_state, x, y, key=None):
+        if mixed:
+            scale = getattr(opt_state, "scale", None)
+            if scale is None:
+                raise TypeError(
+                    f"make_step(compute_dtype={np.dtype(compute_dtype).name!r}): the optimizer "
+                    f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
+                    "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
+            (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale)
+        else:
+            (loss, outputs), grads = grad_fn(params, x, y, key=key)
+        params, opt_state = update_and_apply(optimizer, grads, opt_state, params)
+        metrics = {"loss": loss}
+        if is_class_labels(y) and getattr(outputs, "ndim", 0) == 2:
+            metrics["accuracy"] = losses.accuracy(outputs, y)
+        return params, opt_state, metrics
+
+    return step
+
+
+def is_class_labels(y) -> bool:
+    return getattr(y, "ndim", 0) == 1 and y.dtype.kind in "iu"

@@ -1,0 +1,318 @@
+"""fuseflow.train: the pure step, evaluation, fit, checkpoints, and exact resumption.
+
+The resumption tests compare with ``np.array_equal`` and ``==`` on purpose: a resumed run
+must be the uninterrupted run, not an approximation of it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import nn
+from fuseflow import train as T
+from fuseflow.losses import LossError
+
+
+def _data():
+    return ff.data.digits("train"), ff.data.digits("test")
+
+
+def _model():
+    # Dropout draws a key per step, so exactness also proves the layer keys are resumed.
+    return nn.Serial(nn.Dense(32, "relu"), nn.Dropout(0.1), nn.Dense(10))
+
+
+def _optimizer(epochs, steps_per_epoch):
+    lr = ff.optim.cosine_decay_schedule(3e-3, epochs * steps_per_epoch)
+    return ff.optim.adam(lr)
+
+
+BATCH = 100
+STEPS = 1438 // BATCH  # digits "train" has 1438 examples; drop_last keeps 14 batches
+
+
+def _fresh(epochs=2, seed=0):
+    model, opt = _model(), _optimizer(epochs, STEPS)
+    return model, opt, T.init_state(model, opt, (64,), ff.random.key(seed))
+
+
+def _fit(model, opt, state, train, test, epochs, out_dir=None, **kw):
+    return T.fit(model, opt, state, train, test, epochs=epochs, batch_size=BATCH,
+                 out_dir=out_dir, progress=False, log=None, **kw)
+
+
+def _assert_trees_equal(a, b):
+    la, lb = ff.tree.leaves(a), ff.tree.leaves(b)
+    assert ff.tree.structure(a) == ff.tree.structure(b)
+    for i, (x, y) in enumerate(zip(la, lb)):
+        assert np.array_equal(np.asarray(x), np.asarray(y)), f"leaf {i} differs"
+
+
+def _losses(history):
+    return [(r["epoch"], r["step"], r["train_loss"], r["train_acc"], r["test_loss"],
+             r["test_acc"]) for r in history]
+
+
+# ---------------------------------------------------------------------------------- step
+
+def test_step_makes_the_loss_fall_and_returns_arrays():
+    (x, y), _ = _data()
+    model = nn.Serial(nn.Dense(32, "relu"), nn.Dense(10))
+    opt = ff.optim.adam(1e-2)
+    state = T.init_state(model, opt, (64,), ff.random.key(0))
+    step = T.make_step(model, ff.losses.softmax_cross_entropy, opt)
+    params, opt_state = state.params, state.opt_state
+    losses = []
+    for i in range(40):
+        xb, yb = x[i % 10 * 64:(i % 10 + 1) * 64], y[i % 10 * 64:(i % 10 + 1) * 64]
+        params, opt_state, metrics = step(params, opt_state, xb, yb)
+        losses.append(float(metrics["loss"]))
+    # no host sync inside the step: metrics stay NumPy/CuPy values, not Python floats
+    assert set(metrics) == {"loss", "accuracy"}
+    assert all(isinstance(v, (np.ndarray, np.generic)) for v in metrics.values())
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    assert int(opt_state[0].count) == 40  # the optimizer counted every step
+
+
+def test_step_leaves_its_inputs_alone():
+    (x, y), _ = _data()
+    model, opt, state = _fresh()
+    before = ff.tree.map(np.copy, state.params)
+    T.make_step(model, ff.losses.softmax_cross_entropy, opt)(state.params, state.opt_state,
+                                                             x[:32], y[:32],
+                                                             key=ff.random.key(1))
+    _assert_trees_equal(before, state.params)
+
+
+# ---------------------------------------------------------------------------- evaluate
+
+def test_evaluate_counts_exactly_and_ignores_batch_size():
+    _, (xt, yt) = _data()
+    model, _, state = _fresh()
+    a = T.evaluate(model, state.params, xt, yt, 1000)
+    b = T.evaluate(model, state.params, xt, yt, 7)
+    logits = model.apply(state.params, xt)
+    assert a.count == len(yt) and a.correct == int((logits.argmax(1) == yt).sum())
+    assert a.accuracy == a.correct / a.count
+    assert (a.correct, a.accuracy) == (b.correct, b.accuracy)
+    assert a.loss == pytest.approx(float(ff.losses.softmax_cross_entropy(logits, yt)[0]),
+                                   rel=1e-5)
+
+
+def test_labels_out_of_range_are_reported_once_with_the_fix():
+    (x, y), _ = _data()
+    model = nn.Serial(nn.Dense(8, "relu"), nn.Dense(5))  # 5 outputs, 10 classes
+    opt = ff.optim.adam(1e-3)
+    state = T.init_state(model, opt, (64,), ff.random.key(0))
+    with pytest.raises(LossError, match=r"labels lie in \[0, 9\].*5 outputs.*10 features"):
+        _fit(model, opt, state, (x, y), None, epochs=1)
+    with pytest.raises(LossError, match="1-D integer"):
+        T.evaluate(model, state.params, x, y.astype(np.float32), 100)
+
+
+# --------------------------------------------------------------------------------- fit
+
+def test_fit_writes_metrics_curves_and_checkpoints(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh()
+    result = _fit(model, opt, state, train, test, 2, tmp_path, metadata={"note": "x"})
+    assert result.state.epoch == 2 and result.state.step == 2 * STEPS
+    assert result.state.batch_in_epoch == 0
+    records = T.read_metrics(tmp_path / T.METRICS_FILE)
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert all(set(r) == set(T.FIELDS) for r in records)
+    assert records == result.history
+    assert records[-1]["test_acc"] == result.test.accuracy
+    assert records[-1]["samples_per_s"] > 0 and records[-1]["seconds"] > 0
+    assert (tmp_path / T.CURVES_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["ckpt-epoch1.safetensors", "ckpt-epoch2.safetensors", "curves.png",
+                     "last.safetensors", "metrics.jsonl"]  # no temporary files left over
+    meta = ff.checkpoint.read_metadata(tmp_path / T.LAST)
+    assert meta["note"] == "x" and meta["metrics"] == records[-1]
+    epoch1 = T.load_state(tmp_path / "ckpt-epoch1.safetensors", like=state)
+    assert (epoch1.epoch, epoch1.step, epoch1.batch_in_epoch) == (1, STEPS, 0)
+
+
+def test_checkpoint_holds_the_whole_state(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh()
+    result = _fit(model, opt, state, train, test, 1, tmp_path)
+    loaded = T.load_state(tmp_path / T.LAST, like=state)
+    assert isinstance(loaded, T.TrainState)
+    assert isinstance(loaded.step, int) and isinstance(loaded.epoch, int)
+    _assert_trees_equal(loaded, result.state)
+
+
+def test_eval_of_the_saved_checkpoint_agrees_with_fit(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh()
+    result = _fit(model, opt, state, train, test, 2, tmp_path)
+    loaded = T.load_state(tmp_path / T.LAST, like=state)
+    again = T.evaluate(model, loaded.params, *test, 1000)
+    assert again == result.test
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh(epochs=2)
+    straight = _fit(model, opt, state, train, test, 2, tmp_path / "straight")
+
+    first = _fit(model, opt, state, train, test, 1, tmp_path / "resumed")
+    assert first.state.epoch == 1
+    like = T.init_state(model, opt, (64,), ff.random.key(123))  # any key: only the shape counts
+    resumed_state = T.load_state(tmp_path / "resumed" / T.LAST, like=like)
+    second = _fit(model, opt, resumed_state, train, test, 2, tmp_path / "resumed")
+
+    assert _losses(second.history) == _losses(straight.history)
+    assert second.history[0] == first.history[0]  # the first epoch's line was kept
+    _assert_trees_equal(second.state, straight.state)
+    assert second.test == straight.test
+    assert (T.read_metrics(tmp_path / "resumed" / T.METRICS_FILE)[-1]["train_loss"]
+            == straight.history[-1]["train_loss"])
+
+
+def test_resume_mid_epoch_reproduces_the_parameters_exactly(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh(epochs=2)
+    straight = _fit(model, opt, state, train, None, 2)
+
+    def save_and_stop(st, metrics):
+        if st.step == STEPS + 5:  # five batches into the second epoch
+            T.save_state(tmp_path / "mid.safetensors", st)
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state, train, None, 2, on_step=save_and_stop)
+    mid = T.load_state(tmp_path / "mid.safetensors", like=state)
+    assert (mid.epoch, mid.batch_in_epoch, mid.step) == (1, 5, STEPS + 5)
+    resumed = _fit(model, opt, mid, train, None, 2)
+    _assert_trees_equal(resumed.state, straight.state)
+
+
+def test_ctrl_c_keeps_the_last_full_checkpoint(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+
+    def interrupt(st, metrics):
+        if st.step == STEPS + 3:  # in the second epoch
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted) as info:
+        _fit(model, opt, state, train, test, 3, tmp_path, on_step=interrupt)
+    assert isinstance(info.value, KeyboardInterrupt)
+    assert info.value.checkpoint == tmp_path / T.LAST and info.value.epoch == 1
+    kept = T.load_state(info.value.checkpoint, like=state)
+    assert (kept.epoch, kept.step, kept.batch_in_epoch) == (1, STEPS, 0)
+    assert [r["epoch"] for r in T.read_metrics(tmp_path / T.METRICS_FILE)] == [1]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no half files
+
+    # ... and the run goes on from it as if nothing had happened
+    straight = _fit(model, opt, state, train, test, 3)
+    resumed = _fit(model, opt, kept, train, test, 3, tmp_path)
+    _assert_trees_equal(resumed.state, straight.state)
+    assert _losses(T.read_metrics(tmp_path / T.METRICS_FILE)) == _losses(straight.history)
+
+
+def test_ctrl_c_before_the_first_checkpoint_reports_none():
+    train, test = _data()
+    model, opt, state = _fresh()
+
+    def interrupt(st, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted) as info:
+        _fit(model, opt, state, train, test, 2, on_step=interrupt)
+    assert info.value.checkpoint is None and info.value.epoch == 0
+
+
+def test_ctrl_c_while_saving_waits_for_the_files():
+    from fuseflow.train._checkpoints import hold_interrupts
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with hold_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("wrote both files")
+    assert done == ["wrote both files"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_fit_rejects_what_cannot_run():
+    train, test = _data()
+    model, opt, state = _fresh()
+    with pytest.raises(ValueError, match="no batch of 5000"):
+        T.fit(model, opt, state, train, test, epochs=1, batch_size=5000, log=None)
+    with pytest.raises(ValueError, match="already completed 2 epochs"):
+        T.fit(model, opt, state._replace(epoch=2), train, test, epochs=1, batch_size=BATCH)
+    with pytest.raises(TypeError, match="init_state"):
+        T.fit(model, opt, state.params, train, test, epochs=1, batch_size=BATCH)
+
+
+def test_a_finished_run_resumed_only_evaluates(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh()
+    done = _fit(model, opt, state, train, test, 1, tmp_path)
+    again = _fit(model, opt, done.state, train, test, 1, tmp_path)
+    assert again.test == done.test and again.state.step == done.state.step
+    assert len(T.read_metrics(tmp_path / T.METRICS_FILE)) == 1
+
+
+# ------------------------------------------------------------------------------ recipe
+
+def test_recipe_round_trips_and_rebuilds_the_model():
+    r = T.Recipe("digits", None, 64, 10, hidden=(16, 8), activation="gelu",
+                 optimizer="adamw", weight_decay=1e-3)
+    again = T.Recipe.from_metadata(r.to_metadata())
+    assert again == r
+    model = again.model()
+    assert [type(layer).__name__ for layer in model.layers] == ["Dense"] * 3
+    assert [layer.features for layer in model.layers] == [16, 8, 10]
+    assert model.layers[0].activation == "gelu" and model.layers[-1].activation is None
+
+
+def test_recipe_errors_name_the_fix():
+    with pytest.raises(T.RecipeError, match="--optimizer adamw"):
+        T.Recipe("digits", None, 64, 10, optimizer="adam", weight_decay=0.1)
+    with pytest.raises(T.RecipeError, match="not written by `fuseflow train`"):
+        T.Recipe.from_metadata({"note": "something else"})
+    with pytest.raises(T.RecipeError, match="newer fuseflow"):
+        T.Recipe.from_metadata(dict(T.Recipe("digits", None, 64, 10).to_metadata(), x=1))
+
+
+def test_adamw_recipe_decays_weights_not_biases():
+    r = T.Recipe("digits", None, 4, 2, hidden=(3,), optimizer="adamw", lr=0.1,
+                 weight_decay=0.5, schedule="constant")
+    model, opt = r.model(), r.optimizer_for(1)
+    _, params = model.init(ff.random.key(0), (4,))
+    zero = ff.tree.zeros_like(params)
+    updates, _ = opt.update(zero, opt.init(params), params)
+    assert np.allclose(updates[0]["w"], -0.1 * 0.5 * params[0]["w"])
+    assert np.all(updates[0]["b"] == 0)
+
+
+def test_float16_step_keeps_float32_params_and_needs_loss_scaling():
+    (x, y), _ = _data()
+    model = nn.Serial(nn.Dense(32, "relu"), nn.Dense(10))
+    plain = ff.optim.adam(1e-2)
+    state = T.init_state(model, plain, (64,), ff.random.key(0))
+    step = T.make_step(model, ff.losses.softmax_cross_entropy, plain, compute_dtype="float16")
+    with pytest.raises(TypeError, match="dynamic_loss_scaling"):
+        step(state.params, state.opt_state, x[:64], y[:64])
+
+    scaled = ff.mixed_precision.dynamic_loss_scaling(plain)
+    state = T.init_state(model, scaled, (64,), ff.random.key(0))
+    step = T.make_step(model, ff.losses.softmax_cross_entropy, scaled, compute_dtype="float16")
+    params, opt_state = state.params, state.opt_state
+    first = None
+    for i in range(30):
+        params, opt_state, m = step(params, opt_state, x[i % 10 * 64:(i % 10 + 1) * 64],
+                                    y[i % 10 * 64:(i % 10 + 1) * 64])
+        first = first if first is not None else float(m["loss"])
+    assert all(p.dtype == np.float32 for p in ff.tree.leaves(params))
+    assert float(m["loss"]) < 0.5 * first
