@@ -27,6 +27,7 @@ from fuseflow import tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward
 from fuseflow.optim import GradientTransformation
+from fuseflow.optim._fused import fused_update
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -96,19 +97,38 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         return DynamicScaleState(xp.asarray(init_scale, xp.float32), xp.zeros((), xp.int32),
                                  optimizer.init(params))
 
+    def next_scale(state, finite):
+        xp = namespace(state.scale)
+        good = xp.where(finite, state.good_steps + 1, 0).astype(xp.int32)
+        grow = good >= growth_interval
+        scale = xp.where(finite, xp.where(grow, state.scale * growth_factor, state.scale),
+                         xp.maximum(state.scale * backoff_factor, min_scale)).astype(xp.float32)
+        return scale, xp.where(grow, 0, good).astype(xp.int32)
+
+    def keep_if_not(finite, new, old):
+        xp = namespace(old)
+        return tree.map(lambda n, o: n if n is o else xp.where(finite, n, o).astype(o.dtype),
+                        new, old)
+
     def update(grads, state, params=None):
         xp = namespace(state.scale)
         finite = all_finite(grads)
         safe = tree.map(lambda g: xp.where(finite, g, 0).astype(g.dtype), grads)
         updates, inner = optimizer.update(safe, state.inner, params)
         updates = tree.map(lambda u: xp.where(finite, u, 0).astype(u.dtype), updates)
-        inner = tree.map(lambda new, old: xp.where(finite, new, old).astype(old.dtype),
-                         inner, state.inner)
-        good = xp.where(finite, state.good_steps + 1, 0).astype(xp.int32)
-        grow = good >= growth_interval
-        scale = xp.where(finite, xp.where(grow, state.scale * growth_factor, state.scale),
-                         xp.maximum(state.scale * backoff_factor, min_scale)).astype(xp.float32)
-        good = xp.where(grow, 0, good).astype(xp.int32)
-        return updates, DynamicScaleState(scale, good, inner)
+        return updates, DynamicScaleState(*next_scale(state, finite),
+                                          keep_if_not(finite, inner, state.inner))
 
+    def fused_apply(grads, state, params):
+        """``update_and_apply``'s one-kernel path: the inner optimizer's fused kernel with a
+        device-side skip flag (None when the inner optimizer has no fused form)."""
+        finite = all_finite(grads)
+        out = fused_update(optimizer, grads, state.inner, params, finite=finite)
+        if out is None:
+            return None
+        new_params, inner = out
+        return new_params, DynamicScaleState(*next_scale(state, finite),
+                                             keep_if_not(finite, inner, state.inner))
+
+    update.fused_apply = fused_apply
     return GradientTransformation(init, update)

@@ -64,3 +64,33 @@ def test_fused_gpu_kernel_matches_reference(name):
     assert ff.tree.structure(fused_s) == ff.tree.structure(ref_s)
     for x, y in zip(ff.tree.leaves((fused_p, fused_s)), ff.tree.leaves((ref_p, ref_s))):
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_fused_dynamic_loss_scaling_matches_reference_through_an_overflow():
+    """The skip flag: a step with an inf gradient leaves params, moments and counts alone."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow import mixed_precision as mp
+
+    def run_mp(fused):
+        params, target = problem(cupy)
+        opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-2), init_scale=8.0, growth_interval=4)
+        state = opt.init(params)
+        for step in range(20):
+            grads = ff.tree.map(lambda p, t: 2 * (p - t), params, target)
+            if step in (3, 11):  # overflow: the step must be skipped
+                grads = ff.tree.map(lambda g: g * cupy.inf, grads)
+            if fused:
+                params, state = ff.optim.update_and_apply(opt, grads, state, params)
+            else:
+                updates, state = opt.update(grads, state, params)
+                params = ff.optim.apply_updates(params, updates)
+        return params, state
+
+    a, b = run_mp(True), run_mp(False)
+    assert int(a[1].inner[0].count) == 18 and float(a[1].scale) == float(b[1].scale)
+    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)

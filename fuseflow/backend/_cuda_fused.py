@@ -83,12 +83,12 @@ def softmax_xent(logits, labels):
 # Per element of tensor k: the reference's arithmetic. Names: p g (inputs), m v / t (state),
 # and the outputs P M V / T. Scalars: see _SCALARS.
 _BODIES = {
-    "sgd": "P = (T)(p + g * step);",
-    "momentum": "W tr = g + decay * t; T_ = tr; "
-                "W u = nesterov ? (W)(g + decay * tr) : tr; P = (T)(p + u * step);",
-    "adam": "W mu = one_minus_b1 * g + b1 * m; W nu = one_minus_b2 * (g * g) + b2 * v; "
-            "M = mu; V = nu; W u = (mu / c1) / (sqrt(nu / c2) + eps); "
-            "if (DECAY) u = u + wd * p; P = (T)(p + u * step);",
+    "sgd": "W P_ = p + g * step;",
+    "momentum": "W T_ = g + decay * t; "
+                "W u = nesterov ? (W)(g + decay * T_) : T_; W P_ = p + u * step;",
+    "adam": "W M_ = one_minus_b1 * g + b1 * m; W V_ = one_minus_b2 * (g * g) + b2 * v; "
+            "W u = (M_ / c1) / (sqrt(V_ / c2) + eps); "
+            "if (DECAY) u = u + wd * p; W P_ = p + u * step;",
 }
 _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 
@@ -96,29 +96,30 @@ _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 @functools.cache
 def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov):
     states = _STATE[kind]
-    args = ["long long total", "const W* step_ptr", "W step_const",
+    args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
             "const int* count_ptr", "W b1", "W b2", "W one_minus_b1", "W one_minus_b2",
             "W eps", "W wd", "W decay"]
     for k in range(len(sizes)):
         args += [f"const T* p{k}", f"T* P{k}", f"const T* g{k}"]
         for s in states:
             args += [f"const T* {s}{k}", f"T* {s.upper()}{k}"]
-    body = _BODIES[kind].replace("T_ =", "T =")
     branches, start = [], 0
     for k, (size, decay) in enumerate(zip(sizes, decays)):
         end = start + size
         loads = [f"W p = (W)p{k}[j];", f"W g = (W)g{k}[j];"] + \
                 [f"W {s} = (W){s}{k}[j];" for s in states]
-        b = body.replace("DECAY", "true" if decay else "false")
-        for out in ["P"] + [s.upper() for s in states]:
-            b = b.replace(f"{out} =", f"{out}{k}[j] =")
+        body = _BODIES[kind].replace("DECAY", "true" if decay else "false")
+        # A skipped step (non-finite gradients under loss scaling) stores the old values.
+        stores = [f"{o}{k}[j] = (T)(ok ? {o}_ : {o.lower()});"
+                  for o in ["P"] + [s.upper() for s in states]]
         branches.append(f"if (i < {end}LL) {{ long long j = i - {start}LL; "
-                        + " ".join(loads) + " " + b + " }")
+                        + " ".join(loads + [body] + stores) + " }")
         start = end
     src = ("#include <cuda_fp16.h>\n"
            f"typedef {ctype} T; typedef {wtype} W;\n"
            f"extern \"C\" __global__ void update({', '.join(args)}) {{\n"
            f"  const bool nesterov = {'true' if nesterov else 'false'};\n"
+           "  const bool ok = finite_ptr ? finite_ptr[0] : true;\n"
            "  W step = step_ptr ? (W)step_ptr[0] : (W)step_const;\n"
            "  W t_ = count_ptr ? (W)(count_ptr[0]) : (W)0;\n"
            "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n"
@@ -130,12 +131,13 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov):
 
 def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
                         count=None, b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None,
-                        decay=0.0, nesterov=False, in_place=False):
+                        decay=0.0, nesterov=False, in_place=False, finite=None):
     """One launch that updates every tensor; returns ``(new_params, new_states)``.
 
     ``states`` is a list (one per state kind: m and v for adam, the trace for momentum) of
     lists of tensors like ``params``. ``step`` is a 0-d float32 device array (or None to use
-    ``step_const``); ``count`` a 0-d int32 device array (adam's bias corrections).
+    ``step_const``); ``count`` a 0-d int32 device array (adam's bias corrections);
+    ``finite`` an optional 0-d bool device array: where False, every tensor keeps its value.
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -145,7 +147,8 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     kern = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays, bool(nesterov))
     new_params = params if in_place else [cupy.empty_like(p) for p in params]
     new_states = states if in_place else [[cupy.empty_like(s) for s in group] for group in states]
-    args = [np.int64(sum(sizes)), step if step is not None else np.uintp(0),
+    args = [np.int64(sum(sizes)), finite if finite is not None else np.uintp(0),
+            step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
             wnp(b1), wnp(b2), wnp(1 - b1), wnp(1 - b2), wnp(eps), wnp(wd), wnp(decay)]
     for k in range(len(params)):

@@ -15,7 +15,7 @@ from fuseflow import backend, tree
 from fuseflow._namespace import host_sync_allowed, is_cupy
 from fuseflow.optim._base import apply_updates, increment, scalar_like
 
-__all__ = ["update_and_apply", "fused_spec"]
+__all__ = ["update_and_apply", "fused_spec", "fused_update"]
 
 
 def fused_spec(transformation, **spec):
@@ -25,23 +25,38 @@ def fused_spec(transformation, **spec):
 
 
 def update_and_apply(opt, grads, opt_state, params):
-    """``(new_params, new_opt_state)`` = ``opt.update`` then ``apply_updates``, fused."""
-    spec = getattr(opt.update, "fused_spec", None)
-    if spec is not None:
-        out = _fused(spec, grads, opt_state, params)
-        if out is not None:
-            return out
+    """``(new_params, new_opt_state)`` = ``opt.update`` then ``apply_updates``, fused.
+
+    Wrappers (such as ``mixed_precision.dynamic_loss_scaling``) take part through a
+    ``fused_apply(grads, state, params)`` hook on their update function.
+    """
+    hook = getattr(opt.update, "fused_apply", None)
+    out = hook(grads, opt_state, params) if hook is not None else \
+        fused_update(opt, grads, opt_state, params)
+    if out is not None:
+        return out
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state
 
 
-def _fused(spec, grads, state, params):
+def fused_update(opt, grads, opt_state, params, *, finite=None):
+    """The fused step of a named optimizer, or None when it has no fused form here.
+
+    ``finite`` (a 0-d bool device array) makes the kernel keep every tensor unchanged when
+    False; the caller then handles the step counts (see ``dynamic_loss_scaling``).
+    """
+    spec = getattr(opt.update, "fused_spec", None)
+    return None if spec is None else _fused(spec, grads, opt_state, params, finite)
+
+
+def _fused(spec, grads, state, params, finite=None):
     kind, lr = spec["kind"], spec["lr"]
     p_leaves, treedef = tree.flatten(params)
     g_leaves = tree.leaves(grads)
     if not p_leaves or tree.structure(grads) != treedef:
         return None
-    if kind == "sgd" and not callable(lr) and not any(is_cupy(p) for p in p_leaves):
+    if kind == "sgd" and not callable(lr) and finite is None and \
+            not any(is_cupy(p) for p in p_leaves):
         # Plain SGD on the host: one temporary per tensor instead of two (the same
         # arithmetic as ``p + g * (-lr)``: IEEE addition commutes exactly).
         new = []
@@ -68,7 +83,7 @@ def _fused(spec, grads, state, params):
         hyper.update(decay=spec["momentum"], nesterov=spec["nesterov"])
     else:
         groups = []
-    res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups,
+    res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
                                       in_place=not host_sync_allowed(), **hyper)
     if res is None:
         return None
