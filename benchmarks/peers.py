@@ -36,8 +36,11 @@ LR = {"sgd": 0.01, "adam": 1e-3}
 WORKERS = ("fuseflow", "jax", "torch", "hand_nvmath")
 
 
+SELECTED = list(MODELS)
+
+
 def configs(low_precision):
-    for model in MODELS:
+    for model in SELECTED:
         for opt in ("sgd", "adam"):
             for prec in ("fp32", "tf32") + ((low_precision,) if model.endswith("4096-10") else ()):
                 yield model, opt, prec
@@ -135,15 +138,18 @@ def worker_fuseflow(args):
         print(json.dumps(row), flush=True)
         if prec == "fp32" and opt_name == "adam":
             out["memory"].append(memory_report(ff, compiled, sizes, batch, opt_name))
-        del compiled, cs, st
+        compiled = cs = st = None  # free the graph and its pool before the next model
         cp.get_default_memory_pool().free_all_blocks()
     out["matmul_rate_tflops"] = plain_matmul_rate(cp)
     be.tf32 = False
-    out["mnist"] = fuseflow_time_to_98(ff, cp, args)
+    if not args.no_mnist:
+        out["mnist"] = fuseflow_time_to_98(ff, cp, args)
     return out
 
 
 def memory_report(ff, compiled, sizes, batch, opt_name):
+    from fuseflow.backend.epilogs import relu_aux_rows
+
     """The compiled step's private pool (its peak: the pool never returns memory) against the
     bytes that must be alive: params, grads, optimizer state, saved inputs and masks, a batch."""
     graph = next(iter(compiled._graphs.values()))
@@ -151,7 +157,7 @@ def memory_report(ff, compiled, sizes, batch, opt_name):
     n_params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))
     state_copies = {"sgd": 0, "adam": 2}[opt_name]
     saved_inputs = batch * sum(sizes[:-1]) * 4                # x of every Dense
-    masks = sum(-(-(-(-h // 8)) // 16) * 16 * batch for h in sizes[1:-1])
+    masks = sum(relu_aux_rows(h) * batch for h in sizes[1:-1])
     logits = 2 * batch * sizes[-1] * 4                       # logits and dlogits
     batch_bytes = batch * sizes[0] * 4 + batch * 8
     need = n_params * 4 * (2 + state_copies) + saved_inputs + masks + logits + batch_bytes
@@ -266,7 +272,8 @@ def worker_jax(args):
                "tflops": matmul_flops(sizes, batch) / us / 1e6}
         out["steps"].append(row)
         print(json.dumps(row), flush=True)
-    out["mnist"] = jax_time_to_98(jax, jnp, np, optax, init, make_loss, args)
+    if not args.no_mnist:
+        out["mnist"] = jax_time_to_98(jax, jnp, np, optax, init, make_loss, args)
     return out
 
 
@@ -385,7 +392,7 @@ def worker_hand_nvmath(args):
 
     out = {"steps": []}
     ct = {"compute_type": __import__("nvmath").linalg.ComputeType.COMPUTE_32F}
-    for name in MODELS:
+    for name in SELECTED:
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
         W = [cp.random.standard_normal((o, i), dtype=cp.float32) * (2 / i) ** 0.5
@@ -407,8 +414,8 @@ def worker_hand_nvmath(args):
 
         def step():
             hs, auxs = [x], []
-            for l in range(L - 1):
-                d, aux = mm(("f", l), W[l], hs[-1].T, E.RELU_AUX_BIAS, {"bias": b[l]})
+            for k in range(L - 1):
+                d, aux = mm(("f", k), W[k], hs[-1].T, E.RELU_AUX_BIAS, {"bias": b[k]})
                 hs.append(d.T)
                 auxs.append(aux["relu_aux"])
             logits = mm(("f", L - 1), hs[-1], W[L - 1].T) + b[L - 1]
@@ -417,13 +424,13 @@ def worker_hand_nvmath(args):
             g = e / e.sum(1, keepdims=True)
             g[cp.arange(batch), y] -= 1
             g /= batch
-            for l in range(L - 1, -1, -1):  # g: gradient w.r.t. layer l's pre-activation
-                dw, aux = mm(("w", l), hs[l].T, g, E.BGRADB)  # dW.T and db in one call
-                if l > 0:  # masked by layer l-1's relu_aux: layer l-1's pre-activation grad
-                    dh, _ = mm(("d", l), W[l].T, g.T, E.DRELU_BGRAD, {"relu_aux": auxs[l - 1]})
-                W[l] -= LR["sgd"] * dw.T
-                b[l] -= LR["sgd"] * aux["bgradb"]
-                if l > 0:
+            for k in range(L - 1, -1, -1):  # g: gradient w.r.t. layer k's pre-activation
+                dw, aux = mm(("w", k), hs[k].T, g, E.BGRADB)  # dW.T and db in one call
+                if k > 0:  # masked by layer k-1's relu_aux: layer k-1's pre-activation grad
+                    dh, _ = mm(("d", k), W[k].T, g.T, E.DRELU_BGRAD, {"relu_aux": auxs[k - 1]})
+                W[k] -= LR["sgd"] * dw.T
+                b[k] -= LR["sgd"] * aux["bgradb"]
+                if k > 0:
                     g = dh.T
 
         step()
@@ -451,17 +458,23 @@ def main():
     ap.add_argument("--workers", default=",".join(WORKERS))
     ap.add_argument("--data-dir", default=os.environ.get("FUSEFLOW_MNIST"))
     ap.add_argument("--quick", action="store_true", help="fewer steps per repeat")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. autotune)")
+    ap.add_argument("--no-mnist", action="store_true", help="skip the time-to-98%% runs")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--torch-compile-models", default="784-1024-1024-10",
                     help="models (comma-separated, or 'all') timed with torch.compile, fp32 only: "
                          "each compile costs tens of seconds")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    SELECTED[:] = [m for m in args.models.split(",") if m in MODELS]
     if args.worker:
         result = {"benchmark": "peers", "framework": args.worker,
                   **metadata("cupy", "nvmath", "jax", "optax", "torch"),
                   **globals()["worker_" + args.worker](args)}
-        write_json(os.path.join(args.out, f"peers_{args.worker}.json"), result)
+        tag = f"_{args.tag}" if args.tag else ""
+        result["env"] = {k: v for k, v in os.environ.items() if k.startswith("FUSEFLOW_")}
+        write_json(os.path.join(args.out, f"peers_{args.worker}{tag}.json"), result)
         return
     for w in args.workers.split(","):
         cmd = [sys.executable, __file__, "--worker", w, "--out", args.out]

@@ -48,13 +48,16 @@ def _cuda():
 
 
 @gpu
-@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw", "clipped_adam"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw", "clipped_adam", "adam_cosine",
+                                      "mixed_adam"])
 def test_compiled_step_matches_eager_for_100_steps(opt_name):
     cp = _cuda()
     opt = {"sgd": ff.optim.sgd(0.05, momentum=0.9), "adam": ff.optim.adam(1e-3),
            "adamw": ff.optim.adamw(1e-3, weight_decay=1e-2),
            "clipped_adam": ff.optim.chain(ff.optim.clip_by_global_norm(1.0),
-                                          ff.optim.adam(1e-3))}[opt_name]
+                                          ff.optim.adam(1e-3)),
+           "adam_cosine": ff.optim.adam(ff.optim.cosine_decay_schedule(1e-3, 100)),
+           "mixed_adam": ff.mixed_precision.dynamic_loss_scaling(ff.optim.adam(1e-3))}[opt_name]
     params, state, step, xs, ys = make_problem(optimizer=opt)
     params, state = ff.device_put((params, state), "cuda")
     xs, ys = cp.asarray(xs), cp.asarray(ys)

@@ -8,6 +8,7 @@ import fuseflow as ff
 OPTIMIZERS = {
     "sgd": lambda: ff.optim.sgd(0.1),
     "sgd_schedule": lambda: ff.optim.sgd(ff.optim.cosine_decay_schedule(0.1, 50)),
+    "sgd_constant_schedule": lambda: ff.optim.sgd(ff.optim.constant_schedule(0.1)),
     "momentum": lambda: ff.optim.sgd(0.05, momentum=0.9),
     "nesterov": lambda: ff.optim.sgd(0.05, momentum=0.9, nesterov=True),
     "adam": lambda: ff.optim.adam(1e-2),

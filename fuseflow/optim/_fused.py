@@ -68,7 +68,11 @@ def _fused(spec, grads, state, params, finite=None):
     *core, sched = state
     hyper = {}
     if callable(lr):  # scheduled: the step size is a device scalar, the count advances
-        hyper["step"] = scalar_like(-1.0 * lr(sched.count), p_leaves[0])
+        step = scalar_like(-1.0 * lr(sched.count), p_leaves[0])
+        if hasattr(step, "shape"):
+            hyper["step"] = step
+        else:  # a schedule that returns a plain number (constant_schedule)
+            hyper["step_const"] = float(step)
         new_sched = type(sched)(count=increment(sched.count))
     else:
         hyper["step_const"], new_sched = -lr, sched
