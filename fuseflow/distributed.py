@@ -41,8 +41,10 @@ def launched_by_mpi() -> bool:
 class Communicator:
     """``rank``/``size`` and the few collectives data-parallel training needs."""
 
-    def __init__(self, mpi_comm=None):
+    def __init__(self, mpi_comm=None, *, always_reduce=False):
+        """``always_reduce`` runs the collective even with one rank (to test the engine)."""
         self._mpi = mpi_comm
+        self.always_reduce = always_reduce
         self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
         self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
         self._nccl = None
@@ -58,14 +60,14 @@ class Communicator:
     # ---- collectives -------------------------------------------------------------------------
     def allreduce_mean(self, grads):
         """Average a pytree over ranks with one collective on one packed buffer."""
-        if self.size == 1 and self._nccl is None:
+        if self.size == 1 and not self.always_reduce:
             return grads
         leaves, treedef = tree.flatten(grads)
         xp = namespace(leaves[0])
         flat = xp.concatenate([g.reshape(-1) for g in leaves])
         if is_cupy(flat):
             self._allreduce_nccl(flat)
-        else:
+        elif self._mpi is not None:
             from mpi4py import MPI
 
             self._mpi.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)

@@ -66,3 +66,19 @@ def test_single_process_communicator_is_a_no_op():
     comm.size = 2  # pretend: shard needs a batch divisible by the world size
     with pytest.raises(ff.distributed.DistributedError, match="cannot be split evenly"):
         comm.shard(np.ones(3))
+
+
+@pytest.mark.gpu
+def test_nccl_all_reduce_with_one_rank_on_one_gpu():
+    """The GPU engine end to end with the ranks this machine has (one): NCCL communicator,
+    one packed all-reduce, gradients back in their tree."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    comm = ff.distributed.Communicator(None, always_reduce=True)
+    grads = {"w": cupy.arange(12, dtype=cupy.float32).reshape(3, 4), "b": [cupy.ones(5, cupy.float32)]}
+    out = comm.allreduce_mean(grads)
+    assert comm._nccl is not None
+    for a, b in zip(ff.tree.leaves(out), ff.tree.leaves(grads)):
+        np.testing.assert_array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
