@@ -40,8 +40,8 @@ def make_fuseflow(params, x, y):
 
     def step():
         loss, grads = grad_fn(state["params"], x, y)
-        state["params"], state["opt"] = ff.optim.update_and_apply(opt, grads, state["opt"],
-                                                                  state["params"])
+        state["params"], state["opt"] = ff.optim.update_and_apply(
+            opt, grads, state["opt"], state["params"], donate_grads=True)  # as ff.train does
         return loss
     return step
 

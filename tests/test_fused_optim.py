@@ -95,3 +95,14 @@ def test_fused_dynamic_loss_scaling_matches_reference_through_an_overflow():
     assert int(a[1].inner[0].count) == 18 and float(a[1].scale) == float(b[1].scale)
     for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
+
+
+def test_donated_grads_give_the_same_params():
+    params, target = problem()
+    opt = ff.optim.sgd(0.1)
+    grads = ff.tree.map(lambda p, t: 2 * (p - t), params, target)
+    kept = ff.tree.map(np.copy, grads)
+    a, _ = ff.optim.update_and_apply(opt, kept, opt.init(params), params)
+    b, _ = ff.optim.update_and_apply(opt, grads, opt.init(params), params, donate_grads=True)
+    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)

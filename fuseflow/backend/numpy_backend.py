@@ -123,7 +123,9 @@ def _relu_mask_in_place(dx, aux):
     gradient (inf * 0 = nan) needs the select, so that case takes the slow path.
     """
     mask = unpack_relu_aux(aux, dx.shape[1])
-    if np.isfinite(dx.sum(dtype=np.float64)):
+    with np.errstate(over="ignore", invalid="ignore"):  # a huge sum only takes the slow path
+        finite = np.isfinite(dx.sum())
+    if finite:
         np.multiply(dx, mask, out=dx)
     else:
         np.copyto(dx, 0, where=~mask)

@@ -11,6 +11,8 @@ function is always safe to call.
 
 from __future__ import annotations
 
+import numpy as np
+
 from fuseflow import backend, tree
 from fuseflow._namespace import host_sync_allowed, is_cupy
 from fuseflow.optim._base import apply_updates, increment, scalar_like
@@ -24,15 +26,18 @@ def fused_spec(transformation, **spec):
     return transformation
 
 
-def update_and_apply(opt, grads, opt_state, params):
+def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
     """``(new_params, new_opt_state)`` = ``opt.update`` then ``apply_updates``, fused.
 
-    Wrappers (such as ``mixed_precision.dynamic_loss_scaling``) take part through a
+    ``donate_grads=True`` lets the update reuse the gradient buffers for the new params (on
+    the host: no fresh memory per step); only for grads nobody reads afterwards, such as
+    those a training step computes internally. Wrappers (such as ``mixed_precision.dynamic_loss_scaling``) take part through a
     ``fused_apply(grads, state, params)`` hook on their update function.
     """
     hook = getattr(opt.update, "fused_apply", None)
     out = hook(grads, opt_state, params) if hook is not None else \
-        fused_update(opt, grads, opt_state, params)
+        _fused(opt.update.fused_spec, grads, opt_state, params, None, donate_grads) \
+        if hasattr(opt.update, "fused_spec") else None
     if out is not None:
         return out
     updates, opt_state = opt.update(grads, opt_state, params)
@@ -49,7 +54,7 @@ def fused_update(opt, grads, opt_state, params, *, finite=None):
     return None if spec is None else _fused(spec, grads, opt_state, params, finite)
 
 
-def _fused(spec, grads, state, params, finite=None):
+def _fused(spec, grads, state, params, finite=None, donate_grads=False):
     kind, lr = spec["kind"], spec["lr"]
     p_leaves, treedef = tree.flatten(params)
     g_leaves = tree.leaves(grads)
@@ -57,11 +62,14 @@ def _fused(spec, grads, state, params, finite=None):
         return None
     if kind == "sgd" and not callable(lr) and finite is None and \
             not any(is_cupy(p) for p in p_leaves):
-        # Plain SGD on the host: one temporary per tensor instead of two (the same
-        # arithmetic as ``p + g * (-lr)``: IEEE addition commutes exactly).
+        # Plain SGD on the host: one temporary per tensor instead of two, none with donated
+        # grads (the same arithmetic as ``p + g * (-lr)``: IEEE addition commutes exactly).
         new = []
         for p, g in zip(p_leaves, g_leaves):
-            u = g * -lr
+            if donate_grads and g.dtype == p.dtype:
+                u = np.multiply(g, -lr, out=g)
+            else:
+                u = g * -lr
             u += p
             new.append(u.astype(p.dtype, copy=False))
         return tree.unflatten(treedef, new), state

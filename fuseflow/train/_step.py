@@ -46,7 +46,9 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None):
             (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale)
         else:
             (loss, outputs), grads = grad_fn(params, x, y, key=key)
-        params, opt_state = update_and_apply(optimizer, grads, opt_state, params)
+        # The grads never leave this function: the update may reuse their buffers.
+        params, opt_state = update_and_apply(optimizer, grads, opt_state, params,
+                                             donate_grads=True)
         metrics = {"loss": loss}
         if is_class_labels(y) and getattr(outputs, "ndim", 0) == 2:
             metrics["accuracy"] = losses.accuracy(outputs, y)
