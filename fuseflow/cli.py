@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from fuseflow import __version__, backend, checkpoint, data, random
+from fuseflow import __version__, backend, checkpoint, data, distributed, random
 from fuseflow.compile import compile as compile_step
 from fuseflow.data import num_batches
 from fuseflow.train import (LAST, METRICS_FILE, Interrupted, Recipe, RecipeError, evaluate,
@@ -255,8 +256,21 @@ def _resumed_recipe(args, recipe: Recipe) -> Recipe:
     return recipe
 
 
+def _quiet_unless_main(comm):
+    """Under a launcher, only rank 0 prints (the others' output would repeat it N times)."""
+    if comm.size > 1 and not comm.is_main:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of this process
+
+
 def _train(args) -> int:
+    comm = distributed.init()  # size 1 unless started by mpiexec/mpirun
+    _quiet_unless_main(comm)
     device = _select_backend(args.backend)
+    if device == "cuda" and comm.size > 1:
+        backend.use_device(comm.rank)
+    if comm.size > 1:
+        print(f"data parallel: {comm.size} ranks ({'NCCL' if device == 'cuda' else 'MPI'}), "
+              "rank 0 reports and writes checkpoints", flush=True)
     resume = Path(args.resume) if args.resume else None
     if resume is not None:
         recipe = _resumed_recipe(args, _read_recipe(resume))
@@ -272,8 +286,10 @@ def _train(args) -> int:
 
     out = Path(args.out) if args.out else (resume.parent if resume else Path("runs") / ds.name)
     same_run = resume is not None and out.resolve() == resume.parent.resolve()
-    _prepare_out(out, args.overwrite, same_run)
-    if resume is not None and not same_run and (resume.parent / METRICS_FILE).is_file():
+    if comm.is_main:
+        _prepare_out(out, args.overwrite, same_run)
+    if comm.is_main and resume is not None and not same_run and \
+            (resume.parent / METRICS_FILE).is_file():
         out.mkdir(parents=True, exist_ok=True)  # carry the epochs so far into the new folder
         shutil.copyfile(resume.parent / METRICS_FILE, out / METRICS_FILE)
 
@@ -295,11 +311,12 @@ def _train(args) -> int:
           f"steps; out {out}", flush=True)
     try:
         result = fit(model, optimizer, _to_device(state, device), ds.train, ds.test,
-                     epochs=recipe.epochs, batch_size=recipe.batch_size, out_dir=out,
+                     epochs=recipe.epochs, batch_size=recipe.batch_size,
+                     out_dir=out if comm.is_main else None, comm=comm,
                      metadata={"recipe": recipe.to_metadata()},
                      eval_batch_size=recipe.eval_batch_size,
                      compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
-                     progress=not args.no_progress,
+                     progress=not args.no_progress and comm.is_main,
                      log=lambda line: print(line, flush=True))
     except Interrupted as e:
         kept = e.checkpoint or resume

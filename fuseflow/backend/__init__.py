@@ -90,6 +90,12 @@ def of(*arrays, where: str = "fuseflow") -> Backend:
     return get("cuda") if devices == {"cuda"} else _BACKENDS["numpy"]
 
 
+def use_device(index: int):
+    """Make GPU ``index % count`` current (one GPU per rank in data-parallel training)."""
+    cupy = __import__("cupy")
+    cupy.cuda.Device(index % cupy.cuda.runtime.getDeviceCount()).use()
+
+
 def graph_capture():
     """A fresh CUDA graph capture context (private pool + stream) for ``ff.compile``."""
     get("cuda")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 from tqdm import tqdm
 
 from fuseflow import random, tree
@@ -62,7 +63,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         batch_size: int, loss_fn=None, out_dir=None, metadata: dict | None = None,
         eval_batch_size: int = 1000, drop_last: bool = True, compute_dtype=None,
         compiled: bool = False, on_step=None, progress: bool = True, log=print,
-        log_every: int = 20) -> FitResult:
+        log_every: int = 20, comm=None) -> FitResult:
     """Train from ``state`` until ``epochs`` epochs are complete; returns a FitResult.
 
     ``train``/``test`` are ``(x, y)`` pairs; they are moved to the params' device once.
@@ -76,6 +77,9 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     ``metrics.jsonl`` and ``curves.png``. ``on_step(state, metrics)`` runs after every
     step. ``log`` prints one summary line per epoch (None: silent); ``progress`` shows a
     per-epoch tqdm bar on terminals. Ctrl-C raises ``Interrupted`` (a KeyboardInterrupt).
+    ``comm`` (``ff.distributed.init()``) trains data-parallel: every rank runs ``fit`` on the
+    same data; each global batch is split over the ranks, gradients are averaged, and the
+    params start from rank 0's. Give ``out_dir``/``log``/``progress`` on rank 0 only.
     """
     if not isinstance(state, TrainState):
         raise TypeError(f"fit: state must be a TrainState, got {type(state).__name__}. "
@@ -97,7 +101,15 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         raise ValueError(f"fit: {len(x)} training examples make no batch of {batch_size}. "
                          f"Fix: batch_size <= {len(x)}, or drop_last=False.")
 
-    step_fn = make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype)
+    if comm is not None and comm.size > 1:
+        if batch_size % comm.size:
+            raise ValueError(f"fit: batch_size {batch_size} cannot be split over {comm.size} "
+                             f"ranks. Fix: a batch size divisible by {comm.size}.")
+        comm.check_model(state.params)
+        state = state._replace(params=comm.broadcast(state.params))
+    else:
+        comm = None
+    step_fn = make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype, comm=comm)
     if compiled:
         step_fn = _keyless(compile_step(step_fn))
     history = start_metrics(out_dir, state.epoch) if out_dir is not None else []
@@ -106,7 +118,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         for epoch in range(state.epoch, epochs):
             state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
                                          steps_per_epoch, drop_last, on_step, progress,
-                                         log_every)
+                                         log_every, comm)
             final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
             if final is not None:
                 record.update(test_loss=final.loss, test_acc=final.accuracy)
@@ -134,7 +146,7 @@ def _keyless(compiled_step):
 
 
 def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoch,
-                 drop_last, on_step, progress, log_every):
+                 drop_last, on_step, progress, log_every, comm=None):
     start = state.batch_in_epoch
     todo = min(len(x), steps_per_epoch * batch_size) - start * batch_size
     order_key = random.fold_in(state.data_key, epoch)
@@ -146,6 +158,8 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
     try:
         for xb, yb in batches(x, y, batch_size, key=order_key, drop_last=drop_last,
                               start_batch=start):
+            if comm is not None:  # every rank sees the global batch and takes its share
+                xb, yb = comm.shard(xb, yb)
             params, opt_state, metrics = step_fn(state.params, state.opt_state, xb, yb,
                                                  key=random.fold_in(state.key, state.step))
             state = state._replace(params=params, opt_state=opt_state, step=state.step + 1,
@@ -163,6 +177,10 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
             if not bar.disable and state.batch_in_epoch % log_every == 0:
                 bar.set_postfix({k: f"{float(v):.4f}" for k, v in metrics.items()},
                                 refresh=False)
+        if comm is not None:  # the epoch's means over every rank's shard
+            loss_sum, acc_sum = (comm.allreduce_mean(np.array([float(loss_sum), float(acc_sum)]))
+                                 * comm.size)
+            seen *= comm.size
         train_loss = float(loss_sum) / seen  # waits for the device: the timing is honest
         seconds = time.perf_counter() - t0
     finally:

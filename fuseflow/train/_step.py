@@ -18,7 +18,7 @@ from fuseflow.optim import update_and_apply
 __all__ = ["make_step"]
 
 
-def make_step(model, loss_fn, optimizer, *, compute_dtype=None):
+def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     """``step(params, opt_state, x, y, key=None) -> (params, opt_state, metrics)``.
 
     ``metrics`` is ``{"loss": ..., "accuracy": ...}`` (0-d arrays); accuracy is there when
@@ -27,6 +27,8 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None):
     optimizers). ``compute_dtype="float16"`` is mixed precision: float32 params, 16-bit
     forward and backward, and an ``optimizer`` wrapped in
     ``ff.mixed_precision.dynamic_loss_scaling`` (its state carries the loss scale).
+    ``comm`` (a ``ff.distributed.Communicator``): x and y are this rank's shard, and the
+    gradients are averaged over the ranks (one collective) before the update.
     """
     mixed = compute_dtype is not None and np.dtype(compute_dtype) != np.float32
     if mixed:
@@ -46,6 +48,8 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None):
             (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale)
         else:
             (loss, outputs), grads = grad_fn(params, x, y, key=key)
+        if comm is not None:
+            grads = comm.allreduce_mean(grads)
         # The grads never leave this function: the update may reuse their buffers.
         params, opt_state = update_and_apply(optimizer, grads, opt_state, params,
                                              donate_grads=True)
