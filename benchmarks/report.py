@@ -1,6 +1,6 @@
 """Markdown tables from the peers JSON files (fuseflow, JAX, torch, hand nvmath).
 
-    python benchmarks/report.py benchmarks/results > table.md
+    python benchmarks/report.py benchmarks/results [FUSEFLOW_JSON_NAME] > table.md
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def load(folder, name):
-    p = Path(folder) / f"peers_{name}.json"
+    p = Path(folder) / (name if name.endswith(".json") else f"peers_{name}.json")
     return json.loads(p.read_text()) if p.exists() else None
 
 
@@ -19,8 +19,8 @@ def key(r):
     return r["model"], r["optimizer"], r["precision"]
 
 
-def main(folder):
-    ff, jx, th, hand = (load(folder, n) for n in ("fuseflow", "jax", "torch", "hand_nvmath"))
+def main(folder, fuseflow_file="fuseflow"):
+    ff, jx, th, hand = (load(folder, n) for n in (fuseflow_file, "jax", "torch", "hand_nvmath"))
     jax_us = {key(r): r["jit_us"] for r in jx["steps"]} if jx else {}
     torch_us = {(key(r), r["mode"]): r["us"] for r in th["steps"]} if th else {}
     hand_us = {key(r): (r["eager_us"], r["graph_us"]) for r in hand["steps"]} if hand else {}
@@ -42,4 +42,5 @@ def main(folder):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
+    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results",
+         sys.argv[2] if len(sys.argv) > 2 else "fuseflow")
