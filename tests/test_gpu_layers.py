@@ -158,3 +158,30 @@ def test_device_batches_stay_on_gpu_and_cover_the_data(cp):
     y = cp.arange(500)
     seen = cp.concatenate([yb for _, yb in ff.data.device_batches(x, y, 64, key=ff.random.key(3))])
     assert len(seen) == 448 and len(cp.unique(seen)) == 448
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_large_shape_bias_grad_split_matches_fused(cp, activation):
+    """Above ``split_bias_grad_macs`` DRELU_BGRAD runs as DRELU + a bias-sum kernel: same
+    results as the NumPy reference."""
+    be = ff.backend.get("cuda")
+    rng = np.random.default_rng(0)
+    pre = rng.standard_normal((64, 40)).astype(np.float32)
+    dy = rng.standard_normal((64, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    np_be = ff.backend.get("numpy")
+    _, aux = np_be.activation(pre, activation)
+    epilog = "DRELU_BGRAD" if activation == "relu" else "DGELU_BGRAD"
+    dx_ref, db_ref = np_be.linear_dgrad(dy, w, epilog, aux)
+    _, gaux = be.activation(cp.asarray(pre), activation)
+    old = be.split_bias_grad_macs
+    try:
+        be.split_bias_grad_macs = 1
+        before = be.stats()["split_bias_grad"]
+        dx, db = be.linear_dgrad(cp.asarray(dy), cp.asarray(w), epilog, gaux)
+        assert be.stats()["split_bias_grad"] == before + 1
+    finally:
+        be.split_bias_grad_macs = old
+    # GELU: cuBLASLt's DGELU approximation differs by up to ~2e-5 per element (docs/gpu.md)
+    np.testing.assert_allclose(cp.asnumpy(dx), dx_ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(cp.asnumpy(db), db_ref, rtol=1e-4, atol=1e-2)

@@ -51,7 +51,7 @@ from nvmath.linalg.advanced import Matmul, MatmulEpilog
 
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend.base import Backend, BackendError
-from fuseflow.backend.epilogs import relu_aux_rows
+from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
 __all__ = ["CudaBackend", "GPUOutOfMemoryError"]
 
@@ -117,6 +117,10 @@ class CudaBackend(Backend):
         self.autotune = (os.environ.get("FUSEFLOW_AUTOTUNE", "0") == "1") if autotune is None \
             else autotune
         self.max_plans = max_plans
+        #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as DRELU/DGELU plus the
+        #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
+        #: 28.66 vs 29.46 ms at 65536x8192x16384), where cuBLASLt's BGRAD algorithms are slow.
+        self.split_bias_grad_macs = 2 ** 32
         self._plans: OrderedDict = OrderedDict()
         self._counters = Counter()
         self._planning_s = 0.0
@@ -134,6 +138,7 @@ class CudaBackend(Backend):
             "cache_size": len(self._plans),
             "evictions": self._counters["evictions"],
             "fallbacks": dict(self._fallbacks),
+            "split_bias_grad": self._counters["split_bias_grad"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -444,6 +449,11 @@ class CudaBackend(Backend):
             if w.shape[0] == 1:  # K == 1: cuBLASLt refuses DRELU/DGELU
                 self._fallbacks[f"dgrad/{spec.name}: K == 1"] += 1
                 return self._dgrad_unfused(dy, w, spec, aux)
+            if spec.bias and batch * features * w.shape[0] >= self.split_bias_grad_macs:
+                self._counters["split_bias_grad"] += 1
+                plain = DGRAD_EPILOGS[spec.name[: -len("_BGRAD")]]
+                dx, _ = self._dgrad_impl(dy, w, plain, aux)
+                return dx, self._sum_rows(dx)
             if spec.activation == "relu":
                 cub_aux = self._relu_aux_for_cublas(aux, relu_aux_rows(features), batch)
             else:
