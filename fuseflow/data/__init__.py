@@ -15,5 +15,5 @@ from fuseflow.data._errors import DatasetError, DatasetNotFoundError
 from fuseflow.data._idx import read_idx
 from fuseflow.data._mnist import cache_dir, idx_dataset, mnist
 
-__all__ = ["DatasetError", "DatasetNotFoundError", "batches", "device_batches", "cache_dir", "digits",
-           "idx_dataset", "mnist", "num_batches", "read_idx"]
+__all__ = ["DatasetError", "DatasetNotFoundError", "batches", "cache_dir", "device_batches",
+           "digits", "idx_dataset", "mnist", "num_batches", "read_idx"]

@@ -31,27 +31,30 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
 
     ``donate_grads=True`` lets the update reuse the gradient buffers for the new params (on
     the host: no fresh memory per step); only for grads nobody reads afterwards, such as
-    those a training step computes internally. Wrappers (such as ``mixed_precision.dynamic_loss_scaling``) take part through a
+    those a training step computes internally. Wrappers (such as
+    ``mixed_precision.dynamic_loss_scaling``) take part through a
     ``fused_apply(grads, state, params)`` hook on their update function.
     """
     hook = getattr(opt.update, "fused_apply", None)
-    out = hook(grads, opt_state, params) if hook is not None else \
-        _fused(opt.update.fused_spec, grads, opt_state, params, None, donate_grads) \
-        if hasattr(opt.update, "fused_spec") else None
+    if hook is not None:
+        out = hook(grads, opt_state, params)
+    else:
+        out = fused_update(opt, grads, opt_state, params, donate_grads=donate_grads)
     if out is not None:
         return out
     updates, opt_state = opt.update(grads, opt_state, params)
     return apply_updates(params, updates), opt_state
 
 
-def fused_update(opt, grads, opt_state, params, *, finite=None):
+def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=False):
     """The fused step of a named optimizer, or None when it has no fused form here.
 
     ``finite`` (a 0-d bool device array) makes the kernel keep every tensor unchanged when
     False; the caller then handles the step counts (see ``dynamic_loss_scaling``).
     """
     spec = getattr(opt.update, "fused_spec", None)
-    return None if spec is None else _fused(spec, grads, opt_state, params, finite)
+    return None if spec is None else _fused(spec, grads, opt_state, params, finite,
+                                            donate_grads)
 
 
 def _fused(spec, grads, state, params, finite=None, donate_grads=False):
