@@ -18,7 +18,7 @@ from fuseflow import checkpoint
 from fuseflow.train._state import TrainState
 
 __all__ = ["LAST", "epoch_checkpoint", "save_state", "load_state", "read_metadata",
-           "hold_interrupts"]
+           "hold_interrupts", "interrupt_between_steps"]
 
 LAST = "last.safetensors"
 
@@ -65,3 +65,37 @@ def hold_interrupts():
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
+
+
+class _StopRequest:
+    requested = False
+
+    def check(self):
+        """Raise KeyboardInterrupt here, at a safe point, if Ctrl-C was pressed."""
+        if self.requested:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupt_between_steps():
+    """Turn Ctrl-C into a request that the loop honours between steps (``stop.check()``).
+
+    Python raises KeyboardInterrupt wherever the signal lands; landing inside a finalizer
+    or weakref callback it is printed as "Exception ignored" and lost, and training goes
+    on. Here the handler only records the request; a second Ctrl-C interrupts at once.
+    """
+    stop = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)

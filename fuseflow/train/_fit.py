@@ -21,7 +21,8 @@ from fuseflow._namespace import device_of, namespace
 from fuseflow.backend import device_put
 from fuseflow.compile import compile as compile_step
 from fuseflow.data import batches, num_batches
-from fuseflow.train._checkpoints import LAST, epoch_checkpoint, hold_interrupts, save_state
+from fuseflow.train._checkpoints import (LAST, epoch_checkpoint, hold_interrupts,
+                                         interrupt_between_steps, save_state)
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
 from fuseflow.train._records import (CURVES_FILE, append_metrics, plot_curves,
@@ -115,22 +116,24 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     history = start_metrics(out_dir, state.epoch) if out_dir is not None else []
     saved, saved_epoch, final = None, state.epoch, None
     try:
-        for epoch in range(state.epoch, epochs):
-            state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
-                                         steps_per_epoch, drop_last, on_step, progress,
-                                         log_every, comm)
-            final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
-            if final is not None:
-                record.update(test_loss=final.loss, test_acc=final.accuracy)
-            history.append(record)
-            if out_dir is not None:
-                out = Path(out_dir)
-                with hold_interrupts():  # the pair of files and the metrics line, or none
-                    _save_epoch(out, state, record, metadata)
-                    saved, saved_epoch = out / LAST, state.epoch
-                plot_curves(history, out / CURVES_FILE)
-            if log is not None:
-                log(_summary(record, epochs))
+        with interrupt_between_steps() as stop:
+            for epoch in range(state.epoch, epochs):
+                state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
+                                             steps_per_epoch, drop_last, on_step, progress,
+                                             log_every, comm, stop)
+                final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
+                if final is not None:
+                    record.update(test_loss=final.loss, test_acc=final.accuracy)
+                history.append(record)
+                if out_dir is not None:
+                    out = Path(out_dir)
+                    with hold_interrupts():  # the pair of files and the metrics line, or none
+                        _save_epoch(out, state, record, metadata)
+                        saved, saved_epoch = out / LAST, state.epoch
+                    plot_curves(history, out / CURVES_FILE)
+                if log is not None:
+                    log(_summary(record, epochs))
+                stop.check()
     except KeyboardInterrupt:
         raise Interrupted(saved, saved_epoch) from None
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
@@ -146,7 +149,7 @@ def _keyless(compiled_step):
 
 
 def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoch,
-                 drop_last, on_step, progress, log_every, comm=None):
+                 drop_last, on_step, progress, log_every, comm=None, stop=None):
     start = state.batch_in_epoch
     todo = min(len(x), steps_per_epoch * batch_size) - start * batch_size
     order_key = random.fold_in(state.data_key, epoch)
@@ -173,6 +176,8 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
             seen += n
             if on_step is not None:
                 on_step(state, metrics)
+            if stop is not None:
+                stop.check()  # Ctrl-C takes effect here, between two steps
             bar.update(n)
             if not bar.disable and state.batch_in_epoch % log_every == 0:
                 bar.set_postfix({k: f"{float(v):.4f}" for k, v in metrics.items()},
