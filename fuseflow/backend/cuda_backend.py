@@ -120,7 +120,7 @@ class CudaBackend(Backend):
         #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as DRELU/DGELU plus the
         #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
         #: 28.66 vs 29.46 ms at 65536x8192x16384), where cuBLASLt's BGRAD algorithms are slow.
-        self.split_bias_grad_macs = 2 ** 32
+        self.split_bias_grad_macs = int(os.environ.get("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32))
         self._plans: OrderedDict = OrderedDict()
         self._counters = Counter()
         self._planning_s = 0.0
