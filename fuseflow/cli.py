@@ -293,6 +293,10 @@ def _train(args) -> int:
         out.mkdir(parents=True, exist_ok=True)  # carry the epochs so far into the new folder
         shutil.copyfile(resume.parent / METRICS_FILE, out / METRICS_FILE)
 
+    if recipe.batch_size % comm.size:
+        raise CLIError(f"--batch-size {recipe.batch_size} cannot be split evenly over "
+                       f"{comm.size} ranks. Fix: a batch size divisible by {comm.size}, e.g. "
+                       f"--batch-size {recipe.batch_size - recipe.batch_size % comm.size}.")
     steps_per_epoch = num_batches(len(ds.train[0]), recipe.batch_size, drop_last=True)
     if steps_per_epoch == 0:
         raise CLIError(f"--batch-size {recipe.batch_size} is larger than the "
@@ -382,7 +386,7 @@ def _bench(args) -> int:
 
 _COMMANDS = {"train": _train, "eval": _eval, "bench": _bench}
 _REPORTED = (CLIError, RecipeError, data.DatasetError, data.DatasetNotFoundError,
-             checkpoint.CheckpointError)
+             checkpoint.CheckpointError, distributed.DistributedError)
 
 
 def main(argv=None) -> int:

@@ -91,8 +91,8 @@ class CompiledStep:
         contiguous arrays. Skips flattening every pytree on every step."""
         if len(args) != len(g.static_args):
             return False
-        for i in self.donate:
-            if args[i] is not g.outputs[i]:
+        for i in self.donate:  # the donated trees we returned are the static inputs
+            if args[i] is not g.static_args[i]:
                 return False
         for i in g.free:
             a, s = args[i], g.static_args[i]

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from fuseflow import tree
+from fuseflow import backend, tree
 from fuseflow._namespace import is_cupy, namespace
 
 __all__ = ["Communicator", "DistributedError", "init", "launched_by_mpi"]
@@ -79,19 +79,9 @@ class Communicator:
         return tree.unflatten(treedef, out)
 
     def _allreduce_nccl(self, flat):
-        import cupy
-        from cupy.cuda import nccl
-
         if self._nccl is None:
-            uid = nccl.get_unique_id() if self.rank == 0 else None
-            if self._mpi is not None:
-                uid = self._mpi.bcast(uid, root=0)
-            self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
-        dtype = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
-                 np.dtype(np.float16): nccl.NCCL_FLOAT16}[flat.dtype]
-        stream = cupy.cuda.get_current_stream()
-        self._nccl.allReduce(flat.data.ptr, flat.data.ptr, flat.size, dtype, nccl.NCCL_SUM,
-                             stream.ptr)
+            self._nccl = backend.nccl_sum(self.size, self.rank, self._mpi)
+        self._nccl(flat)
 
     def broadcast(self, value, root=0):
         """Rank ``root``'s pytree on every rank (e.g. the initial params)."""
@@ -100,7 +90,8 @@ class Communicator:
         leaves, treedef = tree.flatten(value)
         out = []
         for leaf in leaves:
-            host = leaf.get() if is_cupy(leaf) else np.ascontiguousarray(leaf)
+            # A private copy: Bcast writes into it, never into the caller's array.
+            host = leaf.get() if is_cupy(leaf) else np.array(leaf, order="C", copy=True)
             self._mpi.Bcast(host, root=root)
             out.append(namespace(leaf).asarray(host))
         return tree.unflatten(treedef, out)

@@ -52,15 +52,20 @@ def split(k, num: int = 2) -> np.ndarray:
     return generator(k).integers(0, 2**32, size=(num, 2), dtype=np.uint32)
 
 
+_FOLD_IN_DOMAIN = 0x466F6C64  # keeps fold_in's keys apart from split's (a separate hash input)
+
+
 def fold_in(k, data: int) -> np.ndarray:
-    """A new key from a key and an integer (for example a step number)."""
-    g = np.random.Generator(np.random.Philox(key=_to_int(k), counter=int(data) & (2**256 - 1)))
-    return g.integers(0, 2**32, size=2, dtype=np.uint32)
+    """A new key from a key and an integer (for example a step number).
 
-
-def _to_int(k) -> int:
+    Hashed (SeedSequence) rather than drawn from the key's own stream, so that
+    ``fold_in(k, s)`` never equals a key that ``split(k, n)`` returns.
+    """
     k = _check_key(k)
-    return (int(k[0]) << 32) | int(k[1])
+    data = int(data) & (2**64 - 1)
+    seq = np.random.SeedSequence([int(k[0]), int(k[1]), data & 0xFFFFFFFF, data >> 32,
+                                  _FOLD_IN_DOMAIN])
+    return seq.generate_state(2, dtype=np.uint32)
 
 
 def normal(k, shape, dtype=np.float32) -> np.ndarray:

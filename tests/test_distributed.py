@@ -104,3 +104,12 @@ def test_cli_under_mpiexec_trains_like_one_process_and_only_rank_0_speaks(tmp_pa
         ra, rb = json.loads(a), json.loads(b)
         assert abs(ra["train_loss"] - rb["train_loss"]) < 1e-3 * ra["train_loss"]
         assert abs(ra["test_loss"] - rb["test_loss"]) < 1e-3 * ra["test_loss"]
+
+
+def test_cli_batch_that_does_not_split_over_the_ranks_is_a_clear_error(tmp_path):
+    exe = mpiexec()
+    res = run([exe, "-n", "3", sys.executable, "-m", "fuseflow", "train", "--dataset", "digits",
+               "--epochs", "1", "--batch-size", "64", "--no-progress"], tmp_path, timeout=60)
+    assert res.returncode != 0
+    assert "--batch-size 64 cannot be split evenly over 3 ranks" in res.stderr
+    assert "Traceback" not in res.stderr

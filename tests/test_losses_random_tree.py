@@ -82,3 +82,10 @@ def test_tree_helpers():
     assert float(ff.tree.vdot(t, t)) == pytest.approx(7)
     doubled = ff.tree.scale(t, 2.0)
     assert float(ff.tree.l2_norm(ff.tree.sub(doubled, t))) == pytest.approx(np.sqrt(7))
+
+
+def test_fold_in_keys_are_not_keys_that_split_gives():
+    k = ff.random.key(3)
+    split = {tuple(s) for s in ff.random.split(k, 1000)}
+    folded = {tuple(ff.random.fold_in(k, i)) for i in range(1000)}
+    assert not split & folded and len(folded) == 1000

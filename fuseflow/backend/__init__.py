@@ -96,6 +96,14 @@ def use_device(index: int):
     cupy.cuda.Device(index % cupy.cuda.runtime.getDeviceCount()).use()
 
 
+def nccl_sum(size: int, rank: int, mpi_comm=None):
+    """A callable that sums a flat CuPy array in place over all ranks (NCCL)."""
+    get("cuda")
+    from fuseflow.backend._nccl import NcclSum
+
+    return NcclSum(size, rank, mpi_comm)
+
+
 def graph_capture():
     """A fresh CUDA graph capture context (private pool + stream) for ``ff.compile``."""
     get("cuda")

@@ -23,8 +23,9 @@ import numpy as np
 _CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
            np.dtype(np.float64): "double"}
 _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
-                 np.dtype(np.uint8): "unsigned char", np.dtype(np.int16): "short",
-                 np.dtype(np.uint16): "unsigned short", np.dtype(np.uint32): "unsigned int"}
+                 np.dtype(np.int16): "short", np.dtype(np.int8): "signed char",
+                 np.dtype(np.uint64): "unsigned long long", np.dtype(np.uint32): "unsigned int",
+                 np.dtype(np.uint16): "unsigned short", np.dtype(np.uint8): "unsigned char"}
 
 _XENT = r"""
 extern "C" __global__ void xent(const T* logits, const L* labels, int n, int c,

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections import Counter, OrderedDict
 
 import cupy
@@ -74,6 +75,19 @@ class _Unfused:
 
     def __init__(self, reason):
         self.reason = reason
+
+
+def _env_int(name: str, default: int) -> int:
+    """An integer setting from the environment ("4e9" allowed); a bad value warns and is
+    ignored rather than making the whole backend unavailable."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(float(raw))
+    except ValueError:
+        warnings.warn(f"{name}={raw!r} is not a number; using {default}", stacklevel=3)
+        return default
 
 
 def _align(ptr: int) -> int:
@@ -120,7 +134,7 @@ class CudaBackend(Backend):
         #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as DRELU/DGELU plus the
         #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
         #: 28.66 vs 29.46 ms at 65536x8192x16384), where cuBLASLt's BGRAD algorithms are slow.
-        self.split_bias_grad_macs = int(os.environ.get("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32))
+        self.split_bias_grad_macs = _env_int("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32)
         self._plans: OrderedDict = OrderedDict()
         self._counters = Counter()
         self._planning_s = 0.0

@@ -80,9 +80,9 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False):
     hyper = {}
     if callable(lr):  # scheduled: the step size is a device scalar, the count advances
         step = scalar_like(-1.0 * lr(sched.count), p_leaves[0])
-        if hasattr(step, "shape"):
+        if is_cupy(step):
             hyper["step"] = step
-        else:  # a schedule that returns a plain number (constant_schedule)
+        else:  # a plain number (constant_schedule) or a host scalar: passed by value
             hyper["step_const"] = float(step)
         new_sched = type(sched)(count=increment(sched.count))
     else:
