@@ -63,19 +63,9 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False):
     g_leaves = tree.leaves(grads)
     if not p_leaves or tree.structure(grads) != treedef:
         return None
-    if kind == "sgd" and not callable(lr) and finite is None and \
-            not any(is_cupy(p) for p in p_leaves):
-        # Plain SGD on the host: one temporary per tensor instead of two, none with donated
-        # grads (the same arithmetic as ``p + g * (-lr)``: IEEE addition commutes exactly).
-        new = []
-        for p, g in zip(p_leaves, g_leaves):
-            if donate_grads and g.dtype == p.dtype:
-                u = np.multiply(g, -lr, out=g)
-            else:
-                u = g * -lr
-            u += p
-            new.append(u.astype(p.dtype, copy=False))
-        return tree.unflatten(treedef, new), state
+    on_host = not any(is_cupy(p) for p in p_leaves)
+    if on_host and finite is not None:
+        return None  # loss scaling on the host: the reference path handles the skip
     *core, sched = state
     hyper = {}
     if callable(lr):  # scheduled: the step size is a device scalar, the count advances
@@ -98,8 +88,11 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False):
         hyper.update(decay=spec["momentum"], nesterov=spec["nesterov"])
     else:
         groups = []
-    res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
-                                      in_place=not host_sync_allowed(), **hyper)
+    if on_host:
+        res = _host_update(kind, p_leaves, g_leaves, groups, donate_grads, **hyper)
+    else:
+        res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
+                                          in_place=not host_sync_allowed(), **hyper)
     if res is None:
         return None
     new_p, new_groups = res
@@ -111,6 +104,47 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False):
     elif kind == "momentum":
         core[0] = type(first)(trace=tree.unflatten(tree.structure(first.trace), new_groups[0]))
     return new_params, (*core, new_sched)
+
+
+def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, count=None,
+                 b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None, decay=0.0, nesterov=False):
+    """The NumPy form of the fused update: the reference transforms' operations in the same
+    order (so bit-identical results), with in-place steps on fresh temporaries instead of a
+    new array per operation."""
+    new_p, new_groups = [], [[] for _ in groups]
+    for k, (p, g) in enumerate(zip(params, grads)):
+        if kind == "adam":
+            m, v = groups[0][k], groups[1][k]
+            mu = g * (1 - b1)
+            mu += m * b1
+            nu = g * g
+            nu *= 1 - b2
+            nu += v * b2
+            t, f = count.astype(m.dtype), m.dtype.type
+            u = mu / (1 - f(b1) ** t)
+            denom = nu / (1 - f(b2) ** t)
+            np.sqrt(denom, out=denom)
+            denom += eps
+            u /= denom
+            if decays is not None and decays[k]:
+                u += p * wd
+            new_groups[0].append(mu)
+            new_groups[1].append(nu)
+        elif kind == "momentum":
+            trace = groups[0][k] * decay
+            trace += g
+            new_groups[0].append(trace)
+            if nesterov:
+                u = trace * decay
+                u += g
+            else:
+                u = trace.copy()
+        else:
+            u = g if donate_grads and g.dtype == p.dtype else g.copy()  # scaled in place below
+        u *= step_const
+        u += p
+        new_p.append(u.astype(p.dtype, copy=False))
+    return new_p, new_groups
 
 
 def _decay_flags(spec, params):
