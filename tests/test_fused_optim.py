@@ -27,10 +27,18 @@ def problem(xp=np):
     return params, target
 
 
-def run(opt, params, target, fused, steps=50):
+def quadratic_grads(p, t):
+    return 2 * (p - t) + 0.01 * p * p
+
+
+def run(opt, params, target, fused, steps=50, grad=quadratic_grads, overflow_at=()):
+    """``steps`` updates of ``params`` towards ``target``; at the steps in ``overflow_at``
+    every gradient is made non-finite (inf or nan)."""
     state = opt.init(params)
-    for _ in range(steps):
-        grads = ff.tree.map(lambda p, t: 2 * (p - t) + 0.01 * p * p, params, target)
+    for step in range(steps):
+        grads = ff.tree.map(grad, params, target)
+        if step in overflow_at:
+            grads = ff.tree.map(lambda g: g * float("inf"), grads)
         if fused:
             params, state = ff.optim.update_and_apply(opt, grads, state, params)
         else:
@@ -79,17 +87,8 @@ def test_fused_dynamic_loss_scaling_matches_reference_through_an_overflow():
     def run_mp(fused):
         params, target = problem(cupy)
         opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-2), init_scale=8.0, growth_interval=4)
-        state = opt.init(params)
-        for step in range(20):
-            grads = ff.tree.map(lambda p, t: 2 * (p - t), params, target)
-            if step in (3, 11):  # overflow: the step must be skipped
-                grads = ff.tree.map(lambda g: g * cupy.inf, grads)
-            if fused:
-                params, state = ff.optim.update_and_apply(opt, grads, state, params)
-            else:
-                updates, state = opt.update(grads, state, params)
-                params = ff.optim.apply_updates(params, updates)
-        return params, state
+        return run(opt, params, target, fused, steps=20, grad=lambda p, t: 2 * (p - t),
+                   overflow_at=(3, 11))  # the overflowing steps must be skipped
 
     a, b = run_mp(True), run_mp(False)
     assert int(a[1].inner[0].count) == 18 and float(a[1].scale) == float(b[1].scale)
@@ -106,3 +105,13 @@ def test_donated_grads_give_the_same_params():
     b, _ = ff.optim.update_and_apply(opt, grads, opt.init(params), params, donate_grads=True)
     for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_loss_scaled_update_skips_overflowing_steps_on_numpy():
+    from fuseflow import mixed_precision as mp
+
+    params, target = problem()
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-2), init_scale=8.0, growth_interval=4)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p, s = run(opt, params, target, fused=True, steps=20, overflow_at=(3, 11))
+    assert int(s.inner[0].count) == 18 and all(np.isfinite(x).all() for x in ff.tree.leaves(p))
