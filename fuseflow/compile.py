@@ -51,11 +51,14 @@ def _signature(args):
 class _Graph:
     """One captured graph: its static input buffers, outputs, and the capture that owns memory."""
 
-    def __init__(self, capture, graph, static_args, outputs, compile_s):
+    def __init__(self, capture, graph, static_args, outputs, compile_s, donate):
         self.capture, self.graph = capture, graph
         self.static_args, self.outputs = static_args, outputs
         self.static_leaves = [x for x in tree.leaves(static_args) if _is_array(x)]
         self.compile_s = compile_s
+        self.free = [i for i in range(len(static_args)) if i not in donate]  # the batch
+        # Only plain-array free arguments qualify for the fast path.
+        self.fast = all(_is_array(static_args[i]) for i in self.free)
 
 
 class CompiledStep:
@@ -115,9 +118,7 @@ class CompiledStep:
             if src is not dst:
                 copy(dst, src if src.flags.c_contiguous else src.copy())
         g.capture.launch(g.graph)
-        # Only plain-array free arguments qualify for the fast path next time.
-        g.free = [i for i in range(len(args)) if i not in self.donate]
-        self._last = g if all(_is_array(g.static_args[i]) for i in g.free) else None
+        self._last = g if g.fast else None
         return g.outputs
 
     # ---- compilation -----------------------------------------------------------------------
@@ -138,7 +139,8 @@ class CompiledStep:
         capture.run(lambda: self._traced(static_args))
         out, graph = capture.capture(lambda: self._traced(static_args))
         self.compiles += 1
-        return _Graph(capture, graph, static_args, out, time.perf_counter() - t0)
+        return _Graph(capture, graph, static_args, out, time.perf_counter() - t0,
+                      self.donate)
 
     def _traced(self, static_args):
         """The step, then its donated results copied into the donated input buffers."""
