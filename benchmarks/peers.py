@@ -71,6 +71,32 @@ def matmul_flops(sizes, batch):
 
 
 # ---- fuseflow -----------------------------------------------------------------------------
+def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
+    """(model, params, opt_state, step, x, y): an MLP on the GPU and its pure step."""
+    model = ff.nn.Serial(*[ff.nn.Dense(h, "relu") for h in sizes[1:-1]], ff.nn.Dense(sizes[-1]))
+    _, params = model.init(ff.random.key(0), (sizes[0],))
+    params = ff.device_put(params, "cuda")
+    opt = getattr(ff.optim, opt_name)(LR[opt_name])
+    if prec == "fp16":
+        opt = ff.mixed_precision.dynamic_loss_scaling(opt)
+        grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+        def step(p, s, x, y):
+            loss, g = grad_fn(p, x, y, loss_scale=s.scale)
+            p, s = ff.optim.update_and_apply(opt, g, s, p)
+            return p, s, loss
+    else:
+        grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+        def step(p, s, x, y):
+            loss, g = grad_fn(p, x, y)
+            p, s = ff.optim.update_and_apply(opt, g, s, p)
+            return p, s, loss
+    x = cp.random.random((batch, sizes[0]), dtype=cp.float32)
+    y = cp.random.randint(0, sizes[-1], batch).astype(cp.int64)
+    return model, params, opt.init(params), step, x, y
+
+
 def worker_fuseflow(args):
     import cupy as cp
     import numpy as np
@@ -83,35 +109,11 @@ def worker_fuseflow(args):
     def sync():
         cp.cuda.Device().synchronize()
 
-    def build(sizes, batch, opt_name, prec):
-        be.tf32 = prec == "tf32"
-        model = ff.nn.Serial(*[ff.nn.Dense(h, "relu") for h in sizes[1:-1]], ff.nn.Dense(sizes[-1]))
-        _, params = model.init(ff.random.key(0), (sizes[0],))
-        params = ff.device_put(params, "cuda")
-        opt = getattr(ff.optim, opt_name)(LR[opt_name])
-        if prec == "fp16":
-            opt = ff.mixed_precision.dynamic_loss_scaling(opt)
-            grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy)
-
-            def step(p, s, x, y):
-                loss, g = grad_fn(p, x, y, loss_scale=s.scale)
-                p, s = ff.optim.update_and_apply(opt, g, s, p)
-                return p, s, loss
-        else:
-            grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
-
-            def step(p, s, x, y):
-                loss, g = grad_fn(p, x, y)
-                p, s = ff.optim.update_and_apply(opt, g, s, p)
-                return p, s, loss
-        x = cp.random.random((batch, sizes[0]), dtype=cp.float32)
-        y = cp.random.randint(0, sizes[-1], batch).astype(cp.int64)
-        return model, params, opt.init(params), step, x, y
-
     for name, opt_name, prec in configs("fp16"):
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
-        model, params, state, step, x, y = build(sizes, batch, opt_name, prec)
+        be.tf32 = prec == "tf32"
+        model, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt_name, prec)
         st = {"p": params, "s": state}
 
         def eager():
@@ -213,6 +215,52 @@ def fuseflow_time_to_98(ff, cp, args):
 
 
 # ---- JAX ------------------------------------------------------------------------------------
+def jax_init(jax, jnp, np, sizes, key):
+    params = []
+    for i, o in zip(sizes[:-1], sizes[1:]):
+        key, k = jax.random.split(key)
+        params.append((jax.random.normal(k, (i, o)) * np.sqrt(2 / i), jnp.zeros(o)))
+    return params
+
+
+def jax_loss(jax, jnp, optax, dtype):
+    def loss_fn(params, x, y):
+        h = x.astype(dtype)
+        for w, b in params[:-1]:
+            h = jax.nn.relu(h @ w.astype(dtype) + b.astype(dtype))
+        w, b = params[-1]
+        logits = (h @ w.astype(dtype) + b.astype(dtype)).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss_fn
+
+
+def jax_step(sizes, batch, opt_name, prec):
+    """(step, state): the jitted optax step and its (params, opt_state, x, y); call it
+    inside ``jax.default_matmul_precision(JAX_PRECISION[prec])``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    dtype = jnp.bfloat16 if prec == "bf16" else jnp.float32
+    opt = getattr(optax, opt_name)(LR[opt_name])
+    loss_fn = jax_loss(jax, jnp, optax, dtype)
+
+    @jax.jit
+    def step(params, s, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(params, x, y)
+        u, s = opt.update(g, s, params)
+        return optax.apply_updates(params, u), s, loss
+
+    params = jax_init(jax, jnp, np, sizes, jax.random.PRNGKey(0))
+    x = jax.random.uniform(jax.random.PRNGKey(1), (batch, sizes[0]))
+    y = jax.random.randint(jax.random.PRNGKey(2), (batch,), 0, sizes[-1])
+    return step, (params, opt.init(params), x, y)
+
+
+JAX_PRECISION = {"fp32": "highest", "tf32": "default", "bf16": "default"}
+
+
 def worker_jax(args):
     import jax
     import jax.numpy as jnp
@@ -221,42 +269,11 @@ def worker_jax(args):
 
     out = {"steps": [], "mnist": None}
 
-    def init(sizes, key):
-        params = []
-        for i, o in zip(sizes[:-1], sizes[1:]):
-            key, k = jax.random.split(key)
-            params.append((jax.random.normal(k, (i, o)) * np.sqrt(2 / i), jnp.zeros(o)))
-        return params
-
-    def make_loss(dtype):
-        def loss_fn(params, x, y):
-            h = x.astype(dtype)
-            for w, b in params[:-1]:
-                h = jax.nn.relu(h @ w.astype(dtype) + b.astype(dtype))
-            w, b = params[-1]
-            logits = (h @ w.astype(dtype) + b.astype(dtype)).astype(jnp.float32)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-        return loss_fn
-
     for name, opt_name, prec in configs("bf16"):
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
-        precision = {"fp32": "highest", "tf32": "default", "bf16": "default"}[prec]
-        dtype = jnp.bfloat16 if prec == "bf16" else jnp.float32
-        opt = getattr(optax, opt_name)(LR[opt_name])
-        loss_fn = make_loss(dtype)
-
-        @jax.jit
-        def step(params, s, x, y):
-            loss, g = jax.value_and_grad(loss_fn)(params, x, y)
-            u, s = opt.update(g, s, params)
-            return optax.apply_updates(params, u), s, loss
-
-        with jax.default_matmul_precision(precision):
-            params = init(sizes, jax.random.PRNGKey(0))
-            s = opt.init(params)
-            x = jax.random.uniform(jax.random.PRNGKey(1), (batch, sizes[0]))
-            y = jax.random.randint(jax.random.PRNGKey(2), (batch,), 0, sizes[-1])
+        with jax.default_matmul_precision(JAX_PRECISION[prec]):
+            step, (params, s, x, y) = jax_step(sizes, batch, opt_name, prec)
             t0 = time.perf_counter()
             params, s, loss = step(params, s, x, y)
             loss.block_until_ready()
@@ -273,18 +290,18 @@ def worker_jax(args):
         out["steps"].append(row)
         print(json.dumps(row), flush=True)
     if not args.no_mnist:
-        out["mnist"] = jax_time_to_98(jax, jnp, np, optax, init, make_loss, args)
+        out["mnist"] = jax_time_to_98(jax, jnp, np, optax, args)
     return out
 
 
-def jax_time_to_98(jax, jnp, np, optax, init, make_loss, args):
+def jax_time_to_98(jax, jnp, np, optax, args):
     import fuseflow as ff  # only the data loader
 
     x, y = ff.data.mnist("train", data_dir=args.data_dir)
     xt, yt = ff.data.mnist("test", data_dir=args.data_dir)
     x, y, xt, yt = (jnp.asarray(a) for a in (x, y, xt, yt))
     opt = optax.adam(1e-3)
-    loss_fn = make_loss(jnp.float32)
+    loss_fn = jax_loss(jax, jnp, optax, jnp.float32)
     nb = len(x) // 256
 
     with jax.default_matmul_precision("highest"):
@@ -305,7 +322,7 @@ def jax_time_to_98(jax, jnp, np, optax, init, make_loss, args):
                 h = jax.nn.relu(h @ w + b)
             return h @ params[-1][0] + params[-1][1]
 
-        params = init((784, 1024, 1024, 10), jax.random.PRNGKey(0))
+        params = jax_init(jax, jnp, np, (784, 1024, 1024, 10), jax.random.PRNGKey(0))
         s = opt.init(params)
         t0 = time.perf_counter()
         epoch = jax.jit(epoch_fn).lower(params, s, jax.random.PRNGKey(1)).compile()
