@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fuseflow import tree
+from fuseflow import backend, tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward
 from fuseflow.optim import GradientTransformation
@@ -57,7 +57,8 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
     cd = _compute_dtype(compute_dtype)
 
     def f(params, x, y, *, loss_scale=1.0, key=None):
-        low = tree.map(lambda p: p.astype(cd), params)
+        leaves, treedef = tree.flatten(params)
+        low = tree.unflatten(treedef, backend.multi_tensor_cast(leaves, cd))
         out, residuals = model.forward(low, x.astype(cd, copy=False), key=key, train=True)
         xp = namespace(out)
         loss, dout = loss_fn(out.astype(xp.float32), y)
@@ -66,17 +67,19 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
             grads, _ = _backward(model, low, residuals, (dout * scale).astype(cd),
                                  need_input_grad=False)
         inv = 1.0 / scale
-        grads = tree.map(lambda g, p: g.astype(p.dtype) * inv.astype(p.dtype), grads, params)
+        dtypes = {p.dtype for p in leaves}
+        if len(dtypes) == 1:  # one launch on the GPU
+            grads = tree.unflatten(treedef, backend.multi_tensor_cast(
+                tree.leaves(grads), dtypes.pop(), inv))
+        else:
+            grads = tree.map(lambda g, p: g.astype(p.dtype) * inv.astype(p.dtype), grads, params)
         return ((loss, out) if with_outputs else loss), grads
     return f
 
 
 def all_finite(grads):
-    """A 0-d bool array: every element of every leaf is finite (one reduction per leaf)."""
-    leaves = tree.leaves(grads)
-    xp = namespace(leaves[0])
-    total = sum(xp.sum(g, dtype=xp.float32) * 0 for g in leaves)  # inf*0 and nan*0 are nan
-    return xp.isfinite(total)
+    """A 0-d bool array: every element of every leaf is finite (one launch on the GPU)."""
+    return backend.all_finite(tree.leaves(grads))
 
 
 class DynamicScaleState(NamedTuple):

@@ -115,3 +115,31 @@ def test_loss_scaled_update_skips_overflowing_steps_on_numpy():
     with np.errstate(invalid="ignore", over="ignore"):
         p, s = run(opt, params, target, fused=True, steps=20, overflow_at=(3, 11))
     assert int(s.inner[0].count) == 18 and all(np.isfinite(x).all() for x in ff.tree.leaves(p))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("src", [np.float16, np.float32, np.float64])
+def test_multi_tensor_cast_and_all_finite_match_per_leaf_ops(src):
+    """Mixed precision's one-launch helpers: the casts (scaled ones in float32, bit for bit
+    like ``g.astype(float32) * inv``) and the finiteness flag with an inf or nan anywhere."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    rng = np.random.default_rng()
+    leaves = [cupy.asarray((rng.standard_normal(s) * 100).astype(src))
+              for s in [(7, 5), (7,), (3, 4, 2), (1000, 33)]]
+    for dst in (np.float16, np.float32):
+        got = ff.backend.multi_tensor_cast(leaves, dst)
+        for g, a in zip(got, leaves):
+            assert g.dtype == dst and g.shape == a.shape
+            np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(a).astype(dst))
+    inv = cupy.asarray(1 / 1024, dtype=cupy.float32)
+    for g, a in zip(ff.backend.multi_tensor_cast(leaves, np.float32, inv), leaves):
+        np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(a.astype(np.float32) * inv))
+    assert bool(ff.backend.all_finite(leaves))
+    for bad in (np.inf, -np.inf, np.nan):
+        for k in range(len(leaves)):
+            broken = [a.copy() for a in leaves]
+            broken[k].ravel()[rng.integers(broken[k].size)] = bad
+            assert not bool(ff.backend.all_finite(broken)), (bad, k)

@@ -45,14 +45,21 @@ TOL = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
 GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9}
 # |pre-activation| under which GPU and CPU may round to different signs (random inputs only)
 SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10}
-# (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny
-SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16, 3, 8)]
+# (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny,
+# and batches past one chunk of the skinny kernels' column sums (256 rows) with out <= 32
+SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16, 3, 8),
+          (600, 300, 10), (1000, 32, 32)]
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cb():
-    return CudaBackend(tf32=False, autotune=False)
+@pytest.fixture(scope="module", params=["skinny", "cublaslt"])
+def cb(request):
+    """Both implementations of small-side matmuls: fuseflow's skinny kernels (the default
+    for <= 32 features) and cuBLASLt (skinny_max = 0)."""
+    be = CudaBackend(tf32=False, autotune=False)
+    if request.param == "cublaslt":
+        be.skinny_max = 0
+    return be
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +258,8 @@ def test_dgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
             check_close(f"dbias ({epilog})", db, db_ref, dtype, rng.seed, gelu_tol)
         else:
             assert db is None
-    if spec.aux and fout == 1:                   # K == 1: the transparent unfused path ran
+    cublaslt = cb.skinny_max == 0 or spec.activation == "gelu"
+    if spec.aux and fout == 1 and cublaslt:      # K == 1: the transparent unfused path ran
         after = cb.stats()["fallbacks"]
         key = f"dgrad/{epilog}: K == 1"
         assert after.get(key, 0) > before.get(key, 0)
@@ -273,6 +281,51 @@ def test_wgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
         check_close(f"dbias ({epilog})", db, db_ref, dtype, rng.seed)
     else:
         assert db is None
+
+
+@pytest.mark.parametrize("batch", [1, 7, 1024, 1025, 5000])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_fused_softmax_xent_matches_numpy(nb, rng, dtype, batch):
+    """The one-launch loss kernel (one block up to 1024 rows, per-block partial sums past
+    that) against the NumPy reference, value and gradient, with int32 and int64 labels."""
+    cb = CudaBackend(tf32=False)
+    logits = normal(rng, (batch, 10), dtype, 3.0)
+    for label_dtype in (np.int64, np.int32):
+        labels = rng.integers(0, 10, batch).astype(label_dtype)
+        loss_ref, grad_ref = nb.softmax_cross_entropy(logits, labels)
+        loss, grad = cb.softmax_cross_entropy(dev(logits), dev(labels))
+        assert grad.dtype == dtype and grad.shape == logits.shape
+        check_close("loss", loss, np.asarray(loss_ref), np.float64 if dtype == np.float64
+                    else np.float32, rng.seed)
+        check_close("dlogits", grad, grad_ref, dtype, rng.seed)
+
+
+def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
+    """Forward/wgrad with <= 32 outputs and dgrad with <= 32 gradient columns run the skinny
+    kernels (counted); GELU and wider layers run cuBLASLt. A 40-unit ReLU layer (cuBLASLt)
+    under a 32-unit one (skinny): its mask goes into the skinny dgrad; all match NumPy."""
+    cb = CudaBackend(tf32=False)
+    x = normal(rng, (300, 50), np.float32)
+    w0, b0 = normal(rng, (40, 50), np.float32, 0.2), normal(rng, (40,), np.float32)
+    w1, b1 = normal(rng, (32, 40), np.float32, 0.2), normal(rng, (32,), np.float32)
+    n0 = cb.stats()["skinny"]
+    h, aux = cb.linear(dev(x), dev(w0), dev(b0), "RELU_AUX_BIAS")     # 40 outputs: cuBLASLt
+    cb.linear(dev(x), dev(w1[:, :40]), dev(b1), "GELU_AUX_BIAS")     # GELU: cuBLASLt
+    assert cb.stats()["skinny"] == n0
+    y, aux1 = cb.linear(h, dev(w1), dev(b1), "RELU_AUX_BIAS")         # 32 outputs: skinny
+    dy = normal(rng, (300, 32), np.float32)
+    dw, db1 = cb.linear_wgrad(dev(dy), h, "BGRADB")                    # 32 outputs: skinny
+    dx, db0 = cb.linear_dgrad(dev(dy), dev(w1), "DRELU_BGRAD", aux)    # K = 32: skinny
+    assert cb.stats()["skinny"] == n0 + 3
+    h_ref, aux_ref = nb.linear(x, w0, b0, "RELU_AUX_BIAS")
+    y_ref, _ = nb.linear(h_ref, w1, b1, "RELU_AUX_BIAS")
+    check_close("y", y, y_ref, np.float32, rng.seed)
+    dw_ref, db1_ref = nb.linear_wgrad(dy, h_ref, "BGRADB")
+    check_close("dw", dw, dw_ref, np.float32, rng.seed)
+    check_close("db1", db1, db1_ref, np.float32, rng.seed)
+    dx_ref, db0_ref = nb.linear_dgrad(dy, w1, "DRELU_BGRAD", host(aux))
+    check_close("dx", dx, dx_ref, np.float32, rng.seed)
+    check_close("db0", db0, db0_ref, np.float32, rng.seed)
 
 
 # ---- fused chains: forward aux straight into the backward ------------------------------------

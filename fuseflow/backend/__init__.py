@@ -147,6 +147,41 @@ def asarray(x, dtype=None):
 
 
 
+def _fusable(leaves, max_leaves=64):
+    """Leaves one multi-tensor kernel can take: CuPy, one float dtype, C-contiguous."""
+    if not leaves or len(leaves) > max_leaves or not all(is_cupy(a) for a in leaves):
+        return False
+    dtype = leaves[0].dtype
+    return dtype.kind == "f" and all(a.dtype == dtype and a.flags.c_contiguous for a in leaves)
+
+
+def multi_tensor_cast(leaves, dtype, scale=None):
+    """``[leaf.astype(dtype) * scale]`` (scale: a 0-d array or None): one launch for all
+    leaves on the GPU (scaled casts: to float32), one operation per leaf elsewhere."""
+    leaves = list(leaves)
+    if _fusable(leaves) and (scale is None or (is_cupy(scale) and np.dtype(dtype) == np.float32)):
+        from fuseflow.backend import _cuda_fused
+
+        get("cuda").calls["multi_tensor_cast"] += 1
+        return _cuda_fused.multi_tensor_cast(leaves, dtype, scale)
+    if scale is None:
+        return [a.astype(dtype) for a in leaves]
+    return [a.astype(dtype) * scale.astype(dtype) for a in leaves]
+
+
+def all_finite(leaves):
+    """A 0-d bool array: every element of every leaf is finite (one launch on the GPU)."""
+    leaves = list(leaves)
+    if _fusable(leaves):
+        from fuseflow.backend import _cuda_fused
+
+        get("cuda").calls["all_finite"] += 1
+        return _cuda_fused.multi_tensor_all_finite(leaves)
+    xp = namespace(leaves[0])
+    total = sum(xp.sum(g, dtype=xp.float32) * 0 for g in leaves)  # inf*0 and nan*0 are nan
+    return xp.isfinite(total)
+
+
 def multi_tensor_update(kind, params, grads, states, **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
     None where no fused kernel applies (NumPy arrays): the caller then runs the reference."""

@@ -1,7 +1,8 @@
 """Fused CUDA kernels for the compiled training step: few launches, not one per tensor.
 
-- ``softmax_xent``: softmax cross-entropy value AND gradient in one launch (one block loops
-  over the rows and reduces the loss in shared memory).
+- ``softmax_xent``: softmax cross-entropy value AND gradient in one launch up to 1024 rows
+  (one block reduces the loss in shared memory); longer batches use one block per 256 rows
+  and a second one-block launch that adds the blocks' partial sums in a fixed order.
 - ``multi_tensor_update``: an optimizer update of ALL parameter tensors in one launch. The
   kernel is generated for the exact list of tensor sizes (cached), each tensor's pointers
   passed as arguments; every thread finds its tensor from the compile-time offsets. It can
@@ -33,7 +34,8 @@ extern "C" __global__ void xent(const T* logits, const L* labels, int n, int c,
     __shared__ ACC partial[1024];
     ACC acc = 0;
     const ACC inv_n = (ACC)1 / (ACC)n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int stride = gridDim.x == 1 ? blockDim.x : n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const T* z = logits + (long long)i * c;
         ACC m = (ACC)z[0];
         for (int j = 1; j < c; ++j) m = max(m, (ACC)z[j]);
@@ -51,7 +53,15 @@ extern "C" __global__ void xent(const T* logits, const L* labels, int n, int c,
         if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
         __syncthreads();
     }
-    if (threadIdx.x == 0) loss[0] = partial[0] * inv_n;
+    // one block: the mean; several: this block's sum, added up by xent_sum
+    if (threadIdx.x == 0) loss[blockIdx.x] = gridDim.x == 1 ? partial[0] * inv_n : partial[0];
+}
+
+extern "C" __global__ void xent_sum(const ACC* partial, int blocks, int n, ACC* loss) {
+    if (threadIdx.x != 0) return;
+    ACC s = 0;
+    for (int b = 0; b < blocks; ++b) s += partial[b];
+    loss[0] = s / (ACC)n;
 }
 """
 
@@ -61,7 +71,8 @@ def _xent_kernel(dtype, label_dtype):
     acc = "double" if dtype == np.float64 else "float"
     head = (f"#include <cuda_fp16.h>\ntypedef {_CTYPES[dtype]} T; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n")
-    return cupy.RawKernel(head + _XENT, "xent")
+    module = cupy.RawModule(code=head + _XENT)
+    return module.get_function("xent"), module.get_function("xent_sum")
 
 
 def softmax_xent(logits, labels):
@@ -72,10 +83,15 @@ def softmax_xent(logits, labels):
     acc = cupy.float64 if logits.dtype == cupy.float64 else cupy.float32
     dlogits = cupy.empty_like(logits)
     loss = cupy.empty((), dtype=acc)
-    threads = 1024 if n >= 1024 else max(32, 1 << (max(n, 1) - 1).bit_length())
-    _xent_kernel(logits.dtype, labels.dtype)((1,), (threads,),
-                                             (logits, labels, np.int32(n), np.int32(c),
-                                              dlogits, loss))
+    xent, xent_sum = _xent_kernel(logits.dtype, labels.dtype)
+    if n <= 1024:
+        threads = max(32, 1 << (max(n, 1) - 1).bit_length())
+        xent((1,), (threads,), (logits, labels, np.int32(n), np.int32(c), dlogits, loss))
+    else:
+        blocks = -(-n // 256)
+        partial = cupy.empty(blocks, dtype=acc)
+        xent((blocks,), (256,), (logits, labels, np.int32(n), np.int32(c), dlogits, partial))
+        xent_sum((1,), (32,), (partial, np.int32(blocks), np.int32(n), loss))
     return loss, dlogits
 
 
@@ -160,3 +176,73 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     blocks = max(1, min(-(-sum(sizes) // threads), 132 * 16))
     kern((blocks,), (threads,), tuple(args))
     return new_params, new_states
+
+
+# ---- multi-tensor casts and finiteness (mixed precision) ----------------------------------
+def _branches(sizes, stmt):
+    """``if (i < end_k) { j = i - start_k; stmt(k) }`` chained over the tensors."""
+    out, start = [], 0
+    for k, size in enumerate(sizes):
+        out.append(f"if (i < {start + size}LL) {{ long long j = i - {start}LL; {stmt(k)} }}")
+        start += size
+    return "\n    else ".join(out)
+
+
+def _grid_stride(name, head, args, body):
+    return cupy.RawKernel(
+        "#include <cuda_fp16.h>\n" + head +
+        f"extern \"C\" __global__ void {name}({', '.join(args)}) {{\n"
+        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;"
+        " i += (long long)gridDim.x * blockDim.x) {\n    " + body + "\n  }\n}\n", name)
+
+
+def _launch(kern, total, args):
+    threads = 256
+    blocks = max(1, min(-(-total // threads), 132 * 16))
+    kern((blocks,), (threads,), (np.int64(total), *args))
+
+
+@functools.cache
+def _cast_kernel(src_ctype, dst_ctype, sizes, scaled):
+    args = ["long long total", "const float* scale_ptr"]
+    for k in range(len(sizes)):
+        args += [f"const S* s{k}", f"D* d{k}"]
+    value = "(float)s{k}[j] * sc" if scaled else "s{k}[j]"
+    body = ("const float sc = scale_ptr ? scale_ptr[0] : 1.0f;\n    " if scaled else "") + \
+        _branches(sizes, lambda k: f"d{k}[j] = (D)({value.format(k=k)});")
+    return _grid_stride("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args, body)
+
+
+def multi_tensor_cast(leaves, dtype, scale=None):
+    """``[(leaf * scale).astype(dtype) for leaf in leaves]`` in one launch; ``scale`` is a
+    0-d float32 device array, applied in float32 after the cast to float32 (as
+    ``g.astype(float32) * scale`` does), or None."""
+    dtype = np.dtype(dtype)
+    sizes = tuple(int(a.size) for a in leaves)
+    out = [cupy.empty(a.shape, dtype=dtype) for a in leaves]
+    if sum(sizes):
+        kern = _cast_kernel(_CTYPES[leaves[0].dtype], _CTYPES[dtype], sizes, scale is not None)
+        args = [scale if scale is not None else np.uintp(0)]
+        for a, o in zip(leaves, out):
+            args += [a, o]
+        _launch(kern, sum(sizes), args)
+    return out
+
+
+@functools.cache
+def _finite_kernel(ctype, sizes):
+    args = ["long long total", "bool* ok"]
+    args += [f"const T* s{k}" for k in range(len(sizes))]
+    body = _branches(sizes, lambda k: f"if (!isfinite((W)s{k}[j])) ok[0] = false;")
+    wtype = "double" if ctype == "double" else "float"
+    return _grid_stride("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args, body)
+
+
+def multi_tensor_all_finite(leaves):
+    """A 0-d bool device array: every element of every leaf is finite (one launch; the
+    threads that see an inf/nan all write the same False)."""
+    ok = cupy.ones((), dtype=cupy.bool_)
+    sizes = tuple(int(a.size) for a in leaves)
+    if sum(sizes):
+        _launch(_finite_kernel(_CTYPES[leaves[0].dtype], sizes), sum(sizes), [ok, *leaves])
+    return ok

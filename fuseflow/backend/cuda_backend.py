@@ -51,6 +51,7 @@ import nvmath
 from nvmath.linalg.advanced import Matmul, MatmulEpilog
 
 from fuseflow.backend import _cuda_kernels as K
+from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend.base import Backend, BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
@@ -135,6 +136,10 @@ class CudaBackend(Backend):
         #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
         #: 28.66 vs 29.46 ms at 65536x8192x16384), where cuBLASLt's BGRAD algorithms are slow.
         self.split_bias_grad_macs = _env_int("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32)
+        #: Dense matmuls whose output (forward, wgrad) or input-gradient reduction (dgrad) side
+        #: has at most this many features run fuseflow's one-kernel ``_cuda_skinny`` forms
+        #: instead of cuBLASLt (ReLU or no activation; at most 32; 0 turns them off).
+        self.skinny_max = min(S.MAX_N, _env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
         self._plans: OrderedDict = OrderedDict()
         self._counters = Counter()
         self._planning_s = 0.0
@@ -153,6 +158,7 @@ class CudaBackend(Backend):
             "evictions": self._counters["evictions"],
             "fallbacks": dict(self._fallbacks),
             "split_bias_grad": self._counters["split_bias_grad"],
+            "skinny": self._counters["skinny"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -405,8 +411,18 @@ class CudaBackend(Backend):
         return self._guard(op, lambda: self._linear_impl(x, w, bias, spec),
                            {"x": x, "w": w, "bias": bias}, outputs)
 
+    def _skinny(self, n, activation):
+        if 0 < n <= self.skinny_max and activation in (None, "relu"):
+            self._counters["skinny"] += 1
+            return True
+        return False
+
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
+        if self._skinny(out, spec.activation):
+            return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
+                             relu=spec.activation == "relu",
+                             aux_rows=relu_aux_rows(out) if spec.aux else None)
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
             # No epilog input or output fixes D's layout here, and nvmath lays D out like A:
             # plan y = x @ W.T (A = x, row-major) so that y comes out row-major.
@@ -459,6 +475,14 @@ class CudaBackend(Backend):
 
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
+        if self._skinny(w.shape[0], spec.activation):
+            ld = 0
+            if spec.activation == "relu":
+                ld = self._aux_ld(aux, aux.shape[0], batch)
+                if ld is None:
+                    self._copies["relu_aux"] += 1
+                    aux, ld = cupy.asfortranarray(aux), aux.shape[0]
+            return S.dgrad(dy, w, aux if spec.activation else None, ld, bgrad=spec.bias)
         if spec.activation:
             if w.shape[0] == 1:  # K == 1: cuBLASLt refuses DRELU/DGELU
                 self._fallbacks[f"dgrad/{spec.name}: K == 1"] += 1
@@ -499,6 +523,8 @@ class CudaBackend(Backend):
                            {"dy": dy, "x": x}, outputs)
 
     def _wgrad_impl(self, dy, x, spec):
+        if self._skinny(dy.shape[1], None):
+            return S.wgrad(dy, x, bgrad=spec.bias)
         if spec.bias:
             res = self._matmul("wgrad", "BGRADB", x.T, dy, {})
             if res is not None:
