@@ -4,7 +4,7 @@
 
 Runs one eager step of fuseflow's MLP to record the matmuls the backend issues (stage,
 epilog, operands), then for each: asks cuBLASLt's heuristic for up to ``--limit``
-algorithms, times each (a CUDA graph of 20 executions, median of 5 replays) with the
+algorithms, times each (``fuseflow.backend._cuda_autotune``: CUDA-graph replays) with the
 epilog and without it, and reports the heuristic's first choice against the fastest.
 This is what tells whether a better algorithm exists for the small-batch shapes where
 full-fp32 matmuls leave most of the GPU idle. JSON out.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,9 +23,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from peers import MODELS, fuseflow_step  # noqa: E402
-
-REPS = 20
-
 
 def record_matmuls(ff, cp, model, prec):
     """(stage, epilog, a, b, inputs) of every matmul one eager step issues."""
@@ -48,30 +44,6 @@ def record_matmuls(ff, cp, model, prec):
         be._matmul = original
     cp.cuda.Device().synchronize()
     return be, seen
-
-
-def time_graph(cp, fn):
-    """Median microseconds of one ``fn()`` from CUDA-graph replays of REPS calls."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for _ in range(REPS):
-            fn()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(REPS):
-            fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(5):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / REPS)
-    return statistics.median(times)
 
 
 def describe(alg):
@@ -98,14 +70,11 @@ def sweep_one(cp, be, stage, epilog, a, b, inputs, limit):
     algs = mm.plan(preferences={"limit": limit},
                    epilog=None if epilog is None else MatmulEpilog[epilog],
                    epilog_inputs=inputs or None)
-    rows = []
-    for i, alg in enumerate(algs):
-        try:
-            us = time_graph(cp, lambda alg=alg: mm.execute(algorithm=alg))
-        except Exception as e:  # noqa: BLE001 - an algorithm that fails is reported, not fatal
-            rows.append({"rank": i, "error": f"{type(e).__name__}: {str(e)[:120]}", **describe(alg)})
-            continue
-        rows.append({"rank": i, "us": round(us, 3), **describe(alg)})
+    from fuseflow.backend._cuda_autotune import fastest
+
+    _, timings = fastest(mm, algs)
+    rows = [{"rank": i, **({"us": round(us, 3)} if us != float("inf") else {"error": "failed"}),
+             **describe(alg)} for i, (alg, us) in enumerate(zip(algs, timings))]
     mm.free()
     return rows
 
@@ -146,7 +115,7 @@ def main():
             print(json.dumps(brief), flush=True)
     write_json(os.path.join(args.out, f"matmul_sweep_{args.precision}.json"),
                {"benchmark": "matmul_sweep", **metadata("cupy", "nvmath"), "limit": args.limit,
-                "reps_per_graph": REPS, "matmuls": results})
+                "matmuls": results})
 
 
 if __name__ == "__main__":

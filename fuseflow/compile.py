@@ -20,6 +20,8 @@ On NumPy arrays ``compile`` is a pass-through, so one script runs on both backen
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 from fuseflow import tree
@@ -32,10 +34,14 @@ class CompileError(ValueError):
     """The step's inputs/outputs do not fit the compile contract; the message says how."""
 
 
-def compile(step, *, donate_argnums=(0, 1)):
+def compile(step, *, donate_argnums=(0, 1), autotune=None):
     """Compile ``step`` (see the module docstring). ``donate_argnums`` name the arguments
-    that the step returns updated, first and in the same order, e.g. params and opt_state."""
-    return CompiledStep(step, tuple(donate_argnums))
+    that the step returns updated, first and in the same order, e.g. params and opt_state.
+    ``autotune`` (default: on, unless ``FUSEFLOW_AUTOTUNE=0``) times cuBLASLt's candidate
+    algorithms for each matmul of the step while compiling and keeps the fastest."""
+    if autotune is None:
+        autotune = os.environ.get("FUSEFLOW_AUTOTUNE", "1") != "0"
+    return CompiledStep(step, tuple(donate_argnums), bool(autotune))
 
 
 def _is_array(x):
@@ -62,8 +68,8 @@ class _Graph:
 
 
 class CompiledStep:
-    def __init__(self, step, donate_argnums):
-        self.step, self.donate = step, donate_argnums
+    def __init__(self, step, donate_argnums, autotune=True):
+        self.step, self.donate, self.autotune = step, donate_argnums, autotune
         self._graphs = {}
         self._last = None  # the graph of the previous call: the fast path's candidate
         self.compiles = 0
@@ -134,13 +140,27 @@ class CompiledStep:
         # Private, contiguous copies of every input: the graph reads and writes only these.
         static_args = capture.run(lambda: tree.map(
             lambda x: x.copy(order="C") if _is_array(x) else x, args))
-        # Warm-up, exactly what will be captured: plans matmuls, compiles kernels, fills the
-        # pool. (It updates the static params in place; every call copies its inputs in.)
-        capture.run(lambda: self._traced(static_args))
+        # Warm-up, exactly what will be captured: plans (and tunes) matmuls, compiles kernels,
+        # fills the pool. (It updates the static params in place; every call copies its inputs
+        # in.)
+        with self._autotuning():
+            capture.run(lambda: self._traced(static_args))
         out, graph = capture.capture(lambda: self._traced(static_args))
         self.compiles += 1
         return _Graph(capture, graph, static_args, out, time.perf_counter() - t0,
                       self.donate)
+
+    @contextlib.contextmanager
+    def _autotuning(self):
+        from fuseflow import backend
+
+        be = backend.get("cuda")
+        previous = be.autotune
+        be.autotune = previous or self.autotune
+        try:
+            yield
+        finally:
+            be.autotune = previous
 
     def _traced(self, static_args):
         """The step, then its donated results copied into the donated input buffers."""

@@ -383,8 +383,8 @@ def test_no_fallbacks_or_copies_on_ordinary_shapes(rng, dtype):
     dy = dev(normal(rng, (batch, fout), dtype))
     _, raux = cb.linear(x, w, b, "RELU_AUX_BIAS")
     _, gaux = cb.linear(x, w, b, "GELU_AUX_BIAS")
-    w2 = dev(normal(rng, (32, fout), dtype))
-    dz = dev(normal(rng, (batch, 32), dtype))
+    w2 = dev(normal(rng, (40, fout), dtype))   # 40 > 32: cuBLASLt, not the skinny kernels
+    dz = dev(normal(rng, (batch, 40), dtype))
     for e in DGRAD_EPILOGS:
         cb.linear_dgrad(dz, w2, e, {"relu": raux, "gelu": gaux, None: None}[
             DGRAD_EPILOGS[e].activation])
@@ -514,6 +514,7 @@ def test_odd_layouts_are_copied_and_still_right(nb, rng):
 
 def test_plan_cache_hits_and_operand_reset(nb, rng):
     cb = CudaBackend(tf32=False)
+    cb.skinny_max = 0  # every matmul through cuBLASLt plans
     dtype = np.float32
     shape_x, shape_w = (32, 24), (40, 24)
     results = []
@@ -554,6 +555,7 @@ def test_plan_cache_hits_and_operand_reset(nb, rng):
 
 def test_cache_is_bounded(rng):
     cb = CudaBackend(tf32=False, max_plans=3)
+    cb.skinny_max = 0
     for n in range(1, 7):
         cb.linear(dev(normal(rng, (n, 8), np.float32)), dev(normal(rng, (4, 8), np.float32)))
     s = cb.stats()

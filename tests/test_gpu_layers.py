@@ -167,8 +167,8 @@ def test_large_shape_bias_grad_split_matches_fused(cp, activation):
     be = ff.backend.get("cuda")
     rng = np.random.default_rng(0)
     pre = rng.standard_normal((64, 40)).astype(np.float32)
-    dy = rng.standard_normal((64, 24)).astype(np.float32)
-    w = rng.standard_normal((24, 40)).astype(np.float32)
+    dy = rng.standard_normal((64, 48)).astype(np.float32)  # 48 > 32: cuBLASLt, not skinny
+    w = rng.standard_normal((48, 40)).astype(np.float32)
     np_be = ff.backend.get("numpy")
     _, aux = np_be.activation(pre, activation)
     epilog = "DRELU_BGRAD" if activation == "relu" else "DGELU_BGRAD"

@@ -48,8 +48,9 @@ from collections import Counter, OrderedDict
 import cupy
 import numpy as np
 import nvmath
-from nvmath.linalg.advanced import Matmul, MatmulEpilog
+from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
+from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend.base import Backend, BackendError
@@ -128,7 +129,8 @@ class CudaBackend(Backend):
             raise RuntimeError("no CUDA device is visible")
         #: float32 matmuls on TF32 tensor cores (COMPUTE_32F_FAST_TF32) instead of full fp32.
         self.tf32 = (os.environ.get("FUSEFLOW_TF32", "0") == "1") if tf32 is None else tf32
-        #: time every candidate algorithm of a new plan once (nvmath autotune) and keep the fastest.
+        #: time cuBLASLt's candidate algorithms for each new plan (``_cuda_autotune``) and keep
+        #: the fastest; ``ff.compile`` turns this on while it plans a step.
         self.autotune = (os.environ.get("FUSEFLOW_AUTOTUNE", "0") == "1") if autotune is None \
             else autotune
         self.max_plans = max_plans
@@ -316,6 +318,10 @@ class CudaBackend(Backend):
                _align(b.data.ptr), a.dtype.char, int(ct), a.device.id,
                tuple((k, v.shape, v.strides, v.dtype.char) for k, v in inputs.items()))
         mm = self._plans.get(key)
+        if self.autotune and isinstance(mm, Matmul) and not getattr(mm, "ff_tuned", False):
+            del self._plans[key]  # planned by the heuristic alone: plan again, tuned
+            mm.free()
+            mm = None
         fresh = mm is None
         if fresh:
             mm = self._plan(key, stage, epilog, a, b, inputs, ct)
@@ -353,10 +359,16 @@ class CudaBackend(Backend):
         mm = None
         try:
             mm = Matmul(a, b, options={"compute_type": ct, "logger": _LOG})
-            mm.plan(epilog=None if epilog is None else MatmulEpilog[epilog],
-                    epilog_inputs=inputs or None)
-            if self.autotune:
-                mm.autotune(iterations=3)
+            ep = None if epilog is None else MatmulEpilog[epilog]
+            tune = self.autotune and np.prod(a.shape) * b.shape[-1] <= _autotune.MAX_MACS
+            algorithms = mm.plan(preferences={"limit": _autotune.LIMIT} if tune else None,
+                                 epilog=ep, epilog_inputs=inputs or None)
+            if tune and len(algorithms) > 1:
+                best, _ = _autotune.fastest(mm, algorithms)
+                # plan again with the winner alone: its workspace, not the largest candidate's
+                mm.plan(algorithms=[Algorithm.from_numpy(best.as_numpy())], epilog=ep,
+                        epilog_inputs=inputs or None)
+            mm.ff_tuned = self.autotune  # planned under autotune (tuned if small enough)
         except Exception as e:
             if mm is not None:
                 mm.free()
