@@ -63,8 +63,10 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
         xp = namespace(out)
         loss, dout = loss_fn(out.astype(xp.float32), y)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
+        owned = list(residuals)
+        del residuals  # the backward frees each layer's saved arrays once used
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
-            grads, _ = _backward(model, low, residuals, (dout * scale).astype(cd),
+            grads, _ = _backward(model, low, owned, (dout * scale).astype(cd),
                                  need_input_grad=False)
         inv = 1.0 / scale
         dtypes = {p.dtype for p in leaves}

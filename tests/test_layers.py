@@ -191,3 +191,22 @@ def test_value_and_grad_matches_manual_forward_backward():
     np.testing.assert_array_equal(logits, y)
     for a, b in zip(ff.tree.leaves(grads), ff.tree.leaves(grads_ref)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_backward_can_free_saved_arrays_as_it_goes():
+    """``release_residuals=True`` (what value_and_grad asks for): every entry of the owned
+    list is None afterwards, the gradients are unchanged, and a tuple is refused."""
+    model = nn.Serial(nn.Dense(16), nn.ReLU(), nn.Dense(12, "gelu"), nn.Dropout(0.1),
+                      nn.Dense(5))
+    _, params = model.init(ff.random.key(3), (9,))
+    x = np.random.default_rng(3).standard_normal((6, 9)).astype(np.float32)
+    y, residuals = model.forward(params, x, key=ff.random.key(4))
+    dy = np.random.default_rng(4).standard_normal(y.shape).astype(np.float32)
+    ref_grads, ref_dx = model.backward(params, residuals, dy)
+    owned = list(residuals)
+    grads, dx = model.backward(params, owned, dy, release_residuals=True)
+    assert owned == [None] * len(model.layers)
+    for a, b in zip(ff.tree.leaves((grads, dx)), ff.tree.leaves((ref_grads, ref_dx))):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="list"):
+        model.backward(params, residuals, dy, release_residuals=True)

@@ -55,6 +55,7 @@ def plan_stages(layers) -> list:
 
 class Serial(Layer):
     skips_input_grad = True
+    releases_residuals = True
 
     def __init__(self, *layers):
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
@@ -113,9 +114,16 @@ class Serial(Layer):
                 raise self._wrap(i, e) from None
         return x, tuple(residuals)
 
-    def backward(self, params, residuals, dy, *, need_input_grad=True):
+    def backward(self, params, residuals, dy, *, need_input_grad=True,
+                 release_residuals=False):
+        """``release_residuals=True`` (the caller hands over a list it owns, e.g.
+        ``value_and_grad``): each stage's entries are set to None once used, so saved
+        activations are freed as the backward goes down instead of all at its end."""
         self._check_tree(params, "params")
         self._check_tree(residuals, "residuals")
+        if release_residuals and not isinstance(residuals, list):
+            raise TypeError("Serial.backward: release_residuals=True needs residuals as a list "
+                            "that the caller owns (list(residuals)), not a tuple")
         grads = [{} for _ in self.layers]
         pre_grad = None  # (dpre, dbias) handed down by a fused input-gradient matmul
         for s in range(len(self.stages) - 1, -1, -1):
@@ -125,6 +133,8 @@ class Serial(Layer):
             try:
                 if st.dense is None:
                     grads[i], dy = self.layers[i].backward(params[i], residuals[i], dy)
+                    if release_residuals:
+                        residuals[i] = None
                     continue
                 fuse = (below is not None and below.dense is not None
                         and below.activation is not None and need_dx)
@@ -138,6 +148,10 @@ class Serial(Layer):
                     input_has_bias=fuse and "b" in params[below.index])
                 pre_grad = (dx, db_below) if fuse else None
                 dy = dx
+                if release_residuals:  # the stage above already read our aux
+                    residuals[i] = None
+                    if st.absorbed is not None:
+                        residuals[st.absorbed] = None
             except LayerError as e:
                 raise self._wrap(i, e) from None
         return tuple(grads), (dy if need_input_grad else None)
