@@ -52,7 +52,9 @@ def _cuda():
                                       "mixed_adam"])
 def test_compiled_step_matches_eager_for_100_steps(opt_name):
     cp = _cuda()
-    opt = {"sgd": ff.optim.sgd(0.05, momentum=0.9), "adam": ff.optim.adam(1e-3),
+    # lr 0.05 with momentum 0.9 oscillates on this problem (max loss 3.7 on the CPU): the
+    # trajectory then depends on rounding; 0.02 descends steadily (2.42 -> 1.0 on the CPU)
+    opt = {"sgd": ff.optim.sgd(0.02, momentum=0.9), "adam": ff.optim.adam(1e-3),
            "adamw": ff.optim.adamw(1e-3, weight_decay=1e-2),
            "clipped_adam": ff.optim.chain(ff.optim.clip_by_global_norm(1.0),
                                           ff.optim.adam(1e-3)),

@@ -46,9 +46,9 @@ GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9}
 # |pre-activation| under which GPU and CPU may round to different signs (random inputs only)
 SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10}
 # (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny,
-# and batches past one chunk of the skinny kernels' column sums (256 rows) with out <= 32
+# and batches the skinny kernels split into chunks summed in a second pass (out <= 32)
 SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16, 3, 8),
-          (600, 300, 10), (1000, 32, 32)]
+          (600, 300, 10), (1000, 32, 32), (2100, 24, 7)]
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
     w1, b1 = normal(rng, (32, 40), np.float32, 0.2), normal(rng, (32,), np.float32)
     n0 = cb.stats()["skinny"]
     h, aux = cb.linear(dev(x), dev(w0), dev(b0), "RELU_AUX_BIAS")     # 40 outputs: cuBLASLt
-    cb.linear(dev(x), dev(w1[:, :40]), dev(b1), "GELU_AUX_BIAS")     # GELU: cuBLASLt
+    cb.linear(dev(x), dev(normal(rng, (32, 50), np.float32)), dev(b1), "GELU_AUX_BIAS")  # GELU
     assert cb.stats()["skinny"] == n0
     y, aux1 = cb.linear(h, dev(w1), dev(b1), "RELU_AUX_BIAS")         # 32 outputs: skinny
     dy = normal(rng, (300, 32), np.float32)

@@ -4,12 +4,14 @@ A layer with few outputs (the 10 classes of MNIST, a 30-unit hidden layer) gives
 matmuls it runs badly: split-K with a separate reduction kernel, and the epilog (bias, ReLU
 mask, bias gradient) as yet another kernel, 3 to 4 launches and 7 to 11 us for a few million
 multiply-adds (H200, fp32; a BGRADB weight gradient of 10 x 4096 over batch 8192 took 195 us
-in fp16). Here each is ONE kernel (two when the batch is long enough to be split and
-summed in a second pass), with the epilog inside. N, the small side, is a compile-time
-constant so its accumulators live in registers.
+in fp16). Here each is ONE kernel with the epilog inside, plus a second pass that adds up
+per-chunk column sums where the batch is split across blocks. N, the small side, is a
+compile-time constant so its accumulators live in registers. At these sizes the GPU is
+latency-bound, so the kernels are laid out for many blocks, not for data reuse.
 
 - ``forward``: ``y = act(x @ w.T + bias)`` and the relu_aux bits (cuBLASLt's layout, see
-  ``epilogs.py``), one warp per sample, w staged through shared memory.
+  ``epilogs.py``), one warp per sample, w read through the cache. Only for short batches
+  (``FORWARD_MAX_MACS``): on long ones cuBLASLt's tiled kernels win.
 - ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` for N = w.shape[0] outputs, and the bias
   gradient of the lower layer (column sums of dx) in the same pass.
 - ``wgrad``: ``dw = dy.T @ x`` for N = dy.shape[1] outputs; the bias gradient ``dy.sum(0)``
@@ -27,9 +29,11 @@ import cupy
 import numpy as np
 
 MAX_N = 32              # the largest small side handled here
-_CHUNK = 128            # forward: input features staged per shared-memory round
-_WARPS = 8              # forward: samples (warps) per block
-_ROWS_PER_CHUNK = 256   # dgrad/wgrad: batch rows summed per block before a second pass
+#: The forward reads w from cache once per sample: past this many multiply-adds (a long
+#: batch) cuBLASLt's tiled kernels (tensor cores in float16) are faster.
+FORWARD_MAX_MACS = 2 ** 25
+_WARPS = 2              # forward: samples (one warp each) per block
+_WGRAD_ROWS = 512       # wgrad: batch rows per chunk (one chunk up to 1024 rows)
 
 _CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
            np.dtype(np.float64): "double"}
@@ -44,30 +48,18 @@ _FORWARD = r"""
 extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __restrict__ w,
         const T* __restrict__ bias, T* __restrict__ y, unsigned char* __restrict__ aux,
         long long B, long long K, int rows) {
-    __shared__ A ws[N][CHUNK];
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (row >= B) return;  // the whole warp: row is per warp
     A acc[N];
     #pragma unroll
     for (int j = 0; j < N; ++j) acc[j] = (A)0;
-    for (long long k0 = 0; k0 < K; k0 += CHUNK) {
-        const int kc = (int)(K - k0 < CHUNK ? K - k0 : CHUNK);
-        __syncthreads();
-        for (int t = threadIdx.x; t < N * CHUNK; t += blockDim.x) {
-            const int j = t / CHUNK, kk = t - j * CHUNK;
-            ws[j][kk] = kk < kc ? (A)w[(long long)j * K + k0 + kk] : (A)0;
-        }
-        __syncthreads();
-        if (row < B) {
-            const T* xr = x + row * K + k0;
-            for (int kk = lane; kk < kc; kk += 32) {
-                const A xv = (A)xr[kk];
-                #pragma unroll
-                for (int j = 0; j < N; ++j) acc[j] += xv * ws[j][kk];
-            }
-        }
+    const T* xr = x + row * K;
+    for (long long k = lane; k < K; k += 32) {
+        const A xv = (A)xr[k];
+        #pragma unroll
+        for (int j = 0; j < N; ++j) acc[j] += xv * (A)w[(long long)j * K + k];
     }
-    if (row >= B) return;  // the whole warp: row is per warp
     A v = (A)0;
     #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -88,15 +80,17 @@ extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __re
 }
 """
 
-# Block (32 columns, 8 row groups); grid (column blocks, batch chunks).
+# Thread (column f, row group ty) of block (32, 8) handles rows r0 + ty, r0 + ty + 8, ...
+# of its chunk of 8 * RPT rows; grid (column blocks, chunks). The bias gradient of a chunk
+# is reduced in shared memory, then written directly (one chunk) or as a partial.
 _DGRAD = r"""
 extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __restrict__ w,
         const unsigned char* __restrict__ aux, T* __restrict__ dx, A* __restrict__ part,
-        T* __restrict__ db, long long B, long long F, long long ld) {
+        T* __restrict__ db, long long B, long long F, long long ld, int rpt) {
     __shared__ A red[8][33];
     const long long f = (long long)blockIdx.x * 32 + threadIdx.x;
-    const long long r0 = (long long)blockIdx.y * ROWS_PER_CHUNK;
-    const long long r1 = r0 + ROWS_PER_CHUNK < B ? r0 + ROWS_PER_CHUNK : B;
+    const long long r0 = (long long)blockIdx.y * 8 * rpt;
+    const long long r1 = r0 + 8 * rpt < B ? r0 + 8 * rpt : B;
     const bool col = f < F;
     A wv[N];
     #pragma unroll
@@ -128,40 +122,36 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
 }
 """
 
-# Column f < F of dw for all N rows; column F (when BGRADB) is the bias gradient.
+# Thread (column f, output j) of block (32, 8) sums dy[b, j] * x[b, f] over the rows of its
+# chunk; grid (column blocks, output blocks, chunks). Column F (when BGRADB) has x = 1: the
+# bias gradient. One chunk writes dw/db directly, several write partials.
 _WGRAD = r"""
 extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
-        A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F) {
-    __shared__ A red[8][33];
+        A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F,
+        long long rows_per_chunk) {
     const long long FC = F + (BGRADB ? 1 : 0);
     const long long f = (long long)blockIdx.x * 32 + threadIdx.x;
-    const long long r0 = (long long)blockIdx.y * ROWS_PER_CHUNK;
-    const long long r1 = r0 + ROWS_PER_CHUNK < B ? r0 + ROWS_PER_CHUNK : B;
-    A acc[N];
-    #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = (A)0;
-    if (f < FC) {
-        for (long long b = r0 + threadIdx.y; b < r1; b += 8) {
-            const A xv = f < F ? (A)x[b * F + f] : (A)1;
-            const T* d = dy + b * N;
-            #pragma unroll
-            for (int j = 0; j < N; ++j) acc[j] += (A)d[j] * xv;
+    const int j = blockIdx.y * 8 + threadIdx.y;
+    if (f >= FC || j >= N) return;
+    const long long r0 = (long long)blockIdx.z * rows_per_chunk;
+    const long long r1 = r0 + rows_per_chunk < B ? r0 + rows_per_chunk : B;
+    A a0 = (A)0, a1 = (A)0, a2 = (A)0, a3 = (A)0;
+    long long b = r0;
+    if (f < F) {
+        for (; b + 3 < r1; b += 4) {
+            a0 += (A)dy[b * N + j] * (A)x[b * F + f];
+            a1 += (A)dy[(b + 1) * N + j] * (A)x[(b + 1) * F + f];
+            a2 += (A)dy[(b + 2) * N + j] * (A)x[(b + 2) * F + f];
+            a3 += (A)dy[(b + 3) * N + j] * (A)x[(b + 3) * F + f];
         }
+        for (; b < r1; ++b) a0 += (A)dy[b * N + j] * (A)x[b * F + f];
+    } else {
+        for (; b < r1; ++b) a0 += (A)dy[b * N + j];
     }
-    #pragma unroll
-    for (int j = 0; j < N; ++j) {
-        __syncthreads();
-        red[threadIdx.y][threadIdx.x] = acc[j];
-        __syncthreads();
-        if (threadIdx.y == 0 && f < FC) {
-            A s = (A)0;
-            #pragma unroll
-            for (int g = 0; g < 8; ++g) s += red[g][threadIdx.x];
-            if (gridDim.y > 1) part[((long long)blockIdx.y * N + j) * FC + f] = s;
-            else if (f < F) dw[(long long)j * F + f] = (T)s;
-            else db[j] = (T)s;
-        }
-    }
+    const A s = (a0 + a1) + (a2 + a3);
+    if (gridDim.z > 1) part[((long long)blockIdx.z * N + j) * FC + f] = s;
+    else if (f < F) dw[(long long)j * F + f] = (T)s;
+    else db[j] = (T)s;
 }
 """
 
@@ -190,8 +180,7 @@ def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"CHUNK": _CHUNK, "WARPS": _WARPS, "ROWS_PER_CHUNK": _ROWS_PER_CHUNK,
-               **{k: int(v) for k, v in flags.items()}}
+    defines = {"WARPS": _WARPS, **{k: int(v) for k, v in flags.items()}}
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float").replace("{N}", str(n))
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
@@ -229,7 +218,8 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
-    chunks = max(1, -(-batch // _ROWS_PER_CHUNK))
+    rpt = min(16, max(1, batch // 1024))   # rows per thread: 1 for short batches (latency)
+    chunks = max(1, -(-batch // (8 * rpt)))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
         else None
@@ -242,7 +232,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
         kern((-(-features // 32), chunks), (32, 8),
              (dy, w, aux if aux is not None else np.uintp(0), dx,
               part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
-              np.int64(batch), np.int64(features), np.int64(ld)))
+              np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
         if part is not None:
             _sum_chunks(part, db, None, 1, features, features)
     return dx, db
@@ -261,12 +251,13 @@ def wgrad(dy, x, *, bgrad: bool):
         if bgrad:
             db.fill(0)
         return dw, db
-    chunks = max(1, -(-batch // _ROWS_PER_CHUNK))
+    rows = batch if batch <= 2 * _WGRAD_ROWS else _WGRAD_ROWS
+    chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad)
-    kern((-(-fc // 32), chunks), (32, 8),
+    kern((-(-fc // 32), -(-n // 8), chunks), (32, 8),
          (dy, x, part if part is not None else np.uintp(0), dw,
-          db if bgrad else np.uintp(0), np.int64(batch), np.int64(features)))
+          db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)))
     if part is not None:
         _sum_chunks(part, dw, db, n, features, fc)
     return dw, db

@@ -431,7 +431,8 @@ class CudaBackend(Backend):
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
-        if self._skinny(out, spec.activation):
+        if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
+                self._skinny(out, spec.activation):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
