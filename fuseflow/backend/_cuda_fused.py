@@ -95,55 +95,112 @@ def softmax_xent(logits, labels):
     return loss, dlogits
 
 
-# ---- multi-tensor optimizer updates -------------------------------------------------------
+# ---- multi-tensor kernels: one launch over many tensors -------------------------------------
+# Each thread handles 4 consecutive elements of one tensor ("a quad") with 4-wide vector loads
+# and stores where every pointer is aligned to 4 elements (CuPy's allocations are); a
+# tensor's last partial quad, or a misaligned tensor, takes the scalar path. Tensor k owns
+# quads [Q_k, Q_k + ceil(n_k / 4)) of one flat index space (compile-time offsets), which a
+# grid-stride loop walks.
+_VEC_HEAD = r"""
+#include <cuda_fp16.h>
+template <typename X> struct alignas(4 * sizeof(X)) V4 { X v[4]; };
+template <typename X> __device__ __forceinline__ V4<X> ld4(const X* p) {
+    return *reinterpret_cast<const V4<X>*>(p);
+}
+template <typename X> __device__ __forceinline__ void st4(X* p, const V4<X>& x) {
+    *reinterpret_cast<V4<X>*>(p) = x;
+}
+"""
+
+
+def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue=""):
+    """A grid-stride kernel over the quads of several tensors.
+
+    ``arrays(k)``: [(pointer name, element type, is_output)] of tensor k. ``element(k)``:
+    the statements for one element j (scalar loads/stores included). The vector path loads
+    each input as ``V4``, runs ``element``'s arithmetic on ``<name>_v.v[u]`` (the generator
+    rewrites ``ptr[j]`` accesses), and stores the outputs as ``V4``.
+    """
+    sizes = vector["sizes"]
+    branches, q0 = [], 0
+    for k, n in enumerate(sizes):
+        nq, full = -(-n // 4), (n // 4 if vector["aligned"] else 0)
+        arrs = arrays(k)
+        loads = " ".join(f"V4<{t}> {a}_v = ld4({a} + 4 * q);" for a, t, out in arrs if not out)
+        decl = " ".join(f"V4<{t}> {a}_v;" for a, t, out in arrs if out)
+        body = element(k)
+        for a, _, _ in arrs:
+            body = body.replace(f"{a}[j]", f"{a}_v.v[u]")
+        stores = " ".join(f"st4({a} + 4 * q, {a}_v);" for a, _, out in arrs if out)
+        vec = (f"{loads} {decl}\n        #pragma unroll\n        for (int u = 0; u < 4; ++u) "
+               f"{{ {body} }}\n        {stores}")
+        scalar = f"for (long long j = 4 * q; j < 4 * q + 4 && j < {n}LL; ++j) {{ {element(k)} }}"
+        branches.append(f"if (i < {q0 + nq}LL) {{ long long q = i - {q0}LL;\n"
+                        f"      if (q < {full}LL) {{ {vec} }}\n      else {{ {scalar} }} }}")
+        q0 += nq
+    src = (_VEC_HEAD + typedefs + f"extern \"C\" __global__ void {name}({', '.join(args)}) {{\n"
+           + prologue +
+           "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;"
+           " i += (long long)gridDim.x * blockDim.x) {\n    "
+           + "\n    else ".join(branches) + "\n  }\n}\n")
+    return cupy.RawKernel(src, name), q0
+
+
+def _aligned(arrays):
+    return all(a.data.ptr % (4 * a.itemsize) == 0 for a in arrays)
+
+
+def _launch(kern, quads, args):
+    threads = 256
+    blocks = max(1, min(-(-quads // threads), 132 * 8))
+    kern((blocks,), (threads,), (np.int64(quads), *args))
+
 
 # Per element of tensor k: the reference's arithmetic. Names: p g (inputs), m v / t (state),
-# and the outputs P M V / T. Scalars: see _SCALARS.
+# and the outputs P M V / T. Scalars: see the kernel arguments.
 _BODIES = {
     "sgd": "W P_ = p + g * step;",
     "momentum": "W T_ = g + decay * t; "
-                "W u = nesterov ? (W)(g + decay * T_) : T_; W P_ = p + u * step;",
+                "W u_ = nesterov ? (W)(g + decay * T_) : T_; W P_ = p + u_ * step;",
     "adam": "W M_ = one_minus_b1 * g + b1 * m; W V_ = one_minus_b2 * (g * g) + b2 * v; "
-            "W u = (M_ / c1) / (sqrt(V_ / c2) + eps); "
-            "if (DECAY) u = u + wd * p; W P_ = p + u * step;",
+            "W u_ = (M_ / c1) / (sqrt(V_ / c2) + eps); "
+            "if (DECAY) u_ = u_ + wd * p; W P_ = p + u_ * step;",
 }
 _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 
 
 @functools.cache
-def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov):
+def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned):
     states = _STATE[kind]
     args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
             "const int* count_ptr", "W b1", "W b2", "W one_minus_b1", "W one_minus_b2",
             "W eps", "W wd", "W decay"]
     for k in range(len(sizes)):
         args += [f"const T* p{k}", f"T* P{k}", f"const T* g{k}"]
-        for s in states:
-            args += [f"const T* {s}{k}", f"T* {s.upper()}{k}"]
-    branches, start = [], 0
-    for k, (size, decay) in enumerate(zip(sizes, decays)):
-        end = start + size
+        for st in states:
+            args += [f"const T* {st}{k}", f"T* {st.upper()}{k}"]
+
+    def arrays(k):
+        return ([(f"p{k}", "T", False), (f"g{k}", "T", False)]
+                + [(f"{st}{k}", "T", False) for st in states]
+                + [(f"P{k}", "T", True)] + [(f"{st.upper()}{k}", "T", True) for st in states])
+
+    def element(k):
         loads = [f"W p = (W)p{k}[j];", f"W g = (W)g{k}[j];"] + \
-                [f"W {s} = (W){s}{k}[j];" for s in states]
-        body = _BODIES[kind].replace("DECAY", "true" if decay else "false")
+                [f"W {st} = (W){st}{k}[j];" for st in states]
+        body = _BODIES[kind].replace("DECAY", "true" if decays[k] else "false")
         # A skipped step (non-finite gradients under loss scaling) stores the old values.
         stores = [f"{o}{k}[j] = (T)(ok ? {o}_ : {o.lower()});"
-                  for o in ["P"] + [s.upper() for s in states]]
-        branches.append(f"if (i < {end}LL) {{ long long j = i - {start}LL; "
-                        + " ".join(loads + [body] + stores) + " }")
-        start = end
-    src = ("#include <cuda_fp16.h>\n"
-           f"typedef {ctype} T; typedef {wtype} W;\n"
-           f"extern \"C\" __global__ void update({', '.join(args)}) {{\n"
-           f"  const bool nesterov = {'true' if nesterov else 'false'};\n"
-           "  const bool ok = finite_ptr ? finite_ptr[0] : true;\n"
-           "  W step = step_ptr ? (W)step_ptr[0] : (W)step_const;\n"
-           "  W t_ = count_ptr ? (W)(count_ptr[0]) : (W)0;\n"
-           "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n"
-           "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;"
-           " i += (long long)gridDim.x * blockDim.x) {\n    "
-           + "\n    else ".join(branches) + "\n  }\n}\n")
-    return cupy.RawKernel(src, "update")
+                  for o in ["P"] + [st.upper() for st in states]]
+        return " ".join(loads + [body] + stores)
+
+    prologue = (f"  const bool nesterov = {'true' if nesterov else 'false'};\n"
+                "  const bool ok = finite_ptr ? finite_ptr[0] : true;\n"
+                "  W step = step_ptr ? (W)step_ptr[0] : (W)step_const;\n"
+                "  W t_ = count_ptr ? (W)(count_ptr[0]) : (W)0;\n"
+                "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n")
+    return _quad_kernel("update", f"typedef {ctype} T; typedef {wtype} W;\n", args, arrays,
+                        element, {"sizes": sizes, "aligned": aligned}, prologue)
 
 
 def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
@@ -161,10 +218,12 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     wnp = np.float64 if dtype == np.float64 else np.float32
     sizes = tuple(int(p.size) for p in params)
     decays = tuple(bool(d) for d in (decays or [False] * len(params)))
-    kern = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays, bool(nesterov))
     new_params = params if in_place else [cupy.empty_like(p) for p in params]
     new_states = states if in_place else [[cupy.empty_like(s) for s in group] for group in states]
-    args = [np.int64(sum(sizes)), finite if finite is not None else np.uintp(0),
+    every = [*params, *grads, *new_params, *(a for g in (*states, *new_states) for a in g)]
+    kern, quads = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays,
+                                       bool(nesterov), _aligned(every))
+    args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
             wnp(b1), wnp(b2), wnp(1 - b1), wnp(1 - b2), wnp(eps), wnp(wd), wnp(decay)]
@@ -172,45 +231,25 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
         args += [params[k], new_params[k], grads[k]]
         for group, new_group in zip(states, new_states):
             args += [group[k], new_group[k]]
-    threads = 256
-    blocks = max(1, min(-(-sum(sizes) // threads), 132 * 16))
-    kern((blocks,), (threads,), tuple(args))
+    _launch(kern, quads, args)
     return new_params, new_states
 
 
 # ---- multi-tensor casts and finiteness (mixed precision) ----------------------------------
-def _branches(sizes, stmt):
-    """``if (i < end_k) { j = i - start_k; stmt(k) }`` chained over the tensors."""
-    out, start = [], 0
-    for k, size in enumerate(sizes):
-        out.append(f"if (i < {start + size}LL) {{ long long j = i - {start}LL; {stmt(k)} }}")
-        start += size
-    return "\n    else ".join(out)
-
-
-def _grid_stride(name, head, args, body):
-    return cupy.RawKernel(
-        "#include <cuda_fp16.h>\n" + head +
-        f"extern \"C\" __global__ void {name}({', '.join(args)}) {{\n"
-        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;"
-        " i += (long long)gridDim.x * blockDim.x) {\n    " + body + "\n  }\n}\n", name)
-
-
-def _launch(kern, total, args):
-    threads = 256
-    blocks = max(1, min(-(-total // threads), 132 * 16))
-    kern((blocks,), (threads,), (np.int64(total), *args))
-
-
 @functools.cache
-def _cast_kernel(src_ctype, dst_ctype, sizes, scaled):
+def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned):
     args = ["long long total", "const float* scale_ptr"]
     for k in range(len(sizes)):
         args += [f"const S* s{k}", f"D* d{k}"]
-    value = "(float)s{k}[j] * sc" if scaled else "s{k}[j]"
-    body = ("const float sc = scale_ptr ? scale_ptr[0] : 1.0f;\n    " if scaled else "") + \
-        _branches(sizes, lambda k: f"d{k}[j] = (D)({value.format(k=k)});")
-    return _grid_stride("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args, body)
+
+    def element(k):
+        value = f"(float)s{k}[j] * sc" if scaled else f"s{k}[j]"
+        return f"d{k}[j] = (D)({value});"
+
+    return _quad_kernel("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args,
+                        lambda k: [(f"s{k}", "S", False), (f"d{k}", "D", True)], element,
+                        {"sizes": sizes, "aligned": aligned},
+                        "  const float sc = scale_ptr ? scale_ptr[0] : 1.0f;\n")
 
 
 def multi_tensor_cast(leaves, dtype, scale=None):
@@ -221,21 +260,23 @@ def multi_tensor_cast(leaves, dtype, scale=None):
     sizes = tuple(int(a.size) for a in leaves)
     out = [cupy.empty(a.shape, dtype=dtype) for a in leaves]
     if sum(sizes):
-        kern = _cast_kernel(_CTYPES[leaves[0].dtype], _CTYPES[dtype], sizes, scale is not None)
+        kern, quads = _cast_kernel(_CTYPES[leaves[0].dtype], _CTYPES[dtype], sizes,
+                                   scale is not None, _aligned([*leaves, *out]))
         args = [scale if scale is not None else np.uintp(0)]
         for a, o in zip(leaves, out):
             args += [a, o]
-        _launch(kern, sum(sizes), args)
+        _launch(kern, quads, args)
     return out
 
 
 @functools.cache
-def _finite_kernel(ctype, sizes):
-    args = ["long long total", "bool* ok"]
-    args += [f"const T* s{k}" for k in range(len(sizes))]
-    body = _branches(sizes, lambda k: f"if (!isfinite((W)s{k}[j])) ok[0] = false;")
+def _finite_kernel(ctype, sizes, aligned):
+    args = ["long long total", "bool* ok"] + [f"const T* s{k}" for k in range(len(sizes))]
     wtype = "double" if ctype == "double" else "float"
-    return _grid_stride("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args, body)
+    return _quad_kernel("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args,
+                        lambda k: [(f"s{k}", "T", False)],
+                        lambda k: f"if (!isfinite((W)s{k}[j])) ok[0] = false;",
+                        {"sizes": sizes, "aligned": aligned})
 
 
 def multi_tensor_all_finite(leaves):
@@ -244,5 +285,6 @@ def multi_tensor_all_finite(leaves):
     ok = cupy.ones((), dtype=cupy.bool_)
     sizes = tuple(int(a.size) for a in leaves)
     if sum(sizes):
-        _launch(_finite_kernel(_CTYPES[leaves[0].dtype], sizes), sum(sizes), [ok, *leaves])
+        kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves))
+        _launch(kern, quads, [ok, *leaves])
     return ok
