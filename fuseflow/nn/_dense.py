@@ -105,7 +105,7 @@ class Dense(Layer):
 
     def backward_fused(self, params, residuals, dy=None, *, need_input_grad=True,
                        activation=None, pre_grad=None, input_activation=None, input_aux=None,
-                       input_has_bias=False):
+                       input_has_bias=False, release_input=False):
         """The fusion engine's entry (see Serial): ``(grads, dx, input_bias_grad)``.
 
         ``pre_grad=(dpre, db)`` replaces dy when the layer above already applied this layer's
@@ -123,4 +123,5 @@ class Dense(Layer):
                              "forward(params, x, train=True) and pass its residuals.")
         return dense_backward(params, residuals, dy, activation=activation, pre_grad=pre_grad,
                               input_activation=input_activation, input_aux=input_aux,
-                              input_has_bias=input_has_bias, need_input_grad=need_input_grad)
+                              input_has_bias=input_has_bias, need_input_grad=need_input_grad,
+                              release_input=release_input)

@@ -117,8 +117,9 @@ class Serial(Layer):
     def backward(self, params, residuals, dy, *, need_input_grad=True,
                  release_residuals=False):
         """``release_residuals=True`` (the caller hands over a list it owns, e.g.
-        ``value_and_grad``): each stage's entries are set to None once used, so saved
-        activations are freed as the backward goes down instead of all at its end."""
+        ``value_and_grad``): each stage's entries are set to None as it runs and a dense
+        stage drops its saved input once its weight gradient is done, so saved activations
+        are freed as the backward goes down (the input gradient reuses their memory)."""
         self._check_tree(params, "params")
         self._check_tree(residuals, "residuals")
         if release_residuals and not isinstance(residuals, list):
@@ -141,17 +142,21 @@ class Serial(Layer):
                 below_res = residuals[below.index] if fuse else None
                 aux = (below_res.get(AUX_KEYS[below.activation])
                        if isinstance(below_res, dict) else None)
-                grads[i], dx, db_below = st.dense.backward_fused(
-                    params[i], residuals[i], None if pre_grad else dy,
-                    activation=st.activation, pre_grad=pre_grad, need_input_grad=need_dx,
-                    input_activation=below.activation if fuse else None, input_aux=aux,
-                    input_has_bias=fuse and "b" in params[below.index])
-                pre_grad = (dx, db_below) if fuse else None
-                dy = dx
+                own = residuals[i]
                 if release_residuals:  # the stage above already read our aux
                     residuals[i] = None
                     if st.absorbed is not None:
                         residuals[st.absorbed] = None
+                    own = dict(own)  # ours to consume: the input goes once dw is done
+                grads[i], dx, db_below = st.dense.backward_fused(
+                    params[i], own, None if pre_grad else dy,
+                    activation=st.activation, pre_grad=pre_grad, need_input_grad=need_dx,
+                    input_activation=below.activation if fuse else None, input_aux=aux,
+                    input_has_bias=fuse and "b" in params[below.index],
+                    release_input=release_residuals)
+                del own
+                pre_grad = (dx, db_below) if fuse else None
+                dy = dx
             except LayerError as e:
                 raise self._wrap(i, e) from None
         return tuple(grads), (dy if need_input_grad else None)

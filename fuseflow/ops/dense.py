@@ -31,16 +31,18 @@ def dense_forward(params, x, *, activation=None, train=True, where="Dense"):
 
 def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None,
                    input_activation=None, input_aux=None, input_has_bias=False,
-                   need_input_grad=True):
+                   need_input_grad=True, release_input=False):
     """Gradients of a dense layer: ``(grads, dx, input_bias_grad)``.
 
     Give either ``dy`` (gradient w.r.t. the layer's output) or ``pre_grad = (dpre, db)``
     (w.r.t. its pre-activation, already computed by the fused layer above; db may be None).
     With ``input_activation``/``input_aux``, ``dx`` is returned w.r.t. the lower layer's
     pre-activation and ``input_bias_grad`` is its bias gradient (when it has a bias).
+    ``release_input=True`` (the residuals dict is the caller's to consume) removes the saved
+    input from it once the weight gradient is done, so that its memory can hold ``dx``.
     """
     w, has_bias = params["w"], "b" in params
-    x = residuals["x"]
+    x = residuals.pop("x") if release_input else residuals["x"]
     be = backend.of(x, w, dy, where="Dense.backward")
     if pre_grad is not None:
         dpre, db = pre_grad
@@ -54,6 +56,7 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
     else:
         dw, _ = be.linear_wgrad(dpre, x, "DEFAULT")
     grads = {"w": dw, "b": db} if has_bias else {"w": dw}
+    del x  # the input's last reader ran (with release_input, nothing else holds it now)
 
     dx = input_db = None
     if need_input_grad:
