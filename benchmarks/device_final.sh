@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# The session's final GPU call: GPU tests of the engine, compile and fused kernels, the CLI
-# on MNIST on the GPU (float32 and float16), and fuseflow's peers numbers (default plans,
-# then nvmath autotuned plans for the two small models). Results: $OUT/results-final.tgz
+# The session's main GPU call: every GPU test, the CLI on MNIST on the GPU (float32 and
+# float16), the kernels of fuseflow's compiled steps, and the fuseflow and JAX peers numbers
+# (with time to 98%) from one machine in one call. PART=peers2 runs the other peers (torch,
+# the hand-written nvmath pattern) for a second call right after. Results: $OUT/*.tgz
 set -uo pipefail
 cd "$(dirname "$0")/.."
-res=/tmp/ffres; rm -rf "$res"; mkdir -p "$res"
+part=${PART:-main}
+res=/tmp/ffres-$part; rm -rf "$res"; mkdir -p "$res"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
 export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.devdata"
 run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
   tail -n "${TAILN:-6}" "$res/$name.log"; }
-TAILN=12 run pytest_gpu 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  tests/test_compile.py tests/test_fused_optim.py tests/test_gpu_layers.py tests/test_train.py \
-  tests/test_cli.py tests/test_optim.py tests/test_data.py tests/test_checkpoint.py
-run train_cuda_fp32 90 python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
-run train_cuda_fp16 90 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
-run eval_cuda_fp32 60 python3 -m fuseflow eval /tmp/r32/last.safetensors --backend cuda --data-dir .devdata/mnist
-cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
-TAILN=18 run peers_fuseflow 150 python3 benchmarks/peers.py --worker fuseflow --out "$res" --quick --data-dir .devdata/mnist
-FUSEFLOW_AUTOTUNE=1 TAILN=6 run peers_autotune 90 python3 benchmarks/peers.py --worker fuseflow --out "$res" --quick --no-mnist --tag autotune --models 784-30-10,784-1024-1024-10
-tar czf "$OUT/results-final.tgz" -C "$res" .
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1
+if [ "$part" = main ]; then
+  TAILN=12 run pytest_gpu 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
+  run train_cuda_fp32 90 python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
+  run train_cuda_fp16 90 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
+  run eval_cuda_fp32 60 python3 -m fuseflow eval /tmp/r32/last.safetensors --backend cuda --data-dir .devdata/mnist
+  cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
+  TAILN=3 run profile_fuseflow 90 python3 benchmarks/profile_step.py --framework fuseflow --out "$res"
+  TAILN=20 run peers_fuseflow 150 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist
+  TAILN=20 run peers_jax 240 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist
+else
+  TAILN=30 run peers_torch 300 python3 benchmarks/peers.py --worker torch --out "$res"
+  TAILN=6 run peers_hand 90 python3 benchmarks/peers.py --worker hand_nvmath --out "$res"
+fi
+tar czf "$OUT/results-$part.tgz" -C "$res" .
