@@ -37,10 +37,11 @@ class CompileError(ValueError):
 def compile(step, *, donate_argnums=(0, 1), autotune=None):
     """Compile ``step`` (see the module docstring). ``donate_argnums`` name the arguments
     that the step returns updated, first and in the same order, e.g. params and opt_state.
-    ``autotune`` (default: on, unless ``FUSEFLOW_AUTOTUNE=0``) times cuBLASLt's candidate
-    algorithms for each matmul of the step while compiling and keeps the fastest."""
+    ``autotune=True`` (or ``FUSEFLOW_AUTOTUNE=1``) times cuBLASLt's candidate algorithms for
+    each matmul of the step while compiling and keeps the fastest in isolation. Off by
+    default: on the H200 the winners were no faster inside the step (docs/benchmarks.md)."""
     if autotune is None:
-        autotune = os.environ.get("FUSEFLOW_AUTOTUNE", "1") != "0"
+        autotune = os.environ.get("FUSEFLOW_AUTOTUNE", "0") == "1"
     return CompiledStep(step, tuple(donate_argnums), bool(autotune))
 
 

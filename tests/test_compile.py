@@ -79,6 +79,26 @@ def test_compiled_step_matches_eager_for_100_steps(opt_name):
 
 
 @gpu
+def test_compile_with_autotune_times_algorithms_and_matches_eager():
+    """autotune=True re-plans the step's cuBLASLt matmuls with the fastest timed algorithm
+    (plans made earlier by the heuristic included); the losses stay those of the eager step."""
+    cp = _cuda()
+    params, state, step, xs, ys = make_problem(sizes=(784, 256, 64, 10), batch=64)
+    params, state = ff.device_put((params, state), "cuda")
+    be = ff.backend.get("cuda")
+    pe, se, me = step(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))  # heuristic plans
+    compiled = ff.compile(step, autotune=True)
+    pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
+    pc, sc, mc = compiled(pc, sc, cp.asarray(xs[0]), cp.asarray(ys[0]))
+    assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
+    tuned = [mm for mm in be._plans.values() if getattr(mm, "ff_tuned", False)]
+    assert tuned and not be.autotune  # the backend's own setting is restored
+    for _ in range(5):
+        pe, se, me = step(pe, se, cp.asarray(xs[1]), cp.asarray(ys[1]))
+        pc, sc, mc = compiled(pc, sc, cp.asarray(xs[1]), cp.asarray(ys[1]))
+        assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
+
+
 def test_compiled_step_recompiles_on_new_shapes_and_reuses_graphs():
     cp = _cuda()
     params, state, step, xs, ys = make_problem()
