@@ -103,12 +103,12 @@ def softmax_xent(logits, labels):
 # grid-stride loop walks.
 _VEC_HEAD = r"""
 #include <cuda_fp16.h>
-template <typename X> struct alignas(4 * sizeof(X)) V4 { X v[4]; };
-template <typename X> __device__ __forceinline__ V4<X> ld4(const X* p) {
-    return *reinterpret_cast<const V4<X>*>(p);
+template <typename X> struct alignas(4 * sizeof(X)) ffv4 { X v[4]; };
+template <typename X> __device__ __forceinline__ ffv4<X> ld4(const X* p) {
+    return *reinterpret_cast<const ffv4<X>*>(p);
 }
-template <typename X> __device__ __forceinline__ void st4(X* p, const V4<X>& x) {
-    *reinterpret_cast<V4<X>*>(p) = x;
+template <typename X> __device__ __forceinline__ void st4(X* p, const ffv4<X>& x) {
+    *reinterpret_cast<ffv4<X>*>(p) = x;
 }
 """
 
@@ -118,16 +118,16 @@ def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue=""):
 
     ``arrays(k)``: [(pointer name, element type, is_output)] of tensor k. ``element(k)``:
     the statements for one element j (scalar loads/stores included). The vector path loads
-    each input as ``V4``, runs ``element``'s arithmetic on ``<name>_v.v[u]`` (the generator
-    rewrites ``ptr[j]`` accesses), and stores the outputs as ``V4``.
+    each input as ``ffv4``, runs ``element``'s arithmetic on ``<name>_v.v[u]`` (the generator
+    rewrites ``ptr[j]`` accesses), and stores the outputs as ``ffv4``.
     """
     sizes = vector["sizes"]
     branches, q0 = [], 0
     for k, n in enumerate(sizes):
         nq, full = -(-n // 4), (n // 4 if vector["aligned"] else 0)
         arrs = arrays(k)
-        loads = " ".join(f"V4<{t}> {a}_v = ld4({a} + 4 * q);" for a, t, out in arrs if not out)
-        decl = " ".join(f"V4<{t}> {a}_v;" for a, t, out in arrs if out)
+        loads = " ".join(f"ffv4<{t}> {a}_v = ld4({a} + 4 * q);" for a, t, out in arrs if not out)
+        decl = " ".join(f"ffv4<{t}> {a}_v;" for a, t, out in arrs if out)
         body = element(k)
         for a, _, _ in arrs:
             body = body.replace(f"{a}[j]", f"{a}_v.v[u]")
