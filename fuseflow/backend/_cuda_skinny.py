@@ -10,8 +10,9 @@ compile-time constant so its accumulators live in registers. At these sizes the 
 latency-bound, so the kernels are laid out for many blocks, not for data reuse.
 
 - ``forward``: ``y = act(x @ w.T + bias)`` and the relu_aux bits (cuBLASLt's layout, see
-  ``epilogs.py``), one warp per sample, w read through the cache. Only for short batches
-  (``FORWARD_MAX_MACS``): on long ones cuBLASLt's tiled kernels win.
+  ``epilogs.py``), one block per sample whose threads split the inputs, w read through the
+  cache. Only for short batches (``FORWARD_MAX_MACS``): on long ones cuBLASLt's tiled
+  kernels win.
 - ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` for N = w.shape[0] outputs, and the bias
   gradient of the lower layer (column sums of dx) in the same pass.
 - ``wgrad``: ``dw = dy.T @ x`` for N = dy.shape[1] outputs; the bias gradient ``dy.sum(0)``
@@ -32,8 +33,7 @@ MAX_N = 32              # the largest small side handled here
 #: The forward reads w from cache once per sample: past this many multiply-adds (a long
 #: batch) cuBLASLt's tiled kernels (tensor cores in float16) are faster.
 FORWARD_MAX_MACS = 2 ** 25
-_WARPS = 2              # forward: samples (one warp each) per block
-_WGRAD_ROWS = 512       # wgrad: batch rows per chunk (one chunk up to 1024 rows)
+_FWD_THREADS = 256      # forward: threads per sample (they split the inputs)
 
 _CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
            np.dtype(np.float64): "double"}
@@ -44,31 +44,39 @@ typedef {T} T; typedef {A} A;
 #define N {N}
 """
 
+# One block of FWD_THREADS per sample: the threads split the K inputs, each keeps N partial
+# sums; warps reduce them with shuffles, warp 0 adds the warps' sums and runs the epilog.
 _FORWARD = r"""
 extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __restrict__ w,
         const T* __restrict__ bias, T* __restrict__ y, unsigned char* __restrict__ aux,
         long long B, long long K, int rows) {
-    const int lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (row >= B) return;  // the whole warp: row is per warp
+    __shared__ A part[FWD_THREADS / 32][N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long row = blockIdx.x;
     A acc[N];
     #pragma unroll
     for (int j = 0; j < N; ++j) acc[j] = (A)0;
     const T* xr = x + row * K;
-    for (long long k = lane; k < K; k += 32) {
+    for (long long k = threadIdx.x; k < K; k += FWD_THREADS) {
         const A xv = (A)xr[k];
         #pragma unroll
         for (int j = 0; j < N; ++j) acc[j] += xv * (A)w[(long long)j * K + k];
     }
-    A v = (A)0;
     #pragma unroll
     for (int j = 0; j < N; ++j) {
         A s = acc[j];
         #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == j) v = s;
+        if (lane == 0) part[warp][j] = s;
     }
+    __syncthreads();
+    if (warp != 0) return;
     const bool active = lane < N;
+    A v = (A)0;
+    if (active) {
+        #pragma unroll
+        for (int g = 0; g < FWD_THREADS / 32; ++g) v += part[g][lane];
+    }
     if (HAS_BIAS && active) v += (A)bias[lane];
     if (HAS_AUX) {
         const unsigned int m = __ballot_sync(0xffffffffu, active && v >= (A)0);
@@ -122,36 +130,44 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
 }
 """
 
-# Thread (column f, output j) of block (32, 8) sums dy[b, j] * x[b, f] over the rows of its
-# chunk; grid (column blocks, output blocks, chunks). Column F (when BGRADB) has x = 1: the
-# bias gradient. One chunk writes dw/db directly, several write partials.
+# Thread (column f, row group ty) of block (32, 8) keeps N sums dy[b, j] * x[b, f] over rows
+# r0 + ty, r0 + ty + 8, ... of its chunk; the 8 row groups are added in shared memory, one
+# output j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One chunk writes
+# dw/db directly, several write partials for the second pass.
 _WGRAD = r"""
 extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
         A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F,
         long long rows_per_chunk) {
+    __shared__ A red[8][33];
     const long long FC = F + (BGRADB ? 1 : 0);
     const long long f = (long long)blockIdx.x * 32 + threadIdx.x;
-    const int j = blockIdx.y * 8 + threadIdx.y;
-    if (f >= FC || j >= N) return;
-    const long long r0 = (long long)blockIdx.z * rows_per_chunk;
+    const long long r0 = (long long)blockIdx.y * rows_per_chunk;
     const long long r1 = r0 + rows_per_chunk < B ? r0 + rows_per_chunk : B;
-    A a0 = (A)0, a1 = (A)0, a2 = (A)0, a3 = (A)0;
-    long long b = r0;
-    if (f < F) {
-        for (; b + 3 < r1; b += 4) {
-            a0 += (A)dy[b * N + j] * (A)x[b * F + f];
-            a1 += (A)dy[(b + 1) * N + j] * (A)x[(b + 1) * F + f];
-            a2 += (A)dy[(b + 2) * N + j] * (A)x[(b + 2) * F + f];
-            a3 += (A)dy[(b + 3) * N + j] * (A)x[(b + 3) * F + f];
+    A acc[N];
+    #pragma unroll
+    for (int j = 0; j < N; ++j) acc[j] = (A)0;
+    if (f < FC) {
+        for (long long b = r0 + threadIdx.y; b < r1; b += 8) {
+            const A xv = f < F ? (A)x[b * F + f] : (A)1;
+            const T* d = dy + b * N;
+            #pragma unroll
+            for (int j = 0; j < N; ++j) acc[j] += (A)d[j] * xv;
         }
-        for (; b < r1; ++b) a0 += (A)dy[b * N + j] * (A)x[b * F + f];
-    } else {
-        for (; b < r1; ++b) a0 += (A)dy[b * N + j];
     }
-    const A s = (a0 + a1) + (a2 + a3);
-    if (gridDim.z > 1) part[((long long)blockIdx.z * N + j) * FC + f] = s;
-    else if (f < F) dw[(long long)j * F + f] = (T)s;
-    else db[j] = (T)s;
+    #pragma unroll
+    for (int j = 0; j < N; ++j) {
+        __syncthreads();
+        red[threadIdx.y][threadIdx.x] = acc[j];
+        __syncthreads();
+        if (threadIdx.y == 0 && f < FC) {
+            A s = (A)0;
+            #pragma unroll
+            for (int g = 0; g < 8; ++g) s += red[g][threadIdx.x];
+            if (gridDim.y > 1) part[((long long)blockIdx.y * N + j) * FC + f] = s;
+            else if (f < F) dw[(long long)j * F + f] = (T)s;
+            else db[j] = (T)s;
+        }
+    }
 }
 """
 
@@ -180,7 +196,7 @@ def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"WARPS": _WARPS, **{k: int(v) for k, v in flags.items()}}
+    defines = {"FWD_THREADS": _FWD_THREADS, **{k: int(v) for k, v in flags.items()}}
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float").replace("{N}", str(n))
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
@@ -205,7 +221,7 @@ def forward(x, w, bias, *, relu: bool, aux_rows: int | None):
     if batch:
         kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
                        HAS_AUX=aux_rows is not None, RELU=relu)
-        kern((-(-batch // _WARPS),), (32 * _WARPS,),
+        kern((batch,), (_FWD_THREADS,),
              (x, w, bias if bias is not None else np.uintp(0), y,
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(k),
               np.int32(aux_rows or 0)))
@@ -251,11 +267,13 @@ def wgrad(dy, x, *, bgrad: bool):
         if bgrad:
             db.fill(0)
         return dw, db
-    rows = batch if batch <= 2 * _WGRAD_ROWS else _WGRAD_ROWS
+    # 8 rows per thread on short batches (short dependency chains); at most 64 chunks
+    per = -(-batch // 64)
+    rows = max(64, -(-per // 8) * 8)
     chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad)
-    kern((-(-fc // 32), -(-n // 8), chunks), (32, 8),
+    kern((-(-fc // 32), chunks), (32, 8),
          (dy, x, part if part is not None else np.uintp(0), dw,
           db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)))
     if part is not None:

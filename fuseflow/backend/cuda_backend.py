@@ -142,6 +142,9 @@ class CudaBackend(Backend):
         #: has at most this many features run fuseflow's one-kernel ``_cuda_skinny`` forms
         #: instead of cuBLASLt (ReLU or no activation; at most 32; 0 turns them off).
         self.skinny_max = min(S.MAX_N, _env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
+        #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
+        self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
+                              .replace(" ", "").split(","))
         self._plans: OrderedDict = OrderedDict()
         self._counters = Counter()
         self._planning_s = 0.0
@@ -423,8 +426,8 @@ class CudaBackend(Backend):
         return self._guard(op, lambda: self._linear_impl(x, w, bias, spec),
                            {"x": x, "w": w, "bias": bias}, outputs)
 
-    def _skinny(self, n, activation):
-        if 0 < n <= self.skinny_max and activation in (None, "relu"):
+    def _skinny(self, op, n, activation):
+        if 0 < n <= self.skinny_max and activation in (None, "relu") and op in self.skinny_ops:
             self._counters["skinny"] += 1
             return True
         return False
@@ -432,7 +435,7 @@ class CudaBackend(Backend):
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
         if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
-                self._skinny(out, spec.activation):
+                self._skinny("forward", out, spec.activation):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
@@ -488,7 +491,7 @@ class CudaBackend(Backend):
 
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
-        if self._skinny(w.shape[0], spec.activation):
+        if self._skinny("dgrad", w.shape[0], spec.activation):
             ld = 0
             if spec.activation == "relu":
                 ld = self._aux_ld(aux, aux.shape[0], batch)
@@ -536,7 +539,7 @@ class CudaBackend(Backend):
                            {"dy": dy, "x": x}, outputs)
 
     def _wgrad_impl(self, dy, x, spec):
-        if self._skinny(dy.shape[1], None):
+        if self._skinny("wgrad", dy.shape[1], None):
             return S.wgrad(dy, x, bgrad=spec.bias)
         if spec.bias:
             res = self._matmul("wgrad", "BGRADB", x.T, dy, {})
