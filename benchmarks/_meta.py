@@ -32,9 +32,24 @@ def cpu_info():
     return {"cpu": model, "cores": os.cpu_count(), "machine": platform.machine()}
 
 
+def gpu_info():
+    """Name, driver and CUDA versions of GPU 0, or None without CuPy or a GPU."""
+    try:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"]
+        return {"name": name.decode() if isinstance(name, bytes) else name,
+                "sms": props["multiProcessorCount"],
+                "driver": cupy.cuda.runtime.driverGetVersion(),
+                "runtime": cupy.cuda.runtime.runtimeGetVersion()}
+    except Exception:  # noqa: BLE001 - metadata is best effort
+        return None
+
+
 def metadata(*libs):
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "host": cpu_info(),
+            "python": platform.python_version(), "host": cpu_info(), "gpu": gpu_info(),
             "versions": versions("numpy", "fuseflow", *libs)}
 
 
