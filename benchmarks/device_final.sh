@@ -4,16 +4,9 @@
 # (with time to 98%) from one machine in one call. PART=peers2 runs the other peers (torch,
 # the hand-written nvmath pattern) for a second call right after. Results: $OUT/*.tgz
 set -uo pipefail
-cd "$(dirname "$0")/.."
-part=${PART:-main}
-res=/tmp/ffres-$part; rm -rf "$res"; mkdir -p "$res"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
-export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.devdata"
-run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
-  timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
-  tail -n "${TAILN:-6}" "$res/$name.log"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1
-if [ "$part" = main ]; then
+TAG=${PART:-main}
+source "$(dirname "$0")/_device_lib.sh"
+if [ "$TAG" = main ]; then
   TAILN=12 run pytest_gpu 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
   run train_cuda_fp32 90 python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
   run train_cuda_fp16 90 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
@@ -26,4 +19,3 @@ else
   TAILN=30 run peers_torch 300 python3 benchmarks/peers.py --worker torch --out "$res"
   TAILN=6 run peers_hand 90 python3 benchmarks/peers.py --worker hand_nvmath --out "$res"
 fi
-tar czf "$OUT/results-$part.tgz" -C "$res" .

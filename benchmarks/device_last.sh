@@ -2,16 +2,10 @@
 # A short GPU call for a changed kernel: its GPU tests, then fuseflow's and JAX's peers numbers
 # (one call, so the ratios come from one machine), fuseflow again with only the skinny
 # input-gradient kernels (FUSEFLOW_SKINNY_OPS=dgrad) for a side-by-side, and the kernel
-# profile. The tarball is rewritten after every step, so a timeout still returns what ran.
+# profile. Results: $OUT/results-last.tgz, rewritten after every step.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-res=/tmp/ffres-last; rm -rf "$res"; mkdir -p "$res"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
-export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.devdata"
-run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
-  timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
-  tail -n "${TAILN:-6}" "$res/$name.log"; tar czf "$OUT/results-last.tgz" -C "$res" .; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1
+TAG=last
+source "$(dirname "$0")/_device_lib.sh"
 TAILN=8 run pytest_gpu 100 python3 -m pytest -m gpu -q -x -rfE -p no:cacheprovider tests/test_gpu_backend.py tests/test_compile.py
 TAILN=16 run peers_fuseflow 60 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist
 TAILN=16 run peers_jax 130 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist

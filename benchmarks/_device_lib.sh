@@ -1,0 +1,12 @@
+# Sourced by the device scripts: environment, the results folder $res, and
+#   run NAME SECONDS CMD...   (CMD's output in $res/NAME.log, its tail printed; afterwards
+#                              $res is packed into $OUT/results-$TAG.tgz, so a call stopped
+#                              by its time limit still returns every finished step)
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+res=/tmp/ffres-$TAG; rm -rf "$res"; mkdir -p "$res"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
+export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.devdata"
+run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
+  timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
+  tail -n "${TAILN:-6}" "$res/$name.log"; tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1
