@@ -1,0 +1,108 @@
+"""Every CUDA kernel source fuseflow generates compiles with NVRTC, without a GPU.
+
+The generated kernels (skinny matmuls, multi-tensor updates, casts, the fused loss) are
+specialized per dtype, tensor count and flags; a name clash or a typo in one variant only
+shows when that variant is first launched. This compiles all the variants the code can
+produce, for compute capability 9.0. It needs NVRTC (pip ``nvidia-cuda-nvrtc``) and the CUDA
+headers (``CUDA_HOME`` or ``/usr/local/cuda*/include``); without them it is skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception:  # noqa: BLE001 - no NVRTC library: nothing to compile with
+        return None
+
+
+def _include_dir():
+    roots = [os.environ.get("CUDA_HOME", ""), *sorted(glob.glob("/usr/local/cuda*"))]
+    for root in roots:
+        if root and os.path.exists(os.path.join(root, "include", "cuda_fp16.h")):
+            return os.path.join(root, "include")
+    return None
+
+
+NVRTC, INCLUDE = _nvrtc(), _include_dir()
+pytestmark = pytest.mark.skipif(NVRTC is None or INCLUDE is None,
+                                reason="needs NVRTC and the CUDA headers")
+
+
+class _Recorder:
+    """Stands in for cupy.RawKernel / RawModule: records the source instead of compiling."""
+
+    sources: list = []
+
+    def __init__(self, code=None, name="module", **_):
+        _Recorder.sources.append((name, code))
+
+    def get_function(self, name):
+        return name
+
+
+def _generated_sources(monkeypatch):
+    from fuseflow.backend import _cuda_fused as F
+    from fuseflow.backend import _cuda_skinny as S
+
+    _Recorder.sources = []
+    for mod in (F, S):
+        monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
+        monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
+    for cache in (S._kernel, F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel,
+                  F._finite_kernel):
+        cache.cache_clear()
+    for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
+        for n in (1, 10, 32):
+            for hb, ha, r in itertools.product((False, True), repeat=3):
+                S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
+            for d, b in itertools.product((False, True), repeat=2):
+                S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b)
+            for b in (False, True):
+                S._kernel("skinny_wgrad", dt, n, BGRADB=b)
+        S._kernel("sum_chunks", dt, 1)
+        for labels in (np.int64, np.int32, np.uint8):
+            F._xent_kernel(dt, np.dtype(labels))
+        ct, wt = F._CTYPES[dt], ("double" if dt == np.float64 else "float")
+        for kind, aligned, count in itertools.product(("sgd", "momentum", "adam"),
+                                                      (True, False), (1, 6, 14)):
+            sizes = tuple((7, 12, 1003, 4, 9)[i % 5] for i in range(count))
+            F._multi_tensor_kernel(kind, ct, wt, sizes, tuple(i % 2 == 0 for i in range(count)),
+                                   kind == "momentum", aligned)
+        for dst in map(np.dtype, (np.float16, np.float32, np.float64)):
+            for scaled in (False, True):
+                F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True)
+        F._finite_kernel(ct, tuple(range(3, 17)), True)
+    sources = list(_Recorder.sources)
+    for cache in (S._kernel, F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel,
+                  F._finite_kernel):
+        cache.cache_clear()  # no recorder objects left behind for real launches
+    return sources
+
+
+def test_every_generated_kernel_compiles(monkeypatch):
+    sources = _generated_sources(monkeypatch)
+    assert len(sources) > 200
+    failures = []
+    for name, code in sources:
+        prog = NVRTC.createProgram(code, f"{name}.cu", [], [])
+        try:
+            NVRTC.compileProgram(prog, ["-arch=compute_90", "-std=c++17", f"-I{INCLUDE}"])
+        except Exception:  # noqa: BLE001 - collect the log of every failing variant
+            failures.append(f"{name}:\n{NVRTC.getProgramLog(prog)[:2000]}\n{code[:1500]}")
+        finally:
+            NVRTC.destroyProgram(prog)
+    assert not failures, f"{len(failures)} of {len(sources)} failed; first:\n{failures[0]}"
