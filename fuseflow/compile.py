@@ -58,8 +58,9 @@ def _signature(args):
 class _Graph:
     """One captured graph: its static input buffers, outputs, and the capture that owns memory."""
 
-    def __init__(self, capture, graph, static_args, outputs, compile_s, donate):
+    def __init__(self, capture, graph, static_args, outputs, compile_s, donate, plans=()):
         self.capture, self.graph = capture, graph
+        self.plans = list(plans)  # the graph replays their workspaces: they live as long as it
         self.static_args, self.outputs = static_args, outputs
         self.static_leaves = [x for x in tree.leaves(static_args) if _is_array(x)]
         self.compile_s = compile_s
@@ -130,6 +131,7 @@ class CompiledStep:
 
     # ---- compilation -----------------------------------------------------------------------
     def _compile(self, args):
+        from fuseflow import backend
         from fuseflow.backend import graph_capture
 
         t0 = time.perf_counter()
@@ -146,10 +148,11 @@ class CompiledStep:
         # in.)
         with self._autotuning():
             capture.run(lambda: self._traced(static_args))
-        out, graph = capture.capture(lambda: self._traced(static_args))
+        with backend.get("cuda").recording_plans() as plans:
+            out, graph = capture.capture(lambda: self._traced(static_args))
         self.compiles += 1
-        return _Graph(capture, graph, static_args, out, time.perf_counter() - t0,
-                      self.donate)
+        return _Graph(capture, graph, static_args, out, time.perf_counter() - t0, self.donate,
+                      plans)
 
     @contextlib.contextmanager
     def _autotuning(self):
@@ -157,7 +160,7 @@ class CompiledStep:
 
         be = backend.get("cuda")
         previous = be.autotune
-        be.autotune = previous or self.autotune
+        be.autotune = self.autotune  # this compile's setting, whatever the backend's
         try:
             yield
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from fuseflow import backend, random, tree
@@ -9,17 +11,30 @@ from fuseflow import backend, random, tree
 __all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "value_and_grad"]
 
 
+def _releases_residuals(model) -> bool:
+    """The model's backward takes ``release_residuals`` (Serial does; a subclass that
+    overrides backward without it does not)."""
+    return bool(getattr(model, "releases_residuals", False)) and \
+        "release_residuals" in inspect.signature(model.backward).parameters
+
+
+def _own_residuals(model, residuals):
+    """What value_and_grad hands to the backward: a list it gives up (so the backward can
+    free each layer's saved arrays once used) where the model supports that, else the
+    residuals exactly as the forward returned them."""
+    if _releases_residuals(model) and isinstance(residuals, (tuple, list)):
+        return list(residuals)
+    return residuals
+
+
 def _backward(model, params, residuals, dy, need_input_grad):
-    """``model.backward`` with the options the model supports. ``residuals`` is a list
-    owned by the caller: a model that can (Serial) frees its entries as it goes, which
-    lowers the peak memory of a step by the saved activations already consumed."""
+    """``model.backward`` with the options the model supports; ``residuals`` from
+    ``_own_residuals`` (a list is released as the backward goes)."""
     kwargs = {}
     if getattr(model, "skips_input_grad", False):
         kwargs["need_input_grad"] = need_input_grad
-    if getattr(model, "releases_residuals", False):
+    if isinstance(residuals, list) and _releases_residuals(model):
         kwargs["release_residuals"] = True
-    else:
-        residuals = tuple(residuals)
     return model.backward(params, residuals, dy, **kwargs)
 
 
@@ -33,8 +48,8 @@ def value_and_grad(model, loss_fn, *, with_outputs=False):
     def f(params, x, y, *, key=None):
         out, residuals = model.forward(params, x, key=key, train=True)
         loss, dout = loss_fn(out, y)
-        owned = list(residuals)
-        del residuals  # the backward frees each layer's saved arrays once used
+        owned = _own_residuals(model, residuals)
+        del residuals  # a Serial backward frees each layer's saved arrays once used
         grads, _ = _backward(model, params, owned, dout, need_input_grad=False)
         return ((loss, out) if with_outputs else loss), grads
     return f

@@ -25,7 +25,7 @@ import numpy as np
 
 from fuseflow import backend, tree
 from fuseflow._namespace import namespace
-from fuseflow.grad import _backward
+from fuseflow.grad import _backward, _own_residuals
 from fuseflow.optim import GradientTransformation
 from fuseflow.optim._fused import fused_update
 
@@ -63,8 +63,8 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
         xp = namespace(out)
         loss, dout = loss_fn(out.astype(xp.float32), y)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
-        owned = list(residuals)
-        del residuals  # the backward frees each layer's saved arrays once used
+        owned = _own_residuals(model, residuals)
+        del residuals  # a Serial backward frees each layer's saved arrays once used
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
             grads, _ = _backward(model, low, owned, (dout * scale).astype(cd),
                                  need_input_grad=False)

@@ -99,6 +99,28 @@ def test_compile_with_autotune_times_algorithms_and_matches_eager():
         assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
 
 
+def test_graph_keeps_its_plans_when_the_cache_drops_them():
+    """A captured graph replays its cuBLASLt plans' workspaces: clearing the plan cache
+    (or an eviction, or an autotune re-plan) must not free them under the graph."""
+    cp = _cuda()
+    params, state, step, xs, ys = make_problem(sizes=(784, 256, 64, 10), batch=64)
+    params, state = ff.device_put((params, state), "cuda")
+    compiled = ff.compile(step)
+    pe, se = params, state
+    pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
+    be = ff.backend.get("cuda")
+    for i in range(6):
+        pe, se, me = step(pe, se, cp.asarray(xs[i]), cp.asarray(ys[i]))
+        pc, sc, mc = compiled(pc, sc, cp.asarray(xs[i]), cp.asarray(ys[i]))
+        assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
+        if i == 1:
+            graph = next(iter(compiled._graphs.values()))
+            assert graph.plans and all(mm.ff_captured for mm in graph.plans)
+            be.clear_plans()  # the graph's plans leave the cache but must stay alive
+            cp.get_default_memory_pool().free_all_blocks()
+            _ = [cp.full(1 << 18, 7.0, cp.float32) for _ in range(64)]  # reuse free memory
+
+
 def test_compiled_step_recompiles_on_new_shapes_and_reuses_graphs():
     cp = _cuda()
     params, state, step, xs, ys = make_problem()

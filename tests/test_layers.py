@@ -210,3 +210,31 @@ def test_backward_can_free_saved_arrays_as_it_goes():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(TypeError, match="list"):
         model.backward(params, residuals, dy, release_residuals=True)
+
+
+def test_value_and_grad_takes_any_layer_and_any_residuals():
+    """A bare Dense (dict residuals), a Serial subclass whose backward lacks
+    release_residuals, and mixed precision: value_and_grad hands each backward the
+    residuals it expects and gives the manual forward/backward's gradients."""
+    x = randn(1, 5, 6).astype(np.float32)
+    labels = np.array([0, 1, 2, 3, 1])
+
+    class Plain(nn.Serial):
+        def backward(self, params, residuals, dy, *, need_input_grad=True):
+            assert isinstance(residuals, tuple)
+            return super().backward(params, residuals, dy, need_input_grad=need_input_grad)
+
+    for model in (nn.Dense(4), Plain(nn.Dense(8, "relu"), nn.Dense(4))):
+        _, params = model.init(ff.random.key(2), (6,))
+        loss, grads = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(params, x, labels)
+        y, res = model.forward(params, x)
+        loss_ref, dlogits = ff.losses.softmax_cross_entropy(y, labels)
+        grads_ref, _ = model.backward(params, res, dlogits)
+        assert float(loss) == float(loss_ref)
+        for a, b in zip(ff.tree.leaves(grads), ff.tree.leaves(grads_ref)):
+            np.testing.assert_array_equal(a, b)
+        loss16, grads16 = ff.mixed_precision.value_and_grad(
+            model, ff.losses.softmax_cross_entropy)(params, x, labels)
+        assert abs(float(loss16) - float(loss_ref)) < 1e-2
+        for a, b in zip(ff.tree.leaves(grads16), ff.tree.leaves(grads_ref)):
+            np.testing.assert_allclose(a, b, rtol=0.05, atol=5e-3)

@@ -234,7 +234,9 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
-    rpt = min(16, max(1, batch // 1024))   # rows per thread: 1 for short batches (latency)
+    # rows per thread: 1 for short batches (latency), more for long ones; the chunk count
+    # is a grid dimension, at most 65535
+    rpt = max(min(16, max(1, batch // 1024)), -(-batch // (8 * 65535)))
     chunks = max(1, -(-batch // (8 * rpt)))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
@@ -262,7 +264,7 @@ def wgrad(dy, x, *, bgrad: bool):
     fc = features + (1 if bgrad else 0)
     dw = cupy.empty((n, features), dtype=dy.dtype)
     db = cupy.empty(n, dtype=dy.dtype) if bgrad else None
-    if not batch:
+    if not batch or not fc:
         dw.fill(0)
         if bgrad:
             db.fill(0)

@@ -39,6 +39,7 @@ Precision: float16 accumulates in float32 (COMPUTE_32F), float32 runs full fp32 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -146,6 +147,7 @@ class CudaBackend(Backend):
         self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
                               .replace(" ", "").split(","))
         self._plans: OrderedDict = OrderedDict()
+        self._recording = None  # the plans list of an active recording_plans()
         self._counters = Counter()
         self._planning_s = 0.0
         self._fallbacks = Counter()
@@ -177,11 +179,32 @@ class CudaBackend(Backend):
         self._copies.clear()
 
     def clear_plans(self):
-        """Free every cached plan (they are re-made on next use)."""
+        """Drop every cached plan (they are re-made on next use)."""
         while self._plans:
             _, mm = self._plans.popitem(last=False)
-            if isinstance(mm, Matmul):
-                mm.free()
+            self._drop(mm)
+
+    @staticmethod
+    def _drop(mm):
+        """Release a plan leaving the cache. One that a CUDA graph captured is only
+        dropped, never freed: the graph (``ff.compile``) holds it, and with it the workspace
+        whose address the graph replays; the graph's end lets it go."""
+        if isinstance(mm, Matmul) and not getattr(mm, "ff_captured", False):
+            mm.free()
+
+    @contextlib.contextmanager
+    def recording_plans(self):
+        """``with be.recording_plans() as plans:`` collects the plans executed inside (a
+        graph capture keeps them alive and marks them captured)."""
+        previous, self._recording = self._recording, []
+        try:
+            yield self._recording
+        finally:
+            for mm in self._recording:
+                mm.ff_captured = True
+            if previous is not None:
+                previous.extend(self._recording)
+            self._recording = previous
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):
@@ -323,7 +346,7 @@ class CudaBackend(Backend):
         mm = self._plans.get(key)
         if self.autotune and isinstance(mm, Matmul) and not getattr(mm, "ff_tuned", False):
             del self._plans[key]  # planned by the heuristic alone: plan again, tuned
-            mm.free()
+            self._drop(mm)
             mm = None
         fresh = mm is None
         if fresh:
@@ -336,6 +359,8 @@ class CudaBackend(Backend):
             return None
         if not fresh:
             mm.reset_operands_unchecked(a=a, b=b, epilog_inputs=inputs or None)
+        if self._recording is not None:
+            self._recording.append(mm)
         try:
             out = mm.execute()
         except Exception as e:
@@ -346,7 +371,7 @@ class CudaBackend(Backend):
             # cuBLASLt planned the epilog but refuses to run it: remember, run unfused.
             reason = f"{stage}/{epilog}: execute failed ({type(e).__name__})"
             self._plans[key] = _Unfused(reason)
-            mm.free()
+            self._drop(mm)
             self._fallbacks[reason] += 1
             return None
         finally:
@@ -368,9 +393,10 @@ class CudaBackend(Backend):
                                  epilog=ep, epilog_inputs=inputs or None)
             if tune and len(algorithms) > 1:
                 best, _ = _autotune.fastest(mm, algorithms)
-                # plan again with the winner alone: its workspace, not the largest candidate's
-                mm.plan(algorithms=[Algorithm.from_numpy(best.as_numpy())], epilog=ep,
-                        epilog_inputs=inputs or None)
+                best = Algorithm.from_numpy(best.as_numpy())
+                mm.free()  # its workspace is sized for the largest candidate
+                mm = Matmul(a, b, options={"compute_type": ct, "logger": _LOG})
+                mm.plan(algorithms=[best], epilog=ep, epilog_inputs=inputs or None)
             mm.ff_tuned = self.autotune  # planned under autotune (tuned if small enough)
         except Exception as e:
             if mm is not None:
@@ -387,8 +413,7 @@ class CudaBackend(Backend):
         while len(self._plans) > self.max_plans:
             _, old = self._plans.popitem(last=False)
             self._counters["evictions"] += 1
-            if isinstance(old, Matmul):
-                old.free()
+            self._drop(old)
         return mm
 
     def _guard(self, op, fn, arrays, outputs):

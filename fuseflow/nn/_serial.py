@@ -147,7 +147,8 @@ class Serial(Layer):
                     residuals[i] = None
                     if st.absorbed is not None:
                         residuals[st.absorbed] = None
-                    own = dict(own)  # ours to consume: the input goes once dw is done
+                    if isinstance(own, dict):  # ours to consume: the input goes once dw is done
+                        own = dict(own)
                 grads[i], dx, db_below = st.dense.backward_fused(
                     params[i], own, None if pre_grad else dy,
                     activation=st.activation, pre_grad=pre_grad, need_input_grad=need_dx,
