@@ -148,7 +148,9 @@ class CompiledStep:
         # in.)
         with self._autotuning():
             capture.run(lambda: self._traced(static_args))
-        with backend.get("cuda").recording_plans() as plans:
+        # The capture under the warm-up's autotune setting: it must find every plan cached
+        # as is (planning inside a stream capture would break it).
+        with self._autotuning(), backend.get("cuda").recording_plans() as plans:
             out, graph = capture.capture(lambda: self._traced(static_args))
         self.compiles += 1
         return _Graph(capture, graph, static_args, out, time.perf_counter() - t0, self.donate,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
@@ -13,9 +14,17 @@ __all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "value_and_gr
 
 def _releases_residuals(model) -> bool:
     """The model's backward takes ``release_residuals`` (Serial does; a subclass that
-    overrides backward without it does not)."""
+    overrides backward without it does not). Looked up once per model class."""
     return bool(getattr(model, "releases_residuals", False)) and \
-        "release_residuals" in inspect.signature(model.backward).parameters
+        _backward_takes_release(type(model))
+
+
+@functools.cache
+def _backward_takes_release(cls) -> bool:
+    try:
+        return "release_residuals" in inspect.signature(cls.backward).parameters
+    except (TypeError, ValueError):  # no introspectable signature: do not ask for it
+        return False
 
 
 def _own_residuals(model, residuals):

@@ -99,6 +99,26 @@ def test_compile_with_autotune_times_algorithms_and_matches_eager():
         assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
 
 
+def test_compile_autotune_off_while_the_backend_tunes():
+    """compile(autotune=False) wins over a backend that autotunes (FUSEFLOW_AUTOTUNE=1):
+    warm-up and capture plan alike, so nothing is planned inside the capture."""
+    cp = _cuda()
+    params, state, step, xs, ys = make_problem(sizes=(784, 128, 64, 10), batch=48)
+    params, state = ff.device_put((params, state), "cuda")
+    be = ff.backend.get("cuda")
+    previous, be.autotune = be.autotune, True
+    try:
+        compiled = ff.compile(step, autotune=False)
+        pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
+        pc, sc, mc = compiled(pc, sc, cp.asarray(xs[0]), cp.asarray(ys[0]))
+        assert be.autotune  # restored after compiling
+    finally:
+        be.autotune = previous
+    _, _, me = step(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
+    assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
+    assert not be.stats()["fallbacks"], be.stats()["fallbacks"]
+
+
 def test_graph_keeps_its_plans_when_the_cache_drops_them():
     """A captured graph replays its cuBLASLt plans' workspaces: clearing the plan cache
     (or an eviction, or an autotune re-plan) must not free them under the graph."""

@@ -194,14 +194,12 @@ class CudaBackend(Backend):
 
     @contextlib.contextmanager
     def recording_plans(self):
-        """``with be.recording_plans() as plans:`` collects the plans executed inside (a
-        graph capture keeps them alive and marks them captured)."""
+        """``with be.recording_plans() as plans:`` collects the plans executed inside and
+        marks them captured (a graph capture keeps the list: the plans live as long as it)."""
         previous, self._recording = self._recording, []
         try:
             yield self._recording
         finally:
-            for mm in self._recording:
-                mm.ff_captured = True
             if previous is not None:
                 previous.extend(self._recording)
             self._recording = previous
@@ -360,6 +358,7 @@ class CudaBackend(Backend):
         if not fresh:
             mm.reset_operands_unchecked(a=a, b=b, epilog_inputs=inputs or None)
         if self._recording is not None:
+            mm.ff_captured = True  # from now on only dropped, never freed (see _drop)
             self._recording.append(mm)
         try:
             out = mm.execute()
