@@ -106,6 +106,7 @@ def test_compile_autotune_off_while_the_backend_tunes():
     params, state, step, xs, ys = make_problem(sizes=(784, 128, 64, 10), batch=48)
     params, state = ff.device_put((params, state), "cuda")
     be = ff.backend.get("cuda")
+    fallbacks = dict(be.stats()["fallbacks"])
     previous, be.autotune = be.autotune, True
     try:
         compiled = ff.compile(step, autotune=False)
@@ -116,7 +117,7 @@ def test_compile_autotune_off_while_the_backend_tunes():
         be.autotune = previous
     _, _, me = step(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
     assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
-    assert not be.stats()["fallbacks"], be.stats()["fallbacks"]
+    assert be.stats()["fallbacks"] == fallbacks  # no epilog gave up during the capture
 
 
 def test_graph_keeps_its_plans_when_the_cache_drops_them():
