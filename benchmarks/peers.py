@@ -201,21 +201,33 @@ def fuseflow_time_to_98(ff, cp, args):
     p, s, _ = compiled(params, opt.init(params), xb, yb)
     cp.cuda.Device().synchronize()
     compile_s = time.perf_counter() - t0
-    train_s, epochs = 0.0, []
-    for epoch in range(10):
-        t0 = time.perf_counter()
-        for xb, yb in ff.data.device_batches(x, y, 256, key=ff.random.fold_in(ff.random.key(1), epoch)):
-            p, s, _ = compiled(p, s, xb, yb)
+    state = {"p": p, "s": s}
+
+    def run_epoch(epoch):
+        key = ff.random.fold_in(ff.random.key(1), epoch)
+        for xb, yb in ff.data.device_batches(x, y, 256, key=key):
+            state["p"], state["s"], _ = compiled(state["p"], state["s"], xb, yb)
         cp.cuda.Device().synchronize()
+
+    return train_to_98(run_epoch, lambda: float(ff.losses.accuracy(model.apply(state["p"], xt), yt)),
+                       "784-1024-1024-10 relu, adam 1e-3, batch 256, fp32, data on GPU", compile_s)
+
+
+def train_to_98(run_epoch, test_accuracy, recipe, compile_s, max_epochs=10):
+    """Time ``run_epoch(e)`` (which must wait for the GPU) epoch by epoch until
+    ``test_accuracy()`` (not timed) reaches 98%; the time-to-98 record of either framework."""
+    train_s, epochs = 0.0, []
+    for epoch in range(max_epochs):
+        t0 = time.perf_counter()
+        run_epoch(epoch)
         train_s += time.perf_counter() - t0
-        acc = float(ff.losses.accuracy(model.apply(p, xt), yt))
-        epochs.append({"epoch": epoch + 1, "test_accuracy": acc, "train_s": train_s})
+        epochs.append({"epoch": epoch + 1, "test_accuracy": test_accuracy(), "train_s": train_s})
         print(json.dumps(epochs[-1]), flush=True)
-        if acc >= 0.98:
+        if epochs[-1]["test_accuracy"] >= 0.98:
             break
-    return {"recipe": "784-1024-1024-10 relu, adam 1e-3, batch 256, fp32, data on GPU",
-            "compile_s": compile_s, "epochs": epochs, "reached_98": epochs[-1]["test_accuracy"] >= 0.98,
-            "time_to_98_s": train_s if epochs[-1]["test_accuracy"] >= 0.98 else None}
+    reached = epochs[-1]["test_accuracy"] >= 0.98
+    return {"recipe": recipe, "compile_s": compile_s, "epochs": epochs, "reached_98": reached,
+            "time_to_98_s": train_s if reached else None}
 
 
 # ---- JAX ------------------------------------------------------------------------------------
@@ -332,20 +344,15 @@ def jax_time_to_98(jax, jnp, np, optax, args):
         epoch = jax.jit(epoch_fn).lower(params, s, jax.random.PRNGKey(1)).compile()
         pred = jax.jit(predict)
         compile_s = time.perf_counter() - t0
-        train_s, epochs = 0.0, []
-        for e in range(10):
-            t0 = time.perf_counter()
-            params, s, losses = epoch(params, s, jax.random.PRNGKey(100 + e))
+        state = {"p": params, "s": s}
+
+        def run_epoch(e):
+            state["p"], state["s"], losses = epoch(state["p"], state["s"], jax.random.PRNGKey(100 + e))
             losses.block_until_ready()
-            train_s += time.perf_counter() - t0
-            acc = float((pred(params, xt).argmax(1) == yt).mean())
-            epochs.append({"epoch": e + 1, "test_accuracy": acc, "train_s": train_s})
-            print(json.dumps(epochs[-1]), flush=True)
-            if acc >= 0.98:
-                break
-    return {"recipe": "784-1024-1024-10 relu, adam 1e-3, batch 256, fp32 highest, epoch = jitted lax.scan",
-            "compile_s": compile_s, "epochs": epochs, "reached_98": epochs[-1]["test_accuracy"] >= 0.98,
-            "time_to_98_s": train_s if epochs[-1]["test_accuracy"] >= 0.98 else None}
+
+        return train_to_98(run_epoch, lambda: float((pred(state["p"], xt).argmax(1) == yt).mean()),
+                           "784-1024-1024-10 relu, adam 1e-3, batch 256, fp32 highest, "
+                           "epoch = jitted lax.scan", compile_s)
 
 
 # ---- PyTorch --------------------------------------------------------------------------------
