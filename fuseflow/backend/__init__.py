@@ -187,11 +187,8 @@ def multi_tensor_update(kind, params, grads, states, **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
     None where no fused kernel applies (NumPy arrays): the caller then runs the reference."""
     leaves = list(params) + list(grads) + [s for group in states for s in group]
-    if not leaves or not all(is_cupy(a) for a in leaves):
-        return None
-    dtype = leaves[0].dtype
-    if len(params) > 32 or dtype.kind != "f" or dtype.itemsize < 4 or \
-            any(a.dtype != dtype or not a.flags.c_contiguous for a in leaves):
+    if len(params) > 32 or not _fusable(leaves, max_leaves=len(leaves)) or \
+            leaves[0].dtype.itemsize < 4:
         return None
     from fuseflow.backend import _cuda_fused
 
