@@ -58,8 +58,12 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
 
     def f(params, x, y, *, loss_scale=1.0, key=None):
         leaves, treedef = tree.flatten(params)
-        low = tree.unflatten(treedef, backend.multi_tensor_cast(leaves, cd))
-        out, residuals = model.forward(low, x.astype(cd, copy=False), key=key, train=True)
+        # the batch joins the params' cast (one launch on the GPU) when it has their dtype
+        with_x = x.dtype != cd and all(p.dtype == x.dtype for p in leaves)
+        cast = backend.multi_tensor_cast([*leaves, x] if with_x else leaves, cd)
+        low = tree.unflatten(treedef, cast[:len(leaves)])
+        x_low = cast[-1] if with_x else x.astype(cd, copy=False)
+        out, residuals = model.forward(low, x_low, key=key, train=True)
         xp = namespace(out)
         loss, dout = loss_fn(out.astype(xp.float32), y)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
@@ -103,17 +107,22 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                                  optimizer.init(params))
 
     def next_scale(state, finite):
+        rule = (growth_interval, growth_factor, backoff_factor, min_scale)
+        fused = backend.next_loss_scale(finite, state.scale, state.good_steps, *rule)
+        if fused is not None:  # one launch on the GPU instead of ten
+            return fused
         xp = namespace(state.scale)
-        good = xp.where(finite, state.good_steps + 1, 0).astype(xp.int32)
+        good = xp.where(finite, state.good_steps + 1, 0).astype(xp.int32, copy=False)
         grow = good >= growth_interval
         scale = xp.where(finite, xp.where(grow, state.scale * growth_factor, state.scale),
-                         xp.maximum(state.scale * backoff_factor, min_scale)).astype(xp.float32)
-        return scale, xp.where(grow, 0, good).astype(xp.int32)
+                         xp.maximum(state.scale * backoff_factor, min_scale))
+        return (scale.astype(xp.float32, copy=False),
+                xp.where(grow, 0, good).astype(xp.int32, copy=False))
 
     def keep_if_not(finite, new, old):
         xp = namespace(old)
-        return tree.map(lambda n, o: n if n is o else xp.where(finite, n, o).astype(o.dtype),
-                        new, old)
+        return tree.map(lambda n, o: n if n is o else
+                        xp.where(finite, n, o).astype(o.dtype, copy=False), new, old)
 
     def update(grads, state, params=None):
         xp = namespace(state.scale)

@@ -46,19 +46,25 @@ GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9}
 # |pre-activation| under which GPU and CPU may round to different signs (random inputs only)
 SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10}
 # (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny,
-# and batches the skinny kernels split into chunks summed in a second pass (out <= 32)
+# batches the skinny kernels split into chunks summed in a second pass (out <= 32), and
+# whole aux bytes on both sides (fuseflow's own epilogs: in and out multiples of 8)
 SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16, 3, 8),
-          (600, 300, 10), (1000, 32, 32), (2100, 24, 7)]
+          (600, 300, 10), (1000, 32, 32), (2100, 24, 7), (96, 40, 64)]
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["skinny", "cublaslt"])
+@pytest.fixture(scope="module", params=["skinny", "cublaslt", "own_epilog"])
 def cb(request):
-    """Both implementations of small-side matmuls: fuseflow's skinny kernels (the default
-    for <= 32 features) and cuBLASLt (skinny_max = 0)."""
+    """Every implementation of the dense matmuls: fuseflow's skinny kernels (the default for
+    <= 32 features), cuBLASLt's epilogs (skinny_max = 0), and plain cuBLASLt matmuls plus
+    fuseflow's in-place bias/ReLU epilogs in every dtype and size (full float32 uses them
+    from ``own_epilog_min`` on)."""
     be = CudaBackend(tf32=False, autotune=False)
     if request.param == "cublaslt":
         be.skinny_max = 0
+        be.own_epilog = "off"
+    if request.param == "own_epilog":
+        be.own_epilog, be.own_epilog_min = "all", 0
     return be
 
 
@@ -326,6 +332,55 @@ def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
     dx_ref, db0_ref = nb.linear_dgrad(dy, w1, "DRELU_BGRAD", host(aux))
     check_close("dx", dx, dx_ref, np.float32, rng.seed)
     check_close("db0", db0, db0_ref, np.float32, rng.seed)
+
+
+# (batch, in, out): 16-byte vectors (V = 8 in float16, 4 in float32, 2 in float64), a width
+# that V does not divide (1028: V = 4 in float16), one chunk, and an odd width (V = 1)
+VECTOR_SHAPES = [(700, 520, 10), (300, 1028, 7), (33, 64, 32), (257, 999, 10)]
+
+
+@pytest.mark.parametrize("shape", VECTOR_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
+    """The skinny dgrad/wgrad with V columns per thread (used from VECTOR_MIN_ELEMENTS on,
+    lowered here to 0) agree with NumPy, masks and bias gradients included."""
+    from fuseflow.backend import _cuda_skinny as S
+
+    monkeypatch.setattr(S, "VECTOR_MIN_ELEMENTS", 0)
+    cb = CudaBackend(tf32=False)
+    batch, fin, fout = shape
+    x = normal(rng, (batch, fin), dtype)
+    w0, b0 = normal(rng, (fin, fin), dtype, fin ** -0.5), normal(rng, (fin,), dtype)
+    h_ref, aux_ref = nb.linear(x, w0, b0, "RELU_AUX_BIAS")
+    h, aux = cb.linear(dev(x), dev(w0), dev(b0), "RELU_AUX_BIAS")
+    w1 = normal(rng, (fout, fin), dtype, fin ** -0.5)
+    dy = normal(rng, (batch, fout), dtype)
+    n0 = cb.stats()["skinny"]
+    dw, db1 = cb.linear_wgrad(dev(dy), h, "BGRADB")
+    dx, db0 = cb.linear_dgrad(dev(dy), dev(w1), "DRELU_BGRAD", aux)
+    assert cb.stats()["skinny"] == n0 + 2
+    dw_ref, db1_ref = nb.linear_wgrad(dy, host(h), "BGRADB")
+    dx_ref, db0_ref = nb.linear_dgrad(dy, w1, "DRELU_BGRAD", host(aux))
+    for name, got, ref in (("dw", dw, dw_ref), ("db1", db1, db1_ref), ("dx", dx, dx_ref),
+                           ("db0", db0, db0_ref)):
+        check_close(name, got, ref, dtype, rng.seed)
+
+
+def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):
+    """The float16 output layer of 784-4096-4096-10 at batch 8192 (past VECTOR_MIN_ELEMENTS,
+    V = 8, chunks summed in the second pass) agrees with NumPy in float32."""
+    cb = CudaBackend(tf32=False)
+    h, aux = cb.activation(dev(normal(rng, (8192, 4096), np.float16)), "relu")
+    w = normal(rng, (10, 4096), np.float16, 4096 ** -0.5)
+    dy = normal(rng, (8192, 10), np.float16)
+    dw, db = cb.linear_wgrad(dev(dy), h, "BGRADB")
+    dx, dbx = cb.linear_dgrad(dev(dy), dev(w), "DRELU_BGRAD", aux)
+    f32 = np.float32
+    dw_ref, db_ref = nb.linear_wgrad(dy.astype(f32), host(h).astype(f32), "BGRADB")
+    dx_ref, dbx_ref = nb.linear_dgrad(dy.astype(f32), w.astype(f32), "DRELU_BGRAD", host(aux))
+    for name, got, ref in (("dw", dw, dw_ref), ("db", db, db_ref), ("dx", dx, dx_ref),
+                           ("dbx", dbx, dbx_ref)):
+        check_close(name, got, ref, np.float16, rng.seed)
 
 
 # ---- fused chains: forward aux straight into the backward ------------------------------------

@@ -55,25 +55,32 @@ class _Recorder:
 
 
 def _generated_sources(monkeypatch):
+    from fuseflow.backend import _cuda_epilogs as E
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_skinny as S
 
     _Recorder.sources = []
-    for mod in (F, S):
+    for mod in (E, F, S):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
-    for cache in (S._kernel, F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel,
-                  F._finite_kernel):
+    caches = (S._kernel, E._kernel, F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel,
+              F._finite_kernel, F._next_loss_scale_kernel)
+    for cache in caches:
         cache.cache_clear()
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
         for n in (1, 10, 32):
             for hb, ha, r in itertools.product((False, True), repeat=3):
                 S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
-            for d, b in itertools.product((False, True), repeat=2):
-                S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b)
-            for b in (False, True):
-                S._kernel("skinny_wgrad", dt, n, BGRADB=b)
+            for v in (1, 2, 4, 8)[:{2: 4, 4: 3, 8: 2}[dt.itemsize]]:
+                for d, b in itertools.product((False, True), repeat=2):
+                    S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v)
+                for b in (False, True):
+                    S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v)
         S._kernel("sum_chunks", dt, 1)
+        for hb, ha, r in itertools.product((False, True), repeat=3):
+            E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
+        for b in (False, True):
+            E._kernel("drelu", dt, BGRAD=b)
         for labels in (np.int64, np.int32, np.uint8):
             F._xent_kernel(dt, np.dtype(labels))
         ct, wt = F._CTYPES[dt], ("double" if dt == np.float64 else "float")
@@ -86,9 +93,9 @@ def _generated_sources(monkeypatch):
             for scaled in (False, True):
                 F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True)
         F._finite_kernel(ct, tuple(range(3, 17)), True)
+    F._next_loss_scale_kernel()
     sources = list(_Recorder.sources)
-    for cache in (S._kernel, F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel,
-                  F._finite_kernel):
+    for cache in caches:
         cache.cache_clear()  # no recorder objects left behind for real launches
     return sources
 

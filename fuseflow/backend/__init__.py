@@ -183,6 +183,20 @@ def all_finite(leaves):
     return ok
 
 
+def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor,
+                    backoff_factor, min_scale):
+    """``(scale, good_steps)`` after one step of dynamic loss scaling, in one launch on the
+    GPU; None for NumPy arrays (the caller, ``mixed_precision``, runs its reference)."""
+    arrays = {np.bool_: finite, np.float32: scale, np.int32: good_steps}
+    if not all(is_cupy(a) and a.dtype == t and a.ndim == 0 for t, a in arrays.items()):
+        return None
+    from fuseflow.backend import _cuda_fused
+
+    get("cuda").calls["next_loss_scale"] += 1
+    return _cuda_fused.next_loss_scale(finite, scale, good_steps, growth_interval,
+                                       growth_factor, backoff_factor, min_scale)
+
+
 def multi_tensor_update(kind, params, grads, states, **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
     None where no fused kernel applies (NumPy arrays): the caller then runs the reference."""

@@ -150,9 +150,13 @@ def _aligned(arrays):
     return all(a.data.ptr % (4 * a.itemsize) == 0 for a in arrays)
 
 
+#: grid size cap of the multi-tensor kernels, in blocks of 256 per SM (132 SMs on H100/H200)
+BLOCKS_PER_SM = 8
+
+
 def _launch(kern, quads, args):
     threads = 256
-    blocks = max(1, min(-(-quads // threads), 132 * 8))
+    blocks = max(1, min(-(-quads // threads), 132 * BLOCKS_PER_SM))
     kern((blocks,), (threads,), (np.int64(quads), *args))
 
 
@@ -235,7 +239,40 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     return new_params, new_states
 
 
-# ---- multi-tensor casts and finiteness (mixed precision) ----------------------------------
+# ---- multi-tensor casts, finiteness and the loss scale (mixed precision) -------------------
+# mixed_precision.dynamic_loss_scaling's rule, operation by operation (float32 products)
+_NEXT_LOSS_SCALE = r"""
+extern "C" __global__ void next_loss_scale(const bool* finite, const float* scale,
+        const int* good, float* new_scale, int* new_good, int interval, float growth,
+        float backoff, float min_scale) {
+    const bool ok = finite[0];
+    const int g = ok ? good[0] + 1 : 0;
+    const bool grow = g >= interval;
+    const float s = scale[0];
+    const float shrunk = s * backoff;
+    new_scale[0] = ok ? (grow ? s * growth : s) : (shrunk > min_scale ? shrunk : min_scale);
+    new_good[0] = grow ? 0 : g;
+}
+"""
+
+
+@functools.cache
+def _next_loss_scale_kernel():
+    return cupy.RawKernel(_NEXT_LOSS_SCALE, "next_loss_scale")
+
+
+def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor, backoff_factor,
+                    min_scale):
+    """``(scale, good_steps)`` of dynamic loss scaling after one step, as new 0-d arrays."""
+    kern = _next_loss_scale_kernel()
+    new_scale = cupy.empty((), dtype=cupy.float32)
+    new_good = cupy.empty((), dtype=cupy.int32)
+    kern((1,), (1,), (finite, scale, good_steps, new_scale, new_good, np.int32(growth_interval),
+                      np.float32(growth_factor), np.float32(backoff_factor),
+                      np.float32(min_scale)))
+    return new_scale, new_good
+
+
 @functools.cache
 def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned):
     args = ["long long total", "const float* scale_ptr"]

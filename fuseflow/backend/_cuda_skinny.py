@@ -34,6 +34,11 @@ MAX_N = 32              # the largest small side handled here
 #: batch) cuBLASLt's tiled kernels (tensor cores in float16) are faster.
 FORWARD_MAX_MACS = 2 ** 25
 _FWD_THREADS = 256      # forward: threads per sample (they split the inputs)
+#: dgrad/wgrad give each thread V adjacent columns (16-byte loads/stores) from this many
+#: batch x feature elements on: the output layer of 784-4096-4096-10 at batch 8192 in
+#: float16 is memory-bound there. Below it, one column per thread keeps more, shorter
+#: blocks in flight, which the latency-bound small shapes need.
+VECTOR_MIN_ELEMENTS = 2 ** 21
 
 _CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
            np.dtype(np.float64): "double"}
@@ -88,41 +93,70 @@ extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __re
 }
 """
 
-# Thread (column f, row group ty) of block (32, 8) handles rows r0 + ty, r0 + ty + 8, ...
-# of its chunk of 8 * RPT rows; grid (column blocks, chunks). The bias gradient of a chunk
-# is reduced in shared memory, then written directly (one chunk) or as a partial.
-_DGRAD = r"""
+# Each thread owns V adjacent columns (V > 1: one vector load/store per row where F % V == 0
+# and the pointers allow it; V = 1 on short batches, where more, smaller blocks win).
+_VEC = r"""
+struct __align__(V * sizeof(T)) TV { T v[V]; };
+"""
+
+# Thread (column group g, row group ty) of block (32, 8) handles columns g*V .. g*V+V-1 of
+# rows r0 + ty, r0 + ty + 8, ... of its chunk of 8 * RPT rows; grid (column blocks,
+# chunks). The bias gradient of a chunk is reduced in shared memory, then written directly
+# (one chunk) or as a partial.
+_DGRAD = _VEC + r"""
 extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __restrict__ w,
         const unsigned char* __restrict__ aux, T* __restrict__ dx, A* __restrict__ part,
         T* __restrict__ db, long long B, long long F, long long ld, int rpt) {
-    __shared__ A red[8][33];
-    const long long f = (long long)blockIdx.x * 32 + threadIdx.x;
+    __shared__ A red[BGRAD ? 8 : 1][32 * V + 1];
+    const long long f0 = ((long long)blockIdx.x * 32 + threadIdx.x) * V;
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
     const long long r1 = r0 + 8 * rpt < B ? r0 + 8 * rpt : B;
-    const bool col = f < F;
-    A wv[N];
+    const bool col = f0 < F;
+    A wv[N][V];
     #pragma unroll
-    for (int j = 0; j < N; ++j) wv[j] = col ? (A)w[(long long)j * F + f] : (A)0;
-    A colsum = (A)0;
+    for (int j = 0; j < N; ++j) {
+        #pragma unroll
+        for (int u = 0; u < V; ++u) wv[j][u] = col ? (A)w[(long long)j * F + f0 + u] : (A)0;
+    }
+    A colsum[V];
+    #pragma unroll
+    for (int u = 0; u < V; ++u) colsum[u] = (A)0;
     if (col) {
         for (long long b = r0 + threadIdx.y; b < r1; b += 8) {
             const T* d = dy + b * N;
-            A s = (A)0;
+            A s[V];
             #pragma unroll
-            for (int j = 0; j < N; ++j) s += (A)d[j] * wv[j];
-            if (DRELU && !((aux[b * ld + (f >> 3)] >> (f & 7)) & 1u)) s = (A)0;
-            const T out = (T)s;
-            dx[b * F + f] = out;
-            if (BGRAD) colsum += (A)out;
+            for (int u = 0; u < V; ++u) s[u] = (A)0;
+            #pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const A dj = (A)d[j];
+                #pragma unroll
+                for (int u = 0; u < V; ++u) s[u] += dj * wv[j][u];
+            }
+            // V <= 8 and f0 % V == 0: the V mask bits share one byte
+            const unsigned int bits = DRELU ? (unsigned int)aux[b * ld + (f0 >> 3)] : 0xffu;
+            TV out;
+            #pragma unroll
+            for (int u = 0; u < V; ++u) {
+                if (DRELU && !((bits >> ((f0 + u) & 7)) & 1u)) s[u] = (A)0;
+                out.v[u] = (T)s[u];
+                if (BGRAD) colsum[u] += (A)out.v[u];
+            }
+            *reinterpret_cast<TV*>(dx + b * F + f0) = out;
         }
     }
     if (BGRAD) {
-        red[threadIdx.y][threadIdx.x] = colsum;
+        #pragma unroll
+        for (int u = 0; u < V; ++u) red[threadIdx.y][u * 32 + threadIdx.x] = colsum[u];
         __syncthreads();
-        if (threadIdx.y == 0 && col) {
+        const long long base = (long long)blockIdx.x * 32 * V;
+        for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
+            const long long f = base + c;
+            if (f >= F) continue;
+            const int slot = (c % V) * 32 + c / V;
             A s = (A)0;
             #pragma unroll
-            for (int g = 0; g < 8; ++g) s += red[g][threadIdx.x];
+            for (int g = 0; g < 8; ++g) s += red[g][slot];
             if (gridDim.y == 1) db[f] = (T)s;
             else part[(long long)blockIdx.y * F + f] = s;
         }
@@ -130,39 +164,59 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
 }
 """
 
-# Thread (column f, row group ty) of block (32, 8) keeps N sums dy[b, j] * x[b, f] over rows
-# r0 + ty, r0 + ty + 8, ... of its chunk; the 8 row groups are added in shared memory, one
-# output j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One chunk writes
-# dw/db directly, several write partials for the second pass.
-_WGRAD = r"""
+# Thread (column group g, row group ty) of block (32, 8) keeps N x V sums dy[b, j] * x[b, f]
+# over rows r0 + ty, r0 + ty + 8, ... of its chunk; the 8 row groups are added in shared
+# memory, one output j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One
+# chunk writes dw/db directly, several write partials for the second pass.
+_WGRAD = _VEC + r"""
 extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
         A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F,
         long long rows_per_chunk) {
-    __shared__ A red[8][33];
+    __shared__ A red[8][32 * V + 1];
     const long long FC = F + (BGRADB ? 1 : 0);
-    const long long f = (long long)blockIdx.x * 32 + threadIdx.x;
+    const long long f0 = ((long long)blockIdx.x * 32 + threadIdx.x) * V;
     const long long r0 = (long long)blockIdx.y * rows_per_chunk;
     const long long r1 = r0 + rows_per_chunk < B ? r0 + rows_per_chunk : B;
-    A acc[N];
+    A acc[N][V];
     #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = (A)0;
-    if (f < FC) {
+    for (int j = 0; j < N; ++j) {
+        #pragma unroll
+        for (int u = 0; u < V; ++u) acc[j][u] = (A)0;
+    }
+    if (f0 < FC) {
         for (long long b = r0 + threadIdx.y; b < r1; b += 8) {
-            const A xv = f < F ? (A)x[b * F + f] : (A)1;
+            A xv[V];
+            if (f0 < F) {  // F % V == 0: the V columns are all inside x
+                const TV t = *reinterpret_cast<const TV*>(x + b * F + f0);
+                #pragma unroll
+                for (int u = 0; u < V; ++u) xv[u] = (A)t.v[u];
+            } else {       // the column of ones (bias gradient), then nothing
+                #pragma unroll
+                for (int u = 0; u < V; ++u) xv[u] = u == 0 ? (A)1 : (A)0;
+            }
             const T* d = dy + b * N;
             #pragma unroll
-            for (int j = 0; j < N; ++j) acc[j] += (A)d[j] * xv;
+            for (int j = 0; j < N; ++j) {
+                const A dj = (A)d[j];
+                #pragma unroll
+                for (int u = 0; u < V; ++u) acc[j][u] += dj * xv[u];
+            }
         }
     }
+    const long long base = (long long)blockIdx.x * 32 * V;
     #pragma unroll
     for (int j = 0; j < N; ++j) {
         __syncthreads();
-        red[threadIdx.y][threadIdx.x] = acc[j];
+        #pragma unroll
+        for (int u = 0; u < V; ++u) red[threadIdx.y][u * 32 + threadIdx.x] = acc[j][u];
         __syncthreads();
-        if (threadIdx.y == 0 && f < FC) {
+        for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
+            const long long f = base + c;
+            if (f >= FC) continue;
+            const int slot = (c % V) * 32 + c / V;
             A s = (A)0;
             #pragma unroll
-            for (int g = 0; g < 8; ++g) s += red[g][threadIdx.x];
+            for (int g = 0; g < 8; ++g) s += red[g][slot];
             if (gridDim.y > 1) part[((long long)blockIdx.y * N + j) * FC + f] = s;
             else if (f < F) dw[(long long)j * F + f] = (T)s;
             else db[j] = (T)s;
@@ -179,6 +233,7 @@ extern "C" __global__ void sum_chunks(const A* __restrict__ part, T* __restrict_
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     A s = (A)0;
+    #pragma unroll 8
     for (long long c = 0; c < chunks; ++c) s += part[c * n + i];
     const long long r = i / FC, f = i - r * FC;
     if (f < F) out[r * F + f] = (T)s;
@@ -191,19 +246,33 @@ def _acc(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
+def _width(n, dtype, features, *arrays):
+    """V, the columns per thread: the widest power of two whose vector is at most 16 bytes,
+    whose N x V sums fit the registers, that divides ``features`` and that every array's
+    address allows; 1 for small problems."""
+    dtype = np.dtype(dtype)
+    v = 1
+    while (2 * v * dtype.itemsize <= 16 and 2 * v * n <= 96 and features % (2 * v) == 0
+           and all(a.data.ptr % (2 * v * dtype.itemsize) == 0 for a in arrays)):
+        v *= 2
+    return v
+
+
 @functools.cache
 def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"FWD_THREADS": _FWD_THREADS, **{k: int(v) for k, v in flags.items()}}
+    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, **{k: int(v) for k, v in flags.items()}}
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float").replace("{N}", str(n))
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(head + src, name)
 
 
-def _sum_chunks(part, out, extra, rows, features, fc):
+def sum_chunks(part, out, extra, rows, features, fc):
+    """Second pass: ``out`` (rows, features) and ``extra`` (rows,), the last of ``fc``
+    columns if ``fc > features``, from the in-order sum over the chunks of ``part``."""
     n = rows * fc
     k = _kernel("sum_chunks", out.dtype, 1)
     k((-(-n // 256),), (256,), (part, out, extra if extra is not None else np.uintp(0),
@@ -234,9 +303,11 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
+    v = _width(n, dy.dtype, features, dx) if batch * features >= VECTOR_MIN_ELEMENTS else 1
     # rows per thread: 1 for short batches (latency), more for long ones; the chunk count
     # is a grid dimension, at most 65535
-    rpt = max(min(16, max(1, batch // 1024)), -(-batch // (8 * 65535)))
+    rpt = max(min(16, max(1, batch // 1024)) if v == 1 else min(32, max(1, batch // 512)),
+              -(-batch // (8 * 65535)))
     chunks = max(1, -(-batch // (8 * rpt)))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
@@ -246,13 +317,13 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
             db.fill(0)
         return dx, db
     if features:
-        kern = _kernel("skinny_dgrad", dy.dtype, n, DRELU=aux is not None, BGRAD=bgrad)
-        kern((-(-features // 32), chunks), (32, 8),
+        kern = _kernel("skinny_dgrad", dy.dtype, n, DRELU=aux is not None, BGRAD=bgrad, V=v)
+        kern((-(-features // (32 * v)), chunks), (32, 8),
              (dy, w, aux if aux is not None else np.uintp(0), dx,
               part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
               np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
         if part is not None:
-            _sum_chunks(part, db, None, 1, features, features)
+            sum_chunks(part, db, None, 1, features, features)
     return dx, db
 
 
@@ -274,10 +345,11 @@ def wgrad(dy, x, *, bgrad: bool):
     rows = max(64, -(-per // 8) * 8)
     chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
-    kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad)
-    kern((-(-fc // 32), chunks), (32, 8),
+    v = _width(n, dy.dtype, features, x) if batch * features >= VECTOR_MIN_ELEMENTS else 1
+    kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v)
+    kern((-(-fc // (32 * v)), chunks), (32, 8),
          (dy, x, part if part is not None else np.uintp(0), dw,
           db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)))
     if part is not None:
-        _sum_chunks(part, dw, db, n, features, fc)
+        sum_chunks(part, dw, db, n, features, fc)
     return dw, db

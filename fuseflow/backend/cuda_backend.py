@@ -52,6 +52,7 @@ import nvmath
 from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
 from fuseflow.backend import _cuda_autotune as _autotune
+from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend.base import Backend, BackendError
@@ -146,6 +147,12 @@ class CudaBackend(Backend):
         #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
         self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
                               .replace(" ", "").split(","))
+        #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
+        #: fuseflow's in-place ``_cuda_epilogs`` pass where cuBLASLt has no fused epilog and
+        #: runs a slow separate one: full float32 ("auto"), every dtype ("all", for tests), or
+        #: never ("off"); from ``own_epilog_min`` batch x features on (FUSEFLOW_OWN_EPILOG[_MIN]).
+        self.own_epilog = os.environ.get("FUSEFLOW_OWN_EPILOG", "auto")
+        self.own_epilog_min = _env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
         self._counters = Counter()
@@ -166,6 +173,7 @@ class CudaBackend(Backend):
             "fallbacks": dict(self._fallbacks),
             "split_bias_grad": self._counters["split_bias_grad"],
             "skinny": self._counters["skinny"],
+            "own_epilog": self._counters["own_epilog"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -456,6 +464,18 @@ class CudaBackend(Backend):
             return True
         return False
 
+    def _own_epilog(self, dtype, spec, batch, features):
+        """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
+        mode = self.own_epilog
+        fp32 = dtype == np.float32 and not self.tf32
+        if mode == "off" or (mode == "auto" and not fp32) or spec.name == "DEFAULT":
+            return False
+        if spec.activation not in (None, "relu") or batch * features < self.own_epilog_min \
+                or features % 8:
+            return False
+        self._counters["own_epilog"] += 1
+        return True
+
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
         if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
@@ -463,6 +483,8 @@ class CudaBackend(Backend):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
+        if self._own_epilog(x.dtype, spec, x.shape[0], out):
+            return self._linear_unfused(x, w, bias, spec)
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
             # No epilog input or output fixes D's layout here, and nvmath lays D out like A:
             # plan y = x @ W.T (A = x, row-major) so that y comes out row-major.
@@ -489,6 +511,9 @@ class CudaBackend(Backend):
         pre = self._contig("y", pre)
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
+        if spec.activation in (None, "relu") and E.vectorizable(pre.shape[1], pre, bias):
+            return E.bias_relu(pre, bias, relu=spec.activation == "relu",
+                               aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None)
         if spec.activation == "relu":
             if spec.aux:
                 return K.relu_pack(pre, bias, relu_aux_rows(w.shape[0]))
@@ -523,6 +548,8 @@ class CudaBackend(Backend):
                     self._copies["relu_aux"] += 1
                     aux, ld = cupy.asfortranarray(aux), aux.shape[0]
             return S.dgrad(dy, w, aux if spec.activation else None, ld, bgrad=spec.bias)
+        if spec.activation == "relu" and self._own_epilog(dy.dtype, spec, batch, features):
+            return self._dgrad_unfused(dy, w, spec, aux)
         if spec.activation:
             if w.shape[0] == 1:  # K == 1: cuBLASLt refuses DRELU/DGELU
                 self._fallbacks[f"dgrad/{spec.name}: K == 1"] += 1
@@ -548,7 +575,12 @@ class CudaBackend(Backend):
 
     def _dgrad_unfused(self, dy, w, spec, aux):
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
-        dx = self._activation_grad(self._contig("dx", d.T), spec.activation, aux)
+        dx = self._contig("dx", d.T)
+        if spec.activation == "relu":
+            ld = self._aux_ld(aux, aux.shape[0], dy.shape[0])
+            if ld is not None and E.vectorizable(dx.shape[1], dx):
+                return E.drelu(dx, aux, ld, bgrad=spec.bias)
+        dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
     def _linear_wgrad(self, dy, x, spec):
