@@ -143,3 +143,33 @@ def test_multi_tensor_cast_and_all_finite_match_per_leaf_ops(src):
             broken = [a.copy() for a in leaves]
             broken[k].ravel()[rng.integers(broken[k].size)] = bad
             assert not bool(ff.backend.all_finite(broken)), (bad, k)
+
+
+@pytest.mark.gpu
+def test_loss_scale_kernel_matches_the_numpy_rule():
+    """The one-launch loss-scale update (GPU) gives exactly the NumPy rule's scale and count:
+    growth after ``growth_interval`` finite steps, backoff on inf/nan, the ``min_scale``
+    floor, and float32 overflow of the scale itself."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow import mixed_precision as mp
+
+    opt = mp.dynamic_loss_scaling(ff.optim.sgd(0.1), growth_interval=3, min_scale=1.5)
+    be = ff.backend.get("cuda")
+    for scale in (1.0, 2.5, 2.0 ** 15, 3e38):
+        for good in (0, 1, 2):
+            for finite in (True, False):
+                grads = [np.array([1.0, 2.0 if finite else np.inf], np.float32)]
+                params = [np.zeros(2, np.float32)]
+                state = mp.DynamicScaleState(np.asarray(scale, np.float32),
+                                             np.asarray(good, np.int32), opt.init(params).inner)
+                with np.errstate(invalid="ignore"):
+                    _, ref = opt.update(grads, state, params)
+                calls = be.calls["next_loss_scale"]
+                _, got = opt.update(*ff.device_put((grads, state, params), "cuda"))
+                assert be.calls["next_loss_scale"] == calls + 1
+                case = (scale, good, finite)
+                assert cupy.asnumpy(got.scale).tobytes() == np.asarray(ref.scale).tobytes(), case
+                assert int(got.good_steps) == int(ref.good_steps), case

@@ -342,18 +342,27 @@ VECTOR_SHAPES = [(700, 520, 10), (300, 1028, 7), (33, 64, 32), (257, 999, 10)]
 @pytest.mark.parametrize("shape", VECTOR_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
-    """The skinny dgrad/wgrad with V columns per thread (used from VECTOR_MIN_ELEMENTS on,
-    lowered here to 0) agree with NumPy, masks and bias gradients included."""
+    """The skinny kernels' vector forms agree with NumPy, masks and bias gradients included:
+    dgrad/wgrad with V columns per thread (from VECTOR_MIN_ELEMENTS on) and the forward with
+    a warp per FORWARD_ROWS samples (past FORWARD_MAX_MACS); both limits lowered to 0."""
     from fuseflow.backend import _cuda_skinny as S
 
     monkeypatch.setattr(S, "VECTOR_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(S, "FORWARD_MAX_MACS", 0)  # the long-batch forward (warp per rows)
     cb = CudaBackend(tf32=False)
     batch, fin, fout = shape
     x = normal(rng, (batch, fin), dtype)
     w0, b0 = normal(rng, (fin, fin), dtype, fin ** -0.5), normal(rng, (fin,), dtype)
-    h_ref, aux_ref = nb.linear(x, w0, b0, "RELU_AUX_BIAS")
     h, aux = cb.linear(dev(x), dev(w0), dev(b0), "RELU_AUX_BIAS")
     w1 = normal(rng, (fout, fin), dtype, fin ** -0.5)
+    b1 = normal(rng, (fout,), dtype)
+    y, aux1 = cb.linear(h, dev(w1), dev(b1), "RELU_AUX_BIAS")
+    y_ref, aux1_ref = nb.linear(host(h), w1, b1, "RELU_AUX_BIAS")
+    pre = host(h).astype(np.float64) @ w1.T.astype(np.float64) + b1
+    check_close("y", y, y_ref, dtype, rng.seed, scale=pre)
+    check_relu_aux_layout(aux1, fout, batch)
+    bits, bits_ref = unpack_relu_aux(host(aux1), fout), unpack_relu_aux(aux1_ref, fout)
+    assert not ((bits != bits_ref) & (np.abs(pre) > SIGN_MARGIN[dtype])).any(), rng.seed
     dy = normal(rng, (batch, fout), dtype)
     n0 = cb.stats()["skinny"]
     dw, db1 = cb.linear_wgrad(dev(dy), h, "BGRADB")
@@ -367,12 +376,19 @@ def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
 
 
 def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):
-    """The float16 output layer of 784-4096-4096-10 at batch 8192 (past VECTOR_MIN_ELEMENTS,
-    V = 8, chunks summed in the second pass) agrees with NumPy in float32."""
+    """The float16 output layer of 784-4096-4096-10 at batch 8192 (the long-batch forward, V = 8
+    gradients, chunks summed in the second pass) agrees with NumPy in float32."""
     cb = CudaBackend(tf32=False)
     h, aux = cb.activation(dev(normal(rng, (8192, 4096), np.float16)), "relu")
     w = normal(rng, (10, 4096), np.float16, 4096 ** -0.5)
     dy = normal(rng, (8192, 10), np.float16)
+    b = normal(rng, (10,), np.float16)
+    n0 = cb.stats()["skinny"]
+    y, _ = cb.linear(h, dev(w), dev(b), "BIAS")
+    assert cb.stats()["skinny"] == n0 + 1
+    y_ref, _ = nb.linear(host(h).astype(np.float32), w.astype(np.float32), b.astype(np.float32),
+                         "BIAS")
+    check_close("y", y, y_ref, np.float16, rng.seed)
     dw, db = cb.linear_wgrad(dev(dy), h, "BGRADB")
     dx, dbx = cb.linear_dgrad(dev(dy), dev(w), "DRELU_BGRAD", aux)
     f32 = np.float32

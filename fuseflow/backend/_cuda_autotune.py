@@ -13,13 +13,15 @@ private memory pool keeps only what the step itself needs.
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import cupy
 
 #: Matmuls up to this many multiply-adds are tuned; larger ones are left to the heuristic,
-#: which does well at large sizes, and each candidate would cost milliseconds to time.
-MAX_MACS = 2 ** 32
+#: which does well at large sizes, and each candidate would cost milliseconds to time
+#: (``FUSEFLOW_AUTOTUNE_MAX_MACS`` raises it).
+MAX_MACS = int(os.environ.get("FUSEFLOW_AUTOTUNE_MAX_MACS", 2 ** 32))
 LIMIT = 32          # candidates asked of the heuristic
 _TARGET_US = 200.0  # GPU time aimed at per timed graph
 

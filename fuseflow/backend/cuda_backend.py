@@ -148,9 +148,11 @@ class CudaBackend(Backend):
         self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
                               .replace(" ", "").split(","))
         #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
-        #: fuseflow's in-place ``_cuda_epilogs`` pass where cuBLASLt has no fused epilog and
-        #: runs a slow separate one: full float32 ("auto"), every dtype ("all", for tests), or
-        #: never ("off"); from ``own_epilog_min`` batch x features on (FUSEFLOW_OWN_EPILOG[_MIN]).
+        #: fuseflow's in-place ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
+        #: "fp32": in full float32 from ``own_epilog_min`` batch x features on, where cuBLASLt
+        #: has no fused epilog and runs a slow separate one; "auto" (default): also DRELU
+        #: input gradients of any dtype from ``split_bias_grad_macs`` on, where cuBLASLt's
+        #: DRELU kernels are slower than its plain ones; "all": always (tests); "off": never.
         self.own_epilog = os.environ.get("FUSEFLOW_OWN_EPILOG", "auto")
         self.own_epilog_min = _env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
         self._plans: OrderedDict = OrderedDict()
@@ -464,26 +466,26 @@ class CudaBackend(Backend):
             return True
         return False
 
-    def _own_epilog(self, dtype, spec, batch, features):
+    def _own_epilog(self, dtype, spec, batch, features, macs):
         """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
         mode = self.own_epilog
-        fp32 = dtype == np.float32 and not self.tf32
-        if mode == "off" or (mode == "auto" and not fp32) or spec.name == "DEFAULT":
-            return False
-        if spec.activation not in (None, "relu") or batch * features < self.own_epilog_min \
+        if mode == "off" or spec.name == "DEFAULT" or spec.activation not in (None, "relu") \
                 or features % 8:
             return False
-        self._counters["own_epilog"] += 1
-        return True
+        fp32 = dtype == np.float32 and not self.tf32 and batch * features >= self.own_epilog_min
+        big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
+        if mode == "all" or (mode in ("fp32", "auto") and fp32) or (mode == "auto" and big_drelu):
+            self._counters["own_epilog"] += 1
+            return True
+        return False
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
-        if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
-                self._skinny("forward", out, spec.activation):
+        if S.forward_applies(x, w) and self._skinny("forward", out, spec.activation):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
-        if self._own_epilog(x.dtype, spec, x.shape[0], out):
+        if self._own_epilog(x.dtype, spec, x.shape[0], out, x.shape[0] * x.shape[1] * out):
             return self._linear_unfused(x, w, bias, spec)
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
             # No epilog input or output fixes D's layout here, and nvmath lays D out like A:
@@ -548,7 +550,8 @@ class CudaBackend(Backend):
                     self._copies["relu_aux"] += 1
                     aux, ld = cupy.asfortranarray(aux), aux.shape[0]
             return S.dgrad(dy, w, aux if spec.activation else None, ld, bgrad=spec.bias)
-        if spec.activation == "relu" and self._own_epilog(dy.dtype, spec, batch, features):
+        if spec.activation == "relu" and \
+                self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
             return self._dgrad_unfused(dy, w, spec, aux)
         if spec.activation:
             if w.shape[0] == 1:  # K == 1: cuBLASLt refuses DRELU/DGELU
