@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The session's main GPU call: every GPU test, the CLI on MNIST on the GPU (float32 and
 # float16), the kernels of fuseflow's compiled steps, and the fuseflow and JAX peers numbers
-# (with time to 98%) from one machine in one call. PART=peers2 runs the other peers (torch,
-# the hand-written nvmath pattern) for a second call right after. Results: $OUT/*.tgz
+# (with time to 98%) from one machine in one call, plus fuseflow's large model with
+# autotuning off (FUSEFLOW_AUTOTUNE=0) for a side-by-side. PART=peers2 runs the other peers
+# (torch, the hand-written nvmath pattern) for a second call right after.
+# Results: $OUT/*.tgz, rewritten after every step.
 set -uo pipefail
 TAG=${PART:-main}
 source "$(dirname "$0")/_device_lib.sh"
@@ -12,9 +14,10 @@ if [ "$TAG" = main ]; then
   run train_cuda_fp16 90 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
   run eval_cuda_fp32 60 python3 -m fuseflow eval /tmp/r32/last.safetensors --backend cuda --data-dir .devdata/mnist
   cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
-  TAILN=3 run profile_fuseflow 90 python3 benchmarks/profile_step.py --framework fuseflow --out "$res"
   TAILN=20 run peers_fuseflow 150 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist
   TAILN=20 run peers_jax 240 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist
+  TAILN=3 run profile_fuseflow 90 python3 benchmarks/profile_step.py --framework fuseflow --out "$res"
+  FUSEFLOW_AUTOTUNE=0 TAILN=8 run peers_fuseflow_autotune_off 60 python3 benchmarks/peers.py --worker fuseflow --out "$res" --no-mnist --tag autotune_off --models 784-4096-4096-10
 else
   TAILN=30 run peers_torch 300 python3 benchmarks/peers.py --worker torch --out "$res"
   TAILN=6 run peers_hand 90 python3 benchmarks/peers.py --worker hand_nvmath --out "$res"

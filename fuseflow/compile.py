@@ -37,12 +37,17 @@ class CompileError(ValueError):
 def compile(step, *, donate_argnums=(0, 1), autotune=None):
     """Compile ``step`` (see the module docstring). ``donate_argnums`` name the arguments
     that the step returns updated, first and in the same order, e.g. params and opt_state.
-    ``autotune=True`` (or ``FUSEFLOW_AUTOTUNE=1``) times cuBLASLt's candidate algorithms for
-    each matmul of the step while compiling and keeps the fastest in isolation. Off by
-    default: on the H200 the winners were no faster inside the step (docs/benchmarks.md)."""
+    ``autotune`` times cuBLASLt's candidate algorithms for a matmul while compiling and keeps
+    the fastest: ``"auto"`` (the default, or ``FUSEFLOW_AUTOTUNE=auto``) for float32 matmuls
+    of at least 2^32 multiply-adds, where the heuristic's pick cost up to 1% of the step and a
+    few seconds of timing pay off; ``True`` (``FUSEFLOW_AUTOTUNE=1``) for every matmul;
+    ``False`` (``FUSEFLOW_AUTOTUNE=0``) never. Measured on the H200: docs/benchmarks.md."""
     if autotune is None:
-        autotune = os.environ.get("FUSEFLOW_AUTOTUNE", "0") == "1"
-    return CompiledStep(step, tuple(donate_argnums), bool(autotune))
+        autotune = {"1": True, "0": False}.get(os.environ.get("FUSEFLOW_AUTOTUNE", "auto"),
+                                               "auto")
+    if autotune not in (True, False, "auto"):
+        raise ValueError(f"compile: autotune must be True, False or 'auto', got {autotune!r}")
+    return CompiledStep(step, tuple(donate_argnums), autotune)
 
 
 def _is_array(x):

@@ -99,6 +99,33 @@ def test_compile_with_autotune_times_algorithms_and_matches_eager():
         assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
 
 
+def test_compile_rejects_an_unknown_autotune_mode():
+    with pytest.raises(ValueError, match="autotune must be True, False or 'auto'"):
+        ff.compile(lambda p, s, x, y: (p, s, {}), autotune="yes")
+
+
+@gpu
+def test_compile_default_autotunes_only_large_float32_matmuls(monkeypatch):
+    """The default ("auto") times candidates for float32 matmuls of 2^32 multiply-adds and
+    more (here the first layer's forward and weight gradient), not for the small ones."""
+    cp = _cuda()
+    from fuseflow.backend import _cuda_autotune as tuner
+
+    timed, fastest = [], tuner.fastest
+    monkeypatch.setattr(tuner, "fastest",
+                        lambda mm, algs: timed.append(len(algs)) or fastest(mm, algs))
+    for sizes, batch, expected in (((1024, 64, 10), 256, 0), ((1024, 1024, 10), 4096, 2)):
+        params, state, step, xs, ys = make_problem(sizes=sizes, batch=batch)
+        params, state = ff.device_put((params, state), "cuda")
+        timed.clear()
+        compiled = ff.compile(step)
+        pc, sc, mc = compiled(*ff.tree.map(lambda a: a.copy(), (params, state)),
+                              cp.asarray(xs[0]), cp.asarray(ys[0]))
+        assert len(timed) == expected, (sizes, timed)
+        _, _, me = step(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
+        assert float(mc["loss"]) == pytest.approx(float(me["loss"]), rel=1e-5)
+
+
 def test_compile_autotune_off_while_the_backend_tunes():
     """compile(autotune=False) wins over a backend that autotunes (FUSEFLOW_AUTOTUNE=1):
     warm-up and capture plan alike, so nothing is planned inside the capture."""

@@ -71,8 +71,6 @@ def _generated_sources(monkeypatch):
         for n in (1, 10, 32):
             for hb, ha, r in itertools.product((False, True), repeat=3):
                 S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
-                S._kernel("skinny_forward_rows", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r,
-                          V=16 // dt.itemsize, ROWS=S.FORWARD_ROWS)
             for v in (1, 2, 4, 8)[:{2: 4, 4: 3, 8: 2}[dt.itemsize]]:
                 for d, b in itertools.product((False, True), repeat=2):
                     S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v)

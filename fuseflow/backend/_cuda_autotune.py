@@ -17,13 +17,26 @@ import os
 import statistics
 
 import cupy
+import numpy as np
 
-#: Matmuls up to this many multiply-adds are tuned; larger ones are left to the heuristic,
-#: which does well at large sizes, and each candidate would cost milliseconds to time
-#: (``FUSEFLOW_AUTOTUNE_MAX_MACS`` raises it).
-MAX_MACS = int(os.environ.get("FUSEFLOW_AUTOTUNE_MAX_MACS", 2 ** 32))
+#: ``autotune=True`` tunes matmuls up to this many multiply-adds (every one by default;
+#: ``FUSEFLOW_AUTOTUNE_MAX_MACS`` bounds the seconds spent timing huge ones).
+MAX_MACS = int(os.environ.get("FUSEFLOW_AUTOTUNE_MAX_MACS", 2 ** 62))
+#: ``autotune="auto"`` tunes float32 matmuls from this many multiply-adds on: on the H200
+#: the heuristic's picks for 784-4096-4096-10 at batch 8192 cost 1% of the step (fp32) and
+#: 4% (TF32), while float16 picks were already the fastest and the medium model's (under
+#: 2^32) measured no faster inside the step when tuned.
+AUTO_MIN_MACS = 2 ** 32
 LIMIT = 32          # candidates asked of the heuristic
 _TARGET_US = 200.0  # GPU time aimed at per timed graph
+
+
+def wanted(mode, macs: int, dtype) -> bool:
+    """Whether a matmul of ``macs`` multiply-adds in ``dtype`` is tuned under ``mode``
+    (the backend's ``autotune``: True, False or "auto")."""
+    if mode == "auto":
+        return np.dtype(dtype) == np.float32 and macs >= AUTO_MIN_MACS
+    return bool(mode) and macs <= MAX_MACS
 
 
 def graph_time_us(fn, reps: int, replays: int = 3) -> float:

@@ -11,14 +11,14 @@ latency-bound, so the kernels are laid out for many blocks, not for data reuse.
 
 - ``forward``: ``y = act(x @ w.T + bias)`` and the relu_aux bits (cuBLASLt's layout, see
   ``epilogs.py``), one block per sample whose threads split the inputs, w read through the
-  cache, for short batches (``FORWARD_MAX_MACS``); on long ones one warp per 4 samples with
-  vector loads (each w load serves the 4), where the inputs allow vectors, else cuBLASLt.
+  cache. Only for short batches (``FORWARD_MAX_MACS``): on long ones cuBLASLt's tiled
+  kernels win.
 - ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` for N = w.shape[0] outputs, and the bias
   gradient of the lower layer (column sums of dx) in the same pass.
 - ``wgrad``: ``dw = dy.T @ x`` for N = dy.shape[1] outputs; the bias gradient ``dy.sum(0)``
   rides along as one extra column of ones.
 - On long batches (``VECTOR_MIN_ELEMENTS``) dgrad and wgrad give each thread V adjacent
-  columns (16-byte accesses, 4 rows' loads in flight): the float16 output layer of
+  columns (16-byte accesses): the float16 output layer of
   784-4096-4096-10 at batch 8192 is memory-bound there.
 
 Sums are accumulated in float32 (float64 for float64) in a fixed order: results are
@@ -34,9 +34,9 @@ import numpy as np
 
 MAX_N = 32              # the largest small side handled here
 #: The forward reads w from cache once per sample: past this many multiply-adds (a long
-#: batch) a warp takes FORWARD_ROWS samples with vector loads (``forward_applies``).
+#: batch) cuBLASLt's tiled kernels are faster. (A warp per 4 samples with vector loads was
+#: slower than cuBLASLt at batch 8192: 42 against 34 us in float16, 88 against 80 in float32.)
 FORWARD_MAX_MACS = 2 ** 25
-FORWARD_ROWS = 4
 _FWD_THREADS = 256      # forward: threads per sample (they split the inputs)
 #: dgrad/wgrad give each thread V adjacent columns (16-byte loads/stores) from this many
 #: batch x feature elements on: the output layer of 784-4096-4096-10 at batch 8192 in
@@ -94,65 +94,6 @@ extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __re
     }
     if (RELU) v = v < (A)0 ? (A)0 : v;
     if (active) y[row * N + lane] = (T)v;
-}
-"""
-
-# Long batches: one warp per ROWS samples (8 warps per block). Each lane reads V-wide vectors
-# of the samples' inputs and of w's N rows (w's loads serve ROWS samples), keeps N x ROWS
-# sums, and the warp adds them with shuffles; lane j < N then runs the epilog of output j.
-_FORWARD_ROWS = r"""
-struct __align__(V * sizeof(T)) TV { T v[V]; };
-extern "C" __global__ void skinny_forward_rows(const T* __restrict__ x,
-        const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-        unsigned char* __restrict__ aux, long long B, long long K, int rows) {
-    const int lane = threadIdx.x & 31;
-    const long long r0 = ((long long)blockIdx.x * 8 + (threadIdx.x >> 5)) * ROWS;
-    if (r0 >= B) return;  // the whole warp
-    A acc[ROWS][N];
-    #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        #pragma unroll
-        for (int j = 0; j < N; ++j) acc[r][j] = (A)0;
-    }
-    for (long long k = (long long)lane * V; k < K; k += 32 * V) {
-        TV xv[ROWS];
-        #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-            if (r0 + r < B) xv[r] = *reinterpret_cast<const TV*>(x + (r0 + r) * K + k);
-        #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            const TV wv = *reinterpret_cast<const TV*>(w + (long long)j * K + k);
-            #pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-                if (r0 + r < B) {
-                    #pragma unroll
-                    for (int u = 0; u < V; ++u) acc[r][j] += (A)xv[r].v[u] * (A)wv.v[u];
-                }
-            }
-        }
-    }
-    #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        A v = (A)0;
-        #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            A s = acc[r][j];
-            #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == j) v = s;
-        }
-        const long long row = r0 + r;
-        if (row >= B) break;
-        const bool active = lane < N;
-        if (HAS_BIAS && active) v += (A)bias[lane];
-        if (HAS_AUX) {
-            const unsigned int m = __ballot_sync(0xffffffffu, active && v >= (A)0);
-            if (lane < rows) aux[row * rows + lane] =
-                (unsigned char)(lane < 4 ? (m >> (8 * lane)) & 0xffu : 0u);
-        }
-        if (RELU) v = v < (A)0 ? (A)0 : v;
-        if (active) y[row * N + lane] = (T)v;
-    }
 }
 """
 
@@ -326,11 +267,15 @@ def _width(n, dtype, features, *arrays):
 @functools.cache
 def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
-    src = {"skinny_forward": _FORWARD, "skinny_forward_rows": _FORWARD_ROWS,
-           "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD, "sum_chunks": _SUM_CHUNKS}[name]
+    src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
+           "sum_chunks": _SUM_CHUNKS}[name]
     defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, **{k: int(v) for k, v in flags.items()}}
-    # vector rows are memory-latency-bound: 4 rows' loads in flight per thread
-    defines["UNROLL_ROWS"] = '_Pragma("unroll 4")' if defines["V"] > 1 else ""
+    # 4 rows' loads in flight per thread where that measured faster (H200, batch 8192 x
+    # 4096, 10 classes: float16 wgrad 69 -> 58 us, float32 dgrad 87 -> 66 us; the other two
+    # were slower unrolled: float16 dgrad 65 -> 84, float32 wgrad 57 -> 64)
+    unrolled = {("skinny_wgrad", 2), ("skinny_dgrad", 4)}
+    defines["UNROLL_ROWS"] = '_Pragma("unroll 4")' \
+        if (name, dtype.itemsize) in unrolled and defines["V"] > 1 else ""
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float").replace("{N}", str(n))
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
@@ -347,12 +292,6 @@ def sum_chunks(part, out, extra, rows, features, fc):
                               np.int64(fc)))
 
 
-def forward_applies(x, w):
-    """The skinny forward takes these operands: a short batch, or vector loads possible."""
-    return x.shape[0] * x.shape[1] * w.shape[0] <= FORWARD_MAX_MACS or \
-        _width(w.shape[0], x.dtype, x.shape[1], x, w) > 1
-
-
 def forward(x, w, bias, *, relu: bool, aux_rows: int | None):
     """``(y, aux)``: ``act(x @ w.T + bias)`` for C-contiguous x (B, K) and w (N, K), N <= 32;
     ``aux`` is the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given."""
@@ -360,16 +299,9 @@ def forward(x, w, bias, *, relu: bool, aux_rows: int | None):
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=x.dtype)
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
-    flags = {"HAS_BIAS": bias is not None, "HAS_AUX": aux_rows is not None, "RELU": relu}
-    v = _width(n, x.dtype, k, x, w) if batch * k * n > FORWARD_MAX_MACS else 1
-    if batch and v > 1:
-        kern = _kernel("skinny_forward_rows", x.dtype, n, V=v, ROWS=FORWARD_ROWS, **flags)
-        kern((-(-batch // (8 * FORWARD_ROWS)),), (256,),
-             (x, w, bias if bias is not None else np.uintp(0), y,
-              buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(k),
-              np.int32(aux_rows or 0)))
-    elif batch:
-        kern = _kernel("skinny_forward", x.dtype, n, **flags)
+    if batch:
+        kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
+                       HAS_AUX=aux_rows is not None, RELU=relu)
         kern((batch,), (_FWD_THREADS,),
              (x, w, bias if bias is not None else np.uintp(0), y,
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(k),

@@ -132,9 +132,11 @@ class CudaBackend(Backend):
         #: float32 matmuls on TF32 tensor cores (COMPUTE_32F_FAST_TF32) instead of full fp32.
         self.tf32 = (os.environ.get("FUSEFLOW_TF32", "0") == "1") if tf32 is None else tf32
         #: time cuBLASLt's candidate algorithms for each new plan (``_cuda_autotune``) and keep
-        #: the fastest; ``ff.compile`` turns this on while it plans a step.
-        self.autotune = (os.environ.get("FUSEFLOW_AUTOTUNE", "0") == "1") if autotune is None \
-            else autotune
+        #: the fastest: True, False or "auto" (large float32 matmuls only); ``ff.compile``
+        #: sets its own mode while it plans a step (default "auto"), eager calls default off.
+        if autotune is None:
+            autotune = {"1": True, "auto": "auto"}.get(os.environ.get("FUSEFLOW_AUTOTUNE"), False)
+        self.autotune = autotune
         self.max_plans = max_plans
         #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as DRELU/DGELU plus the
         #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
@@ -352,8 +354,9 @@ class CudaBackend(Backend):
                _align(b.data.ptr), a.dtype.char, int(ct), a.device.id,
                tuple((k, v.shape, v.strides, v.dtype.char) for k, v in inputs.items()))
         mm = self._plans.get(key)
-        if self.autotune and isinstance(mm, Matmul) and not getattr(mm, "ff_tuned", False):
-            del self._plans[key]  # planned by the heuristic alone: plan again, tuned
+        if self.autotune and isinstance(mm, Matmul) and \
+                getattr(mm, "ff_tuned", False) not in (True, self.autotune):
+            del self._plans[key]  # planned under a narrower mode: plan again, maybe tuned
             self._drop(mm)
             mm = None
         fresh = mm is None
@@ -397,7 +400,8 @@ class CudaBackend(Backend):
         try:
             mm = Matmul(a, b, options={"compute_type": ct, "logger": _LOG})
             ep = None if epilog is None else MatmulEpilog[epilog]
-            tune = self.autotune and np.prod(a.shape) * b.shape[-1] <= _autotune.MAX_MACS
+            tune = _autotune.wanted(self.autotune, int(np.prod(a.shape)) * b.shape[-1],
+                                    a.dtype)
             algorithms = mm.plan(preferences={"limit": _autotune.LIMIT} if tune else None,
                                  epilog=ep, epilog_inputs=inputs or None)
             if tune and len(algorithms) > 1:
@@ -406,7 +410,7 @@ class CudaBackend(Backend):
                 mm.free()  # its workspace is sized for the largest candidate
                 mm = Matmul(a, b, options={"compute_type": ct, "logger": _LOG})
                 mm.plan(algorithms=[best], epilog=ep, epilog_inputs=inputs or None)
-            mm.ff_tuned = self.autotune  # planned under autotune (tuned if small enough)
+            mm.ff_tuned = self.autotune  # the mode it was planned under
         except Exception as e:
             if mm is not None:
                 mm.free()
@@ -481,7 +485,8 @@ class CudaBackend(Backend):
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
-        if S.forward_applies(x, w) and self._skinny("forward", out, spec.activation):
+        if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
+                self._skinny("forward", out, spec.activation):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
