@@ -160,10 +160,13 @@ def test_device_batches_stay_on_gpu_and_cover_the_data(cp):
     assert len(seen) == 448 and len(cp.unique(seen)) == 448
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_large_shape_bias_grad_split_matches_fused(cp, activation):
-    """Above ``split_bias_grad_macs`` DRELU_BGRAD runs as DRELU + a bias-sum kernel: same
-    results as the NumPy reference."""
+@pytest.mark.parametrize("activation, own_epilog, path", [
+    ("relu", "auto", "own_epilog"), ("relu", "fp32", "split_bias_grad"),
+    ("gelu", "auto", "split_bias_grad")])
+def test_large_shape_bias_grad_split_matches_fused(cp, activation, own_epilog, path):
+    """Above ``split_bias_grad_macs`` DRELU_BGRAD runs as a plain matmul plus fuseflow's
+    in-place mask-and-bias-sum pass (or, with own epilogs only for float32, as DRELU + a
+    bias-sum kernel), DGELU_BGRAD as DGELU + the bias-sum kernel: NumPy's results."""
     be = ff.backend.get("cuda")
     rng = np.random.default_rng(0)
     pre = rng.standard_normal((64, 40)).astype(np.float32)
@@ -174,14 +177,14 @@ def test_large_shape_bias_grad_split_matches_fused(cp, activation):
     epilog = "DRELU_BGRAD" if activation == "relu" else "DGELU_BGRAD"
     dx_ref, db_ref = np_be.linear_dgrad(dy, w, epilog, aux)
     _, gaux = be.activation(cp.asarray(pre), activation)
-    old = be.split_bias_grad_macs
+    old = be.split_bias_grad_macs, be.own_epilog
     try:
-        be.split_bias_grad_macs = 1
-        before = be.stats()["split_bias_grad"]
+        be.split_bias_grad_macs, be.own_epilog = 1, own_epilog
+        before = be.stats()[path]
         dx, db = be.linear_dgrad(cp.asarray(dy), cp.asarray(w), epilog, gaux)
-        assert be.stats()["split_bias_grad"] == before + 1
+        assert be.stats()[path] == before + 1
     finally:
-        be.split_bias_grad_macs = old
+        be.split_bias_grad_macs, be.own_epilog = old
     # GELU: cuBLASLt's DGELU approximation differs by up to ~2e-5 per element (docs/gpu.md)
     np.testing.assert_allclose(cp.asnumpy(dx), dx_ref, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(cp.asnumpy(db), db_ref, rtol=1e-4, atol=1e-2)
