@@ -165,7 +165,7 @@ def test_loss_scale_kernel_matches_the_numpy_rule():
                 params = [np.zeros(2, np.float32)]
                 state = mp.DynamicScaleState(np.asarray(scale, np.float32),
                                              np.asarray(good, np.int32), opt.init(params).inner)
-                with np.errstate(invalid="ignore"):
+                with np.errstate(invalid="ignore", over="ignore"):  # inf grads, 3e38 * 2
                     _, ref = opt.update(grads, state, params)
                 calls = be.calls["next_loss_scale"]
                 _, got = opt.update(*ff.device_put((grads, state, params), "cuda"))
