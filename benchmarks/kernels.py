@@ -51,6 +51,7 @@ def skinny_rows(cp, be, S, repeat):
                "dgrad": lambda: be.linear_dgrad(dy, w, "DRELU_BGRAD", aux)}
         for variant in ("V=1", "vector", "cublaslt"):
             be.skinny_max = 0 if variant == "cublaslt" else S.MAX_N
+            be.own_epilog = "off" if variant == "cublaslt" else "auto"  # cuBLASLt's DRELU
             S.VECTOR_MIN_ELEMENTS = 2 ** 62 if variant == "V=1" else 0
             for op, fn in ops.items():
                 us = median_us(fn, repeat)
@@ -58,7 +59,7 @@ def skinny_rows(cp, be, S, repeat):
                              "dtype": np.dtype(dtype).name, "variant": variant, "us": us,
                              "GB/s": moved[op] / us / 1e3})
                 print(json.dumps(rows[-1]), flush=True)
-    be.skinny_max = S.MAX_N
+    be.skinny_max, be.own_epilog = S.MAX_N, "auto"
     S.VECTOR_MIN_ELEMENTS = default
     return rows
 
@@ -80,6 +81,7 @@ def multi_tensor_rows(cp, F, repeat):
     m, v = large_params(cp), [abs(a) for a in large_params(cp)]
     count = cp.asarray(3, dtype=cp.int32)
     n = sum(p.size for p in params)
+    default = F.BLOCKS_PER_SM
     for cap in (4, 8, 16, 32, 2 ** 20):
         F.BLOCKS_PER_SM = cap
         us = median_us(lambda: F.multi_tensor_update(
@@ -88,7 +90,7 @@ def multi_tensor_rows(cp, F, repeat):
         rows.append({"kernel": "adam update", "elements": n, "blocks_per_sm": cap, "us": us,
                      "GB/s": 7 * 4 * n / us / 1e3})
         print(json.dumps(rows[-1]), flush=True)
-    F.BLOCKS_PER_SM = 8
+    F.BLOCKS_PER_SM = default
     x = cp.random.default_rng(2).standard_normal((8192, 784), dtype=np.float32)
     for name, leaves in (("params cast", params), ("params + batch cast", [*params, x])):
         k = sum(a.size for a in leaves)

@@ -21,11 +21,11 @@ On NumPy arrays ``compile`` is a pass-through, so one script runs on both backen
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 from fuseflow import tree
 from fuseflow._namespace import is_cupy
+from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
 
 __all__ = ["CompileError", "CompiledStep", "compile"]
 
@@ -43,9 +43,8 @@ def compile(step, *, donate_argnums=(0, 1), autotune=None):
     few seconds of timing pay off; ``True`` (``FUSEFLOW_AUTOTUNE=1``) for every matmul;
     ``False`` (``FUSEFLOW_AUTOTUNE=0``) never. Measured on the H200: docs/benchmarks.md."""
     if autotune is None:
-        autotune = {"1": True, "0": False}.get(os.environ.get("FUSEFLOW_AUTOTUNE", "auto"),
-                                               "auto")
-    if autotune not in (True, False, "auto"):
+        autotune = env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto")
+    if autotune not in AUTOTUNE_MODES.values():
         raise ValueError(f"compile: autotune must be True, False or 'auto', got {autotune!r}")
     return CompiledStep(step, tuple(donate_argnums), autotune)
 

@@ -134,3 +134,20 @@ def test_not_a_layer():
 def test_bad_key():
     with pytest.raises(TypeError, match=r"expected a key"):
         ff.random.split(np.array([1, 2, 3]))
+
+
+def test_bad_environment_settings_warn_and_fall_back(monkeypatch):
+    """A mistyped FUSEFLOW_* setting warns and keeps the default instead of breaking the
+    backend's import; "4e9" is a number."""
+    from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int
+
+    monkeypatch.setenv("FUSEFLOW_X", "4e9")
+    assert env_int("FUSEFLOW_X", 7) == 4_000_000_000
+    monkeypatch.setenv("FUSEFLOW_X", "lots")
+    with pytest.warns(UserWarning, match="FUSEFLOW_X='lots' is not a number"):
+        assert env_int("FUSEFLOW_X", 7) == 7
+    monkeypatch.setenv("FUSEFLOW_AUTOTUNE", "yes")
+    with pytest.warns(UserWarning, match="FUSEFLOW_AUTOTUNE='yes' is not one of"):
+        assert env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto") == "auto"
+    monkeypatch.setenv("FUSEFLOW_AUTOTUNE", "0")
+    assert env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto") is False

@@ -337,6 +337,10 @@ def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
 # (batch, in, out): 16-byte vectors (V = 8 in float16, 4 in float32, 2 in float64), a width
 # that V does not divide (1028: V = 4 in float16), one chunk, and an odd width (V = 1)
 VECTOR_SHAPES = [(700, 520, 10), (300, 1028, 7), (33, 64, 32), (257, 999, 10)]
+# V of each shape: float16 / float32 / float64 (the N x V sums must fit the registers: two
+# columns for 32 outputs; an odd width admits one)
+VECTOR_WIDTHS = {(700, 520, 10): (8, 4, 2), (300, 1028, 7): (4, 4, 2), (33, 64, 32): (2, 2, 2),
+                 (257, 999, 10): (1, 1, 1)}
 
 
 @pytest.mark.parametrize("shape", VECTOR_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -362,6 +366,7 @@ def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
     bits, bits_ref = unpack_relu_aux(host(aux1), fout), unpack_relu_aux(aux1_ref, fout)
     assert not ((bits != bits_ref) & (np.abs(pre) > SIGN_MARGIN[dtype])).any(), rng.seed
     dy = normal(rng, (batch, fout), dtype)
+    assert S._width(fout, dtype, fin, h) == VECTOR_WIDTHS[shape][DTYPES.index(dtype)]
     n0 = cb.stats()["skinny"]
     dw, db1 = cb.linear_wgrad(dev(dy), h, "BGRADB")
     dx, db0 = cb.linear_dgrad(dev(dy), dev(w1), "DRELU_BGRAD", aux)

@@ -13,15 +13,16 @@ private memory pool keeps only what the step itself needs.
 
 from __future__ import annotations
 
-import os
 import statistics
 
 import cupy
 import numpy as np
 
-#: ``autotune=True`` tunes matmuls up to this many multiply-adds (every one by default;
+from fuseflow.backend._env import env_int
+
+#: No matmul of more multiply-adds is tuned (every one by default;
 #: ``FUSEFLOW_AUTOTUNE_MAX_MACS`` bounds the seconds spent timing huge ones).
-MAX_MACS = int(os.environ.get("FUSEFLOW_AUTOTUNE_MAX_MACS", 2 ** 62))
+MAX_MACS = env_int("FUSEFLOW_AUTOTUNE_MAX_MACS", 2 ** 62)
 #: ``autotune="auto"`` tunes float32 matmuls from this many multiply-adds on: on the H200
 #: the heuristic's picks for 784-4096-4096-10 at batch 8192 cost 1% of the step (fp32) and
 #: 4% (TF32), while float16 picks were already the fastest and the medium model's (under
@@ -34,9 +35,11 @@ _TARGET_US = 200.0  # GPU time aimed at per timed graph
 def wanted(mode, macs: int, dtype) -> bool:
     """Whether a matmul of ``macs`` multiply-adds in ``dtype`` is tuned under ``mode``
     (the backend's ``autotune``: True, False or "auto")."""
+    if macs > MAX_MACS:
+        return False
     if mode == "auto":
         return np.dtype(dtype) == np.float32 and macs >= AUTO_MIN_MACS
-    return bool(mode) and macs <= MAX_MACS
+    return mode is True
 
 
 def graph_time_us(fn, reps: int, replays: int = 3) -> float:

@@ -127,8 +127,8 @@ def bias_relu(y, bias, *, relu: bool, aux_rows: int | None):
     """In place: ``y = act(y + bias)`` for a C-contiguous (B, F) ``y``; returns
     ``(y, aux)``, aux the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given."""
     batch, features = y.shape
-    buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
-    per = aux_rows if aux_rows else features // 8
+    buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows is not None else None
+    per = aux_rows if aux_rows is not None else features // 8
     if batch * per:
         kern = _kernel("bias_relu", y.dtype, HAS_BIAS=bias is not None,
                        HAS_AUX=aux_rows is not None, RELU=relu)

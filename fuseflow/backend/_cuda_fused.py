@@ -252,7 +252,9 @@ extern "C" __global__ void next_loss_scale(const bool* finite, const float* scal
     const bool grow = g >= interval;
     const float s = scale[0];
     const float shrunk = s * backoff;
-    new_scale[0] = ok ? (grow ? s * growth : s) : (shrunk > min_scale ? shrunk : min_scale);
+    // as xp.maximum: a NaN scale stays NaN
+    new_scale[0] = ok ? (grow ? s * growth : s)
+                      : (shrunk != shrunk || shrunk > min_scale ? shrunk : min_scale);
     new_good[0] = grow ? 0 : g;
 }
 """
@@ -269,7 +271,8 @@ def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor, b
     kern = _next_loss_scale_kernel()
     new_scale = cupy.empty((), dtype=cupy.float32)
     new_good = cupy.empty((), dtype=cupy.int32)
-    kern((1,), (1,), (finite, scale, good_steps, new_scale, new_good, np.int32(growth_interval),
+    interval = np.int32(min(growth_interval, 2 ** 31 - 1))  # "never grow" stays never
+    kern((1,), (1,), (finite, scale, good_steps, new_scale, new_good, interval,
                       np.float32(growth_factor), np.float32(backoff_factor),
                       np.float32(min_scale)))
     return new_scale, new_good

@@ -43,7 +43,6 @@ import contextlib
 import logging
 import os
 import time
-import warnings
 from collections import Counter, OrderedDict
 
 import cupy
@@ -55,6 +54,7 @@ from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
+from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int
 from fuseflow.backend.base import Backend, BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
@@ -81,17 +81,8 @@ class _Unfused:
         self.reason = reason
 
 
-def _env_int(name: str, default: int) -> int:
-    """An integer setting from the environment ("4e9" allowed); a bad value warns and is
-    ignored rather than making the whole backend unavailable."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        return int(float(raw))
-    except ValueError:
-        warnings.warn(f"{name}={raw!r} is not a number; using {default}", stacklevel=3)
-        return default
+#: FUSEFLOW_OWN_EPILOG's modes (see ``CudaBackend.own_epilog``)
+OWN_EPILOG_MODES = ("auto", "fp32", "all", "off")
 
 
 def _align(ptr: int) -> int:
@@ -135,17 +126,20 @@ class CudaBackend(Backend):
         #: the fastest: True, False or "auto" (large float32 matmuls only); ``ff.compile``
         #: sets its own mode while it plans a step (default "auto"), eager calls default off.
         if autotune is None:
-            autotune = {"1": True, "auto": "auto"}.get(os.environ.get("FUSEFLOW_AUTOTUNE"), False)
+            autotune = env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, False)
+        if autotune not in AUTOTUNE_MODES.values():
+            raise ValueError(f"CudaBackend: autotune must be True, False or 'auto', got "
+                             f"{autotune!r}")
         self.autotune = autotune
         self.max_plans = max_plans
         #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as DRELU/DGELU plus the
         #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
         #: 28.66 vs 29.46 ms at 65536x8192x16384), where cuBLASLt's BGRAD algorithms are slow.
-        self.split_bias_grad_macs = _env_int("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32)
+        self.split_bias_grad_macs = env_int("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32)
         #: Dense matmuls whose output (forward, wgrad) or input-gradient reduction (dgrad) side
         #: has at most this many features run fuseflow's one-kernel ``_cuda_skinny`` forms
         #: instead of cuBLASLt (ReLU or no activation; at most 32; 0 turns them off).
-        self.skinny_max = min(S.MAX_N, _env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
+        self.skinny_max = min(S.MAX_N, env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
         #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
         self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
                               .replace(" ", "").split(","))
@@ -155,8 +149,9 @@ class CudaBackend(Backend):
         #: has no fused epilog and runs a slow separate one; "auto" (default): also DRELU
         #: input gradients of any dtype from ``split_bias_grad_macs`` on, where cuBLASLt's
         #: DRELU kernels are slower than its plain ones; "all": always (tests); "off": never.
-        self.own_epilog = os.environ.get("FUSEFLOW_OWN_EPILOG", "auto")
-        self.own_epilog_min = _env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
+        self.own_epilog = env_choice("FUSEFLOW_OWN_EPILOG", {m: m for m in OWN_EPILOG_MODES},
+                                     "auto")
+        self.own_epilog_min = env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
         self._counters = Counter()
@@ -478,10 +473,8 @@ class CudaBackend(Backend):
             return False
         fp32 = dtype == np.float32 and not self.tf32 and batch * features >= self.own_epilog_min
         big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
-        if mode == "all" or (mode in ("fp32", "auto") and fp32) or (mode == "auto" and big_drelu):
-            self._counters["own_epilog"] += 1
-            return True
-        return False
+        return mode == "all" or (mode in ("fp32", "auto") and fp32) or \
+            (mode == "auto" and big_drelu)
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
@@ -519,6 +512,7 @@ class CudaBackend(Backend):
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
         if spec.activation in (None, "relu") and E.vectorizable(pre.shape[1], pre, bias):
+            self._counters["own_epilog"] += 1
             return E.bias_relu(pre, bias, relu=spec.activation == "relu",
                                aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None)
         if spec.activation == "relu":
@@ -587,6 +581,7 @@ class CudaBackend(Backend):
         if spec.activation == "relu":
             ld = self._aux_ld(aux, aux.shape[0], dy.shape[0])
             if ld is not None and E.vectorizable(dx.shape[1], dx):
+                self._counters["own_epilog"] += 1
                 return E.drelu(dx, aux, ld, bgrad=spec.bias)
         dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)

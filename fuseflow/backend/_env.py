@@ -1,0 +1,35 @@
+"""Settings from the environment: a bad value warns and falls back to the default rather
+than making the whole backend unavailable."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+#: FUSEFLOW_AUTOTUNE's spellings: the values of ``ff.compile(autotune=...)`` and
+#: ``CudaBackend.autotune``
+AUTOTUNE_MODES = {"1": True, "0": False, "auto": "auto"}
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer setting ("4e9" allowed)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(float(raw))
+    except (ValueError, OverflowError):
+        warnings.warn(f"{name}={raw!r} is not a number; using {default}", stacklevel=3)
+        return default
+
+
+def env_choice(name: str, choices: dict, default):
+    """The value ``choices[raw]`` of a setting with a fixed set of spellings."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw not in choices:
+        warnings.warn(f"{name}={raw!r} is not one of {sorted(choices)}; using the default",
+                      stacklevel=3)
+        return default
+    return choices[raw]
