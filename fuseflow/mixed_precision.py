@@ -58,10 +58,8 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
 
     def f(params, x, y, *, loss_scale=1.0, key=None):
         leaves, treedef = tree.flatten(params)
-        # the batch joins the params' cast (one launch on the GPU) when it has their dtype
-        # and the launch can take it (at most 64 contiguous arrays)
-        with_x = x.dtype != cd and len(leaves) < 64 and getattr(x, "flags", None) is not None \
-            and x.flags.c_contiguous and all(p.dtype == x.dtype for p in leaves)
+        # the batch joins the params' cast (one launch on the GPU) where that launch takes it
+        with_x = x.dtype != cd and backend.fusable([*leaves, x])
         cast = backend.multi_tensor_cast([*leaves, x] if with_x else leaves, cd)
         low = tree.unflatten(treedef, cast[:len(leaves)])
         x_low = cast[-1] if with_x else x.astype(cd, copy=False)

@@ -147,8 +147,9 @@ def asarray(x, dtype=None):
 
 
 
-def _fusable(leaves, max_leaves=64):
-    """Leaves one multi-tensor kernel can take: CuPy, one float dtype, C-contiguous."""
+def fusable(leaves, max_leaves=64):
+    """Leaves one multi-tensor kernel (cast, finiteness) can take: CuPy, one float dtype,
+    C-contiguous, at most ``max_leaves``."""
     if not leaves or len(leaves) > max_leaves or not all(is_cupy(a) for a in leaves):
         return False
     dtype = leaves[0].dtype
@@ -159,7 +160,7 @@ def multi_tensor_cast(leaves, dtype, scale=None):
     """``[leaf.astype(dtype) * scale]`` (scale: a 0-d array or None): one launch for all
     leaves on the GPU (scaled casts: to float32), one operation per leaf elsewhere."""
     leaves = list(leaves)
-    if _fusable(leaves) and (scale is None or (is_cupy(scale) and np.dtype(dtype) == np.float32)):
+    if fusable(leaves) and (scale is None or (is_cupy(scale) and np.dtype(dtype) == np.float32)):
         from fuseflow.backend import _cuda_fused
 
         get("cuda").calls["multi_tensor_cast"] += 1
@@ -172,7 +173,7 @@ def multi_tensor_cast(leaves, dtype, scale=None):
 def all_finite(leaves):
     """A 0-d bool array: every element of every leaf is finite (one launch on the GPU)."""
     leaves = list(leaves)
-    if _fusable(leaves):
+    if fusable(leaves):
         from fuseflow.backend import _cuda_fused
 
         get("cuda").calls["all_finite"] += 1
@@ -201,7 +202,7 @@ def multi_tensor_update(kind, params, grads, states, **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
     None where no fused kernel applies (NumPy arrays): the caller then runs the reference."""
     leaves = list(params) + list(grads) + [s for group in states for s in group]
-    if len(params) > 32 or not _fusable(leaves, max_leaves=len(leaves)) or \
+    if len(params) > 32 or not fusable(leaves, max_leaves=len(leaves)) or \
             leaves[0].dtype.itemsize < 4:
         return None
     from fuseflow.backend import _cuda_fused

@@ -27,9 +27,6 @@ import numpy as np
 
 from fuseflow.backend import _cuda_skinny as S
 
-_CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
-           np.dtype(np.float64): "double"}
-
 _HEAD = r"""
 #include <cuda_fp16.h>
 typedef {T} T; typedef {A} A;
@@ -111,7 +108,7 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
 @functools.cache
 def _kernel(name, dtype, **flags):
     dtype = np.dtype(dtype)
-    head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
+    head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float")
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
     return cupy.RawKernel(head + {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name], name)
@@ -143,11 +140,10 @@ def drelu(dx, aux, ld: int, *, bgrad: bool):
     """In place: ``dx *= relu'(aux)`` for a C-contiguous (B, F) ``dx`` (aux column n at
     byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result."""
     batch, features = dx.shape
-    rpt = max(min(32, max(1, batch // 512)), -(-batch // (8 * 65535)))
-    chunks = max(1, -(-batch // (8 * rpt)))
-    acc = np.float64 if dx.dtype == np.float64 else np.float32
+    rpt, chunks = S.row_chunks(batch, vector=True)  # 8 columns per thread
     db = cupy.empty(features, dtype=dx.dtype) if bgrad else None
-    part = cupy.empty((chunks, features), dtype=acc) if bgrad and chunks > 1 else None
+    part = cupy.empty((chunks, features), dtype=S._acc(dx.dtype)) if bgrad and chunks > 1 \
+        else None
     if not batch or not features:
         if bgrad:
             db.fill(0)

@@ -282,6 +282,15 @@ def _kernel(name, dtype, n, **flags):
     return cupy.RawKernel(head + src, name)
 
 
+def row_chunks(batch: int, *, vector: bool):
+    """``(rpt, chunks)`` of the column kernels' (32, 8) blocks: rows per thread, 1 for short
+    batches (latency) and more for long ones (more with vector columns), and the chunks of
+    8 * rpt rows the batch splits into, a grid dimension: at most 65535."""
+    rpt = min(32, max(1, batch // 512)) if vector else min(16, max(1, batch // 1024))
+    rpt = max(rpt, -(-batch // (8 * 65535)))
+    return rpt, max(1, -(-batch // (8 * rpt)))
+
+
 def sum_chunks(part, out, extra, rows, features, fc):
     """Second pass: ``out`` (rows, features) and ``extra`` (rows,), the last of ``fc``
     columns if ``fc > features``, from the in-order sum over the chunks of ``part``."""
@@ -316,11 +325,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
     v = _width(n, dy.dtype, features, dx) if batch * features >= VECTOR_MIN_ELEMENTS else 1
-    # rows per thread: 1 for short batches (latency), more for long ones; the chunk count
-    # is a grid dimension, at most 65535
-    rpt = max(min(16, max(1, batch // 1024)) if v == 1 else min(32, max(1, batch // 512)),
-              -(-batch // (8 * 65535)))
-    chunks = max(1, -(-batch // (8 * rpt)))
+    rpt, chunks = row_chunks(batch, vector=v > 1)
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
         else None
