@@ -15,6 +15,11 @@ step is skipped (params and the inner state unchanged) and the scale halves; aft
     grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy)
     loss, grads = grad_fn(params, x, y, loss_scale=opt_state.scale)
     updates, opt_state = opt.update(grads, opt_state, params)
+
+A training step can leave the gradients scaled and in 16 bits (``unscaled=False``) and let
+``update_and_apply_scaled`` divide them inside the finiteness check and the optimizer's
+kernel: on the GPU the float32 gradients are then never written (``ff.train.make_step``
+does this).
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ from fuseflow import backend, tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward, _own_residuals
 from fuseflow.optim import GradientTransformation
-from fuseflow.optim._fused import fused_update
+from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
     "COMPUTE_DTYPES",
     "DynamicScaleState",
     "all_finite",
     "dynamic_loss_scaling",
+    "unscale",
+    "update_and_apply_scaled",
     "value_and_grad",
 ]
 
@@ -48,11 +55,14 @@ def _compute_dtype(dtype):
     return np.dtype(name)
 
 
-def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=False):
+def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=False,
+                   unscaled=True):
     """``f(params, x, y, *, loss_scale=1.0, key=None) -> (loss, grads)`` in 16-bit compute.
 
     ``grads`` are float32, unscaled, and may hold inf/nan after an overflow (the
-    ``dynamic_loss_scaling`` optimizer wrapper skips such steps).
+    ``dynamic_loss_scaling`` optimizer wrapper skips such steps). ``unscaled=False``: the
+    grads as the backward made them, in the compute dtype and multiplied by ``loss_scale``
+    (for ``update_and_apply_scaled``, or ``unscale``).
     """
     cd = _compute_dtype(compute_dtype)
 
@@ -72,15 +82,45 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
             grads, _ = _backward(model, low, owned, (dout * scale).astype(cd),
                                  need_input_grad=False)
-        inv = 1.0 / scale
-        dtypes = {p.dtype for p in leaves}
-        if len(dtypes) == 1:  # one launch on the GPU
-            grads = tree.unflatten(treedef, backend.multi_tensor_cast(
-                tree.leaves(grads), dtypes.pop(), inv))
-        else:
-            grads = tree.map(lambda g, p: g.astype(p.dtype) * inv.astype(p.dtype), grads, params)
+        if unscaled:
+            grads = unscale(grads, params, scale)
         return ((loss, out) if with_outputs else loss), grads
     return f
+
+
+def unscale(grads, params, loss_scale):
+    """``grads / loss_scale`` in the params' dtypes: ``g.astype(p.dtype) * (1 / loss_scale)``,
+    one launch on the GPU."""
+    xp = namespace(tree.leaves(params)[0])
+    inv = 1.0 / xp.asarray(loss_scale, dtype=xp.float32)
+    leaves = tree.leaves(params)
+    dtypes = {p.dtype for p in leaves}
+    if len(dtypes) == 1:  # one launch on the GPU
+        return tree.unflatten(tree.structure(params), backend.multi_tensor_cast(
+            tree.leaves(grads), dtypes.pop(), inv))
+    return tree.map(lambda g, p: g.astype(p.dtype) * inv.astype(p.dtype), grads, params)
+
+
+def update_and_apply_scaled(optimizer, grads, opt_state, params):
+    """``ff.optim.update_and_apply`` for 16-bit gradients still multiplied by the loss scale
+    (``value_and_grad(..., unscaled=False)``); ``optimizer`` is a ``dynamic_loss_scaling``
+    wrapper and ``opt_state`` its state. On the GPU, for the fused optimizers, the
+    unscaling happens inside the finiteness check and the update kernel (two reads of the
+    16-bit gradients instead of writing and reading them twice in float32); the results are
+    those of ``unscale`` followed by ``update_and_apply``, bit for bit."""
+    scale = getattr(opt_state, "scale", None)
+    if scale is None:
+        raise TypeError("update_and_apply_scaled: the optimizer state has no loss scale "
+                        f"(got a {type(opt_state).__name__}). Fix: wrap the optimizer, "
+                        "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
+    hook = getattr(optimizer.update, "fused_apply", None)
+    if hook is not None:
+        inv = 1.0 / namespace(scale).asarray(scale, dtype=namespace(scale).float32)
+        out = hook(grads, opt_state, params, grad_scale=inv)
+        if out is not None:
+            return out
+    return update_and_apply(optimizer, unscale(grads, params, scale), opt_state, params,
+                            donate_grads=True)
 
 
 def all_finite(grads):
@@ -133,16 +173,24 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         return updates, DynamicScaleState(*next_scale(state, finite),
                                           keep_if_not(finite, inner, state.inner))
 
-    def fused_apply(grads, state, params):
+    def fused_apply(grads, state, params, grad_scale=None):
         """``update_and_apply``'s one-kernel path: the inner optimizer's fused kernel with a
-        device-side skip flag (None when the inner optimizer has no fused form)."""
-        finite = all_finite(grads)
-        out = fused_update(optimizer, grads, state.inner, params, finite=finite)
+        device-side skip flag (None when the inner optimizer has no fused form).
+        ``grad_scale``: the gradients are ``grads.astype(float32) * grad_scale``."""
+        checked = []
+
+        def finite():  # launched only if the fused kernel runs
+            if not checked:
+                checked.append(backend.all_finite(tree.leaves(grads), scale=grad_scale))
+            return checked[0]
+
+        out = fused_update(optimizer, grads, state.inner, params, finite=finite,
+                           grad_scale=grad_scale)
         if out is None:
             return None
         new_params, inner = out
-        return new_params, DynamicScaleState(*next_scale(state, finite),
-                                             keep_if_not(finite, inner, state.inner))
+        return new_params, DynamicScaleState(*next_scale(state, finite()),
+                                             keep_if_not(finite(), inner, state.inner))
 
     update.fused_apply = fused_apply
     return GradientTransformation(init, update)

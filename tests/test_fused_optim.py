@@ -145,6 +145,98 @@ def test_multi_tensor_cast_and_all_finite_match_per_leaf_ops(src):
             assert not bool(ff.backend.all_finite(broken)), (bad, k)
 
 
+def scaled_run(xp, opt, steps=20, overflow_at=(3, 11), scaled=True):
+    """Mixed precision's update from float16 grads still multiplied by the loss scale:
+    ``update_and_apply_scaled`` (scaled=True) or ``unscale`` then ``update_and_apply``."""
+    from fuseflow import mixed_precision as mp
+
+    params, target = problem(xp)
+    state = opt.init(params)
+    for step in range(steps):
+        scale = state.scale
+        grads = ff.tree.map(lambda p, t, s=scale: (quadratic_grads(p, t) * s)
+                            .astype(xp.float16), params, target)
+        if step in overflow_at:
+            grads = ff.tree.map(lambda g: g * xp.float16("inf"), grads)
+        if scaled:
+            params, state = mp.update_and_apply_scaled(opt, grads, state, params)
+        else:
+            params, state = ff.optim.update_and_apply(
+                opt, mp.unscale(grads, params, state.scale), state, params)
+    return params, state
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_scaled_update_equals_unscale_then_update(name):
+    """update_and_apply_scaled: the 16-bit scaled grads give the unscaled path's params,
+    state and loss scale, overflowing steps skipped (NumPy; the GPU kernel: below)."""
+    from fuseflow import mixed_precision as mp
+
+    def opt():
+        return mp.dynamic_loss_scaling(OPTIMIZERS[name](), init_scale=64.0, growth_interval=4)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = scaled_run(np, opt())
+        b = scaled_run(np, opt(), scaled=False)
+    # 64, halved at the two overflows (steps 3 and 11), doubled after every 4 good steps
+    assert float(a[1].scale) == float(b[1].scale) == 128.0 and int(a[1].good_steps) == 0
+    if "adam" in name:
+        assert int(a[1].inner[0].count) == 18  # the two skipped steps are not counted
+    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(TypeError, match="dynamic_loss_scaling"):
+        mp.update_and_apply_scaled(ff.optim.sgd(0.1), a[0], ff.optim.sgd(0.1).init(a[0]), a[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_scaled_gpu_update_matches_the_unscaled_kernels_bit_for_bit(name):
+    """On the GPU the unscaling runs inside the finiteness check and the update kernel
+    (the 16-bit grads are read, never written in float32): the same float32 products as
+    ``unscale`` + ``update_and_apply``, so the same bits; and near the NumPy reference."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow import mixed_precision as mp
+
+    def opt():
+        return mp.dynamic_loss_scaling(OPTIMIZERS[name](), init_scale=64.0, growth_interval=4)
+
+    kind = "adam" if "adam" in name else ("momentum" if name in ("momentum", "nesterov") else "sgd")
+    be = ff.backend.get("cuda")
+    be.reset_stats()
+    a = scaled_run(cupy, opt())
+    assert be.calls[f"multi_tensor_update/{kind}/scaled"] == 20
+    assert be.calls["multi_tensor_cast"] == 0  # no float32 copy of the grads
+    b = scaled_run(cupy, opt(), scaled=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = scaled_run(np, opt())
+    assert float(a[1].scale) == float(b[1].scale) == float(ref[1].scale)
+    for x, y, r in zip(ff.tree.leaves(a), ff.tree.leaves(b), ff.tree.leaves(ref)):
+        np.testing.assert_array_equal(cupy.asnumpy(x), cupy.asnumpy(y))
+        np.testing.assert_allclose(cupy.asnumpy(x), r, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_scaled_all_finite_checks_the_unscaled_product():
+    """all_finite(leaves, scale): float16 values that are finite but overflow float32 once
+    multiplied by the scale count as non-finite, as in the unscaled float32 grads."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    rng = np.random.default_rng()
+    host = [(rng.standard_normal(s) * 1000).astype(np.float16) for s in [(7, 5), (1000, 33)]]
+    leaves = [cupy.asarray(a) for a in host]
+    for value in (1 / 1024, 1.0, 1e30, 1e35):  # 1e35: 1000 * 1e35 overflows float32
+        scale = np.float32(value)
+        want = all(np.isfinite(a.astype(np.float32) * scale).all() for a in host)
+        with np.errstate(over="ignore"):
+            assert bool(ff.backend.all_finite(host, scale=np.asarray(scale))) == want
+        assert bool(ff.backend.all_finite(leaves, scale=cupy.asarray(scale))) == want, value
+
+
 @pytest.mark.gpu
 def test_loss_scale_kernel_matches_the_numpy_rule():
     """The one-launch loss-scale update (GPU) gives exactly the NumPy rule's scale and count:

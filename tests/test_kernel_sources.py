@@ -87,12 +87,16 @@ def _generated_sources(monkeypatch):
         for kind, aligned, count in itertools.product(("sgd", "momentum", "adam"),
                                                       (True, False), (1, 6, 14)):
             sizes = tuple((7, 12, 1003, 4, 9)[i % 5] for i in range(count))
-            F._multi_tensor_kernel(kind, ct, wt, sizes, tuple(i % 2 == 0 for i in range(count)),
-                                   kind == "momentum", aligned)
+            decays = tuple(i % 2 == 0 for i in range(count))
+            F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum", aligned)
+            if dt == np.float32:  # mixed precision: scaled 16-bit grads of float32 params
+                F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
+                                       aligned, "__half", True)
         for dst in map(np.dtype, (np.float16, np.float32, np.float64)):
             for scaled in (False, True):
                 F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True)
-        F._finite_kernel(ct, tuple(range(3, 17)), True)
+        for scaled in (False, True):
+            F._finite_kernel(ct, tuple(range(3, 17)), True, scaled)
     F._next_loss_scale_kernel()
     sources = list(_Recorder.sources)
     for cache in caches:

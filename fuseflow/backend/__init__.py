@@ -170,17 +170,24 @@ def multi_tensor_cast(leaves, dtype, scale=None):
     return [a.astype(dtype) * scale.astype(dtype) for a in leaves]
 
 
-def all_finite(leaves):
-    """A 0-d bool array: every element of every leaf is finite (one launch on the GPU)."""
+def all_finite(leaves, scale=None):
+    """A 0-d bool array: every element of every leaf is finite (one launch on the GPU).
+
+    ``scale`` (a 0-d float32 array): check ``leaf.astype(float32) * scale`` instead, the
+    unscaled gradients of mixed precision, without materializing them.
+    """
     leaves = list(leaves)
-    if fusable(leaves):
+    if fusable(leaves) and (scale is None or is_cupy(scale)):
         from fuseflow.backend import _cuda_fused
 
         get("cuda").calls["all_finite"] += 1
-        return _cuda_fused.multi_tensor_all_finite(leaves)
-    ok = namespace(leaves[0]).asarray(True)
+        return _cuda_fused.multi_tensor_all_finite(leaves, scale)
+    xp = namespace(leaves[0])
+    ok = xp.asarray(True)
     for g in leaves:  # element by element, as the fused kernel checks
-        ok = ok & namespace(g).isfinite(g).all()
+        if scale is not None:
+            g = g.astype(xp.float32) * scale.astype(xp.float32)
+        ok = ok & xp.isfinite(g).all()
     return ok
 
 
@@ -198,14 +205,27 @@ def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor,
                                        growth_factor, backoff_factor, min_scale)
 
 
-def multi_tensor_update(kind, params, grads, states, **hyper):
+def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=None,
+                        **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
-    None where no fused kernel applies (NumPy arrays): the caller then runs the reference."""
-    leaves = list(params) + list(grads) + [s for group in states for s in group]
-    if len(params) > 32 or not fusable(leaves, max_leaves=len(leaves)) or \
-            leaves[0].dtype.itemsize < 4:
+    None where no fused kernel applies (NumPy arrays): the caller then runs the reference.
+
+    ``finite``: a 0-d bool device array, or a function returning one, called only when the
+    kernel runs (where False, nothing changes). ``grad_scale``: a 0-d float32 device array
+    each gradient is multiplied by after its cast to the params' dtype; the grads may then
+    be of another float dtype (the scaled 16-bit gradients of mixed precision).
+    """
+    own = list(params) + [s for group in states for s in group]
+    grads = list(grads)
+    same = grad_scale is None
+    if len(params) > 32 or not fusable(own, max_leaves=len(own)) or own[0].dtype.itemsize < 4 \
+            or not fusable(grads, max_leaves=len(grads)) \
+            or (same and grads[0].dtype != own[0].dtype) \
+            or not (same or (is_cupy(grad_scale) and own[0].dtype == np.float32)):
         return None
     from fuseflow.backend import _cuda_fused
 
-    get("cuda").calls["multi_tensor_update/" + kind] += 1
-    return _cuda_fused.multi_tensor_update(kind, params, grads, states, **hyper)
+    get("cuda").calls["multi_tensor_update/" + kind + ("" if same else "/scaled")] += 1
+    return _cuda_fused.multi_tensor_update(
+        kind, params, grads, states, finite=finite() if callable(finite) else finite,
+        grad_scale=grad_scale, **hyper)

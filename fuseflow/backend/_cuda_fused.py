@@ -176,23 +176,28 @@ _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 
 
 @functools.cache
-def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned):
+def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, gtype=None,
+                         scaled=False):
+    """``gtype``: the grads' element type when it differs from the params' (16-bit grads of
+    float32 params); ``scaled``: each gradient is ``(W)g * grad_scale[0]`` (mixed
+    precision's unscaling, folded into the update: the same float32 product)."""
     states = _STATE[kind]
     args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
-            "const int* count_ptr", "W b1", "W b2", "W one_minus_b1", "W one_minus_b2",
-            "W eps", "W wd", "W decay"]
+            "const int* count_ptr", "const float* gscale_ptr", "W b1", "W b2",
+            "W one_minus_b1", "W one_minus_b2", "W eps", "W wd", "W decay"]
     for k in range(len(sizes)):
-        args += [f"const T* p{k}", f"T* P{k}", f"const T* g{k}"]
+        args += [f"const T* p{k}", f"T* P{k}", f"const G* g{k}"]
         for st in states:
             args += [f"const T* {st}{k}", f"T* {st.upper()}{k}"]
 
     def arrays(k):
-        return ([(f"p{k}", "T", False), (f"g{k}", "T", False)]
+        return ([(f"p{k}", "T", False), (f"g{k}", "G", False)]
                 + [(f"{st}{k}", "T", False) for st in states]
                 + [(f"P{k}", "T", True)] + [(f"{st.upper()}{k}", "T", True) for st in states])
 
     def element(k):
-        loads = [f"W p = (W)p{k}[j];", f"W g = (W)g{k}[j];"] + \
+        grad = f"(W)g{k}[j] * gs" if scaled else f"(W)g{k}[j]"
+        loads = [f"W p = (W)p{k}[j];", f"W g = {grad};"] + \
                 [f"W {st} = (W){st}{k}[j];" for st in states]
         body = _BODIES[kind].replace("DECAY", "true" if decays[k] else "false")
         # A skipped step (non-finite gradients under loss scaling) stores the old values.
@@ -204,20 +209,25 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned):
                 "  const bool ok = finite_ptr ? finite_ptr[0] : true;\n"
                 "  W step = step_ptr ? (W)step_ptr[0] : (W)step_const;\n"
                 "  W t_ = count_ptr ? (W)(count_ptr[0]) : (W)0;\n"
-                "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n")
-    return _quad_kernel("update", f"typedef {ctype} T; typedef {wtype} W;\n", args, arrays,
-                        element, {"sizes": sizes, "aligned": aligned}, prologue)
+                "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n"
+                "  const W gs = gscale_ptr ? (W)gscale_ptr[0] : (W)1;\n")
+    types = f"typedef {ctype} T; typedef {gtype or ctype} G; typedef {wtype} W;\n"
+    return _quad_kernel("update", types, args, arrays, element,
+                        {"sizes": sizes, "aligned": aligned}, prologue)
 
 
 def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
                         count=None, b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None,
-                        decay=0.0, nesterov=False, in_place=False, finite=None):
+                        decay=0.0, nesterov=False, in_place=False, finite=None,
+                        grad_scale=None):
     """One launch that updates every tensor; returns ``(new_params, new_states)``.
 
     ``states`` is a list (one per state kind: m and v for adam, the trace for momentum) of
     lists of tensors like ``params``. ``step`` is a 0-d float32 device array (or None to use
     ``step_const``); ``count`` a 0-d int32 device array (adam's bias corrections);
     ``finite`` an optional 0-d bool device array: where False, every tensor keeps its value.
+    ``grad_scale`` (a 0-d float32 device array or None) multiplies each gradient after its
+    cast to the params' precision; the grads may then be of another float dtype.
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -227,11 +237,14 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     new_params = params if in_place else [cupy.empty_like(p) for p in params]
     new_states = states if in_place else [[cupy.empty_like(s) for s in group] for group in states]
     every = [*params, *grads, *new_params, *(a for g in (*states, *new_states) for a in g)]
+    gtype = _CTYPES[grads[0].dtype] if grads[0].dtype != dtype else None
     kern, quads = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays,
-                                       bool(nesterov), _aligned(every))
+                                       bool(nesterov), _aligned(every), gtype,
+                                       grad_scale is not None)
     args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
+            grad_scale if grad_scale is not None else np.uintp(0),
             wnp(b1), wnp(b2), wnp(1 - b1), wnp(1 - b2), wnp(eps), wnp(wd), wnp(decay)]
     for k in range(len(params)):
         args += [params[k], new_params[k], grads[k]]
@@ -312,21 +325,26 @@ def multi_tensor_cast(leaves, dtype, scale=None):
 
 
 @functools.cache
-def _finite_kernel(ctype, sizes, aligned):
-    args = ["long long total", "bool* ok"] + [f"const T* s{k}" for k in range(len(sizes))]
+def _finite_kernel(ctype, sizes, aligned, scaled=False):
+    args = ["long long total", "bool* ok", "const float* scale_ptr"] + \
+        [f"const T* s{k}" for k in range(len(sizes))]
     wtype = "double" if ctype == "double" else "float"
+    value = "(W)s{k}[j] * sc" if scaled else "(W)s{k}[j]"
     return _quad_kernel("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args,
                         lambda k: [(f"s{k}", "T", False)],
-                        lambda k: f"if (!isfinite((W)s{k}[j])) ok[0] = false;",
-                        {"sizes": sizes, "aligned": aligned})
+                        lambda k: f"if (!isfinite({value.format(k=k)})) ok[0] = false;",
+                        {"sizes": sizes, "aligned": aligned},
+                        "  const W sc = scale_ptr ? (W)scale_ptr[0] : (W)1;\n")
 
 
-def multi_tensor_all_finite(leaves):
-    """A 0-d bool device array: every element of every leaf is finite (one launch; the
-    threads that see an inf/nan all write the same False)."""
+def multi_tensor_all_finite(leaves, scale=None):
+    """A 0-d bool device array: every element of every leaf (times ``scale``, a 0-d float32
+    device array, in float32, where given) is finite. One launch; the threads that see an
+    inf/nan all write the same False."""
     ok = cupy.ones((), dtype=cupy.bool_)
     sizes = tuple(int(a.size) for a in leaves)
     if sum(sizes):
-        kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves))
-        _launch(kern, quads, [ok, *leaves])
+        kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves),
+                                     scale is not None)
+        _launch(kern, quads, [ok, scale if scale is not None else np.uintp(0), *leaves])
     return ok

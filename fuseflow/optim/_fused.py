@@ -46,25 +46,29 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
     return apply_updates(params, updates), opt_state
 
 
-def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=False):
+def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=False,
+                 grad_scale=None):
     """The fused step of a named optimizer, or None when it has no fused form here.
 
-    ``finite`` (a 0-d bool device array) makes the kernel keep every tensor unchanged when
-    False; the caller then handles the step counts (see ``dynamic_loss_scaling``).
+    ``finite`` (a 0-d bool device array, or a function returning one that is called only if
+    the kernel runs) makes the kernel keep every tensor unchanged when False; the caller
+    then handles the step counts (see ``dynamic_loss_scaling``). ``grad_scale`` (a 0-d
+    float32 device array): the gradients are ``grads.astype(float32) * grad_scale``, formed
+    inside the kernel (mixed precision's scaled 16-bit gradients); GPU only.
     """
     spec = getattr(opt.update, "fused_spec", None)
     return None if spec is None else _fused(spec, grads, opt_state, params, finite,
-                                            donate_grads)
+                                            donate_grads, grad_scale)
 
 
-def _fused(spec, grads, state, params, finite=None, donate_grads=False):
+def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_scale=None):
     kind, lr = spec["kind"], spec["lr"]
     p_leaves, treedef = tree.flatten(params)
     g_leaves = tree.leaves(grads)
     if not p_leaves or tree.structure(grads) != treedef:
         return None
     on_host = not any(is_cupy(p) for p in p_leaves)
-    if on_host and finite is not None:
+    if on_host and (finite is not None or grad_scale is not None):
         return None  # loss scaling on the host: the reference path handles the skip
     *core, sched = state
     hyper = {}
@@ -92,6 +96,7 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False):
         res = _host_update(kind, p_leaves, g_leaves, groups, donate_grads, **hyper)
     else:
         res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
+                                          grad_scale=grad_scale,
                                           in_place=not host_sync_allowed(), **hyper)
     if res is None:
         return None

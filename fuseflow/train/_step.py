@@ -31,9 +31,12 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     gradients are averaged over the ranks (one collective) before the update.
     """
     mixed = compute_dtype is not None and np.dtype(compute_dtype) != np.float32
+    # Mixed precision on one device leaves the grads scaled and 16-bit: the update unscales
+    # them inside its kernels. Averaging over ranks needs them unscaled (float32) first.
+    scaled = mixed and comm is None
     if mixed:
         grad_fn = mixed_precision.value_and_grad(model, loss_fn, compute_dtype,
-                                                 with_outputs=True)
+                                                 with_outputs=True, unscaled=not scaled)
     else:
         grad_fn = value_and_grad(model, loss_fn, with_outputs=True)
 
@@ -51,8 +54,12 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
         if comm is not None:
             grads = comm.allreduce_mean(grads)
         # The grads never leave this function: the update may reuse their buffers.
-        params, opt_state = update_and_apply(optimizer, grads, opt_state, params,
-                                             donate_grads=True)
+        if scaled:
+            params, opt_state = mixed_precision.update_and_apply_scaled(
+                optimizer, grads, opt_state, params)
+        else:
+            params, opt_state = update_and_apply(optimizer, grads, opt_state, params,
+                                                 donate_grads=True)
         metrics = {"loss": loss}
         if is_class_labels(y) and getattr(outputs, "ndim", 0) == 2:
             metrics["accuracy"] = losses.accuracy(outputs, y)
