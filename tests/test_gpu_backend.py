@@ -378,6 +378,37 @@ def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
         check_close(name, got, ref, dtype, rng.seed)
 
 
+@pytest.mark.parametrize("vector", [False, True], ids=["V=1", "vector"])
+@pytest.mark.parametrize("shape", [(700, 520, 10), (300, 784, 30), (257, 999, 10)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, vector):
+    """Every launch shape the skinny gradients can take gives the same sums: one chunk or
+    many (second pass), 1 to all outputs per round of the weight gradient's block sums,
+    1 to all rows per thread in the input gradient."""
+    from fuseflow.backend import _cuda_skinny as S
+
+    monkeypatch.setattr(S, "VECTOR_MIN_ELEMENTS", 0 if vector else 2 ** 62)
+    cb = CudaBackend(tf32=False)
+    batch, fin, fout = shape
+    h, aux = cb.activation(dev(normal(rng, (batch, fin), dtype)), "relu")
+    aux = cupy.asfortranarray(aux)
+    w = normal(rng, (fout, fin), dtype, fin ** -0.5)
+    dy = normal(rng, (batch, fout), dtype)
+    dw_ref, db_ref = nb.linear_wgrad(dy, host(h), "BGRADB")
+    dx_ref, dbx_ref = nb.linear_dgrad(dy, w, "DRELU_BGRAD", host(aux))
+    v = S._width(fout, dtype, fin, h) if vector else 1
+    for rows in (8, 64, 256, -(-batch // 8) * 8):
+        for per_round in sorted({1, 3, S.outputs_per_round(fout, v, dtype)}):
+            dw, db = S.wgrad(dev(dy), h, bgrad=True, rows=rows, per_round=per_round)
+            check_close(f"dw rows={rows} R={per_round}", dw, dw_ref, dtype, rng.seed)
+            check_close(f"db rows={rows} R={per_round}", db, db_ref, dtype, rng.seed)
+    for rpt in (1, 4, 32, -(-batch // 8)):
+        dx, dbx = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt)
+        check_close(f"dx rpt={rpt}", dx, dx_ref, dtype, rng.seed)
+        check_close(f"dbx rpt={rpt}", dbx, dbx_ref, dtype, rng.seed)
+
+
 def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):
     """The float16 output layer of 784-4096-4096-10 at batch 8192 (V = 8 gradients, chunks
     summed in the second pass) agrees with NumPy in float32."""

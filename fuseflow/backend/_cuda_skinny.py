@@ -43,6 +43,9 @@ _FWD_THREADS = 256      # forward: threads per sample (they split the inputs)
 #: float16 is memory-bound there. Below it, one column per thread keeps more, shorter
 #: blocks in flight, which the latency-bound small shapes need.
 VECTOR_MIN_ELEMENTS = 2 ** 21
+#: Shared memory for the weight gradient's block sums: R outputs per round, as many as fit
+#: (8 row groups x R x (32 V + 1) accumulators), two barriers per round.
+WGRAD_SMEM_BYTES = 24 * 1024
 
 _CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
            np.dtype(np.float64): "double"}
@@ -171,13 +174,13 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
 
 # Thread (column group g, row group ty) of block (32, 8) keeps N x V sums dy[b, j] * x[b, f]
 # over rows r0 + ty, r0 + ty + 8, ... of its chunk; the 8 row groups are added in shared
-# memory, one output j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One
+# memory, R outputs j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One
 # chunk writes dw/db directly, several write partials for the second pass.
 _WGRAD = _VEC + r"""
 extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
         A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F,
         long long rows_per_chunk) {
-    __shared__ A red[8][32 * V + 1];
+    __shared__ A red[8][R][32 * V + 1];
     const long long FC = F + (BGRADB ? 1 : 0);
     const long long f0 = ((long long)blockIdx.x * 32 + threadIdx.x) * V;
     const long long r0 = (long long)blockIdx.y * rows_per_chunk;
@@ -209,23 +212,34 @@ extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __res
             }
         }
     }
-    // 32 * V <= 256: thread c of the block adds up column c of the block's 32 * V
+    // The 8 row groups' sums are added in shared memory, R outputs j per round (two
+    // barriers a round); a block's 256 threads share the round's R * 32 * V columns.
     const long long base = (long long)blockIdx.x * 32 * V;
-    const int c = threadIdx.y * 32 + threadIdx.x, slot = (c % V) * 32 + c / V;
+    const int c = threadIdx.y * 32 + threadIdx.x;
     #pragma unroll
-    for (int j = 0; j < N; ++j) {
+    for (int j0 = 0; j0 < N; j0 += R) {
         __syncthreads();
         #pragma unroll
-        for (int u = 0; u < V; ++u) red[threadIdx.y][u * 32 + threadIdx.x] = acc[j][u];
+        for (int jj = 0; jj < R; ++jj) {
+            if (j0 + jj < N) {
+                #pragma unroll
+                for (int u = 0; u < V; ++u)
+                    red[threadIdx.y][jj][u * 32 + threadIdx.x] = acc[j0 + jj < N ? j0 + jj : 0][u];
+            }
+        }
         __syncthreads();
-        if (c < 32 * V && base + c < FC) {
-            const long long f = base + c;
-            A s = (A)0;
-            #pragma unroll
-            for (int g = 0; g < 8; ++g) s += red[g][slot];
-            if (gridDim.y > 1) part[((long long)blockIdx.y * N + j) * FC + f] = s;
-            else if (f < F) dw[(long long)j * F + f] = (T)s;
-            else db[j] = (T)s;
+        for (int e = c; e < R * 32 * V; e += 256) {
+            const int jj = e / (32 * V), cc = e - jj * (32 * V), j = j0 + jj;
+            const long long f = base + cc;
+            if (j < N && f < FC) {
+                const int slot = (cc % V) * 32 + cc / V;
+                A s = (A)0;
+                #pragma unroll
+                for (int g = 0; g < 8; ++g) s += red[g][jj][slot];
+                if (gridDim.y > 1) part[((long long)blockIdx.y * N + j) * FC + f] = s;
+                else if (f < F) dw[(long long)j * F + f] = (T)s;
+                else db[j] = (T)s;
+            }
         }
     }
 }
@@ -269,7 +283,8 @@ def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, **{k: int(v) for k, v in flags.items()}}
+    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1,
+               **{k: int(v) for k, v in flags.items()}}
     # 4 rows' loads in flight per thread where that measured faster (H200, batch 8192 x
     # 4096, 10 classes: float16 wgrad 69 -> 58 us, float32 dgrad 87 -> 66 us; the other two
     # were slower unrolled: float16 dgrad 65 -> 84, float32 wgrad 57 -> 64)
@@ -318,14 +333,18 @@ def forward(x, w, bias, *, relu: bool, aux_rows: int | None):
     return y, (buf.T if buf is not None else None)
 
 
-def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
     """``(dx, dbias)``: ``dy @ w`` for C-contiguous dy (B, N), w (N, F), N <= 32, masked by
-    relu_aux ``aux`` (column n at byte ``n * ld``) when given, and its column sums."""
+    relu_aux ``aux`` (column n at byte ``n * ld``) when given, and its column sums.
+    ``rpt`` (rows per thread) overrides the launch shape, for benchmarks."""
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
     v = _width(n, dy.dtype, features, dx) if batch * features >= VECTOR_MIN_ELEMENTS else 1
-    rpt, chunks = row_chunks(batch, vector=v > 1)
+    if rpt is None:
+        rpt, chunks = row_chunks(batch, vector=v > 1)
+    else:
+        chunks = max(1, -(-batch // (8 * rpt)))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
         else None
@@ -344,9 +363,16 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool):
     return dx, db
 
 
-def wgrad(dy, x, *, bgrad: bool):
+def outputs_per_round(n, v, dtype):
+    """R of the weight gradient's block sums (see ``WGRAD_SMEM_BYTES``)."""
+    per_output = 8 * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
+    return max(1, min(n, WGRAD_SMEM_BYTES // per_output))
+
+
+def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
     """``(dw, dbias)``: ``dy.T @ x`` for C-contiguous dy (B, N), N <= 32, x (B, F), and
-    ``dy.sum(0)`` when ``bgrad``."""
+    ``dy.sum(0)`` when ``bgrad``. ``rows`` (rows per chunk, a multiple of 8) and
+    ``per_round`` override the launch shape, for benchmarks."""
     batch, n = dy.shape
     features = x.shape[1]
     fc = features + (1 if bgrad else 0)
@@ -358,12 +384,14 @@ def wgrad(dy, x, *, bgrad: bool):
             db.fill(0)
         return dw, db
     # 8 rows per thread on short batches (short dependency chains); at most 64 chunks
-    per = -(-batch // 64)
-    rows = max(64, -(-per // 8) * 8)
+    if rows is None:
+        per = -(-batch // 64)
+        rows = max(64, -(-per // 8) * 8)
     chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
     v = _width(n, dy.dtype, features, x) if batch * features >= VECTOR_MIN_ELEMENTS else 1
-    kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v)
+    kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v,
+                   R=per_round or outputs_per_round(n, v, dy.dtype))
     kern((-(-fc // (32 * v)), chunks), (32, 8),
          (dy, x, part if part is not None else np.uintp(0), dw,
           db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)))

@@ -1,0 +1,166 @@
+"""Launch shapes of fuseflow's small-side gradient kernels and mixed-precision updates,
+timed the way a compiled step runs them.
+
+    python benchmarks/skinny_sweep.py --out DIR
+
+Each variant runs 20 times inside one CUDA graph; the time is the median over replays
+divided by 20, so host launch gaps do not count (they do not in a compiled step either).
+Swept, in the shapes of the benchmark steps (784-30-10 and 784-1024-1024-10 at batch 256,
+784-4096-4096-10 at batch 8192):
+- the weight gradient (``_cuda_skinny.wgrad``): rows per chunk (more chunks: more blocks
+  and a second pass over per-chunk partials) and outputs per round of its block sums;
+- the input gradient with the ReLU mask and bias gradient (``dgrad``): rows per thread;
+- mixed precision's update of the large model's params: the float32-gradient path
+  (unscaling cast, finiteness check, Adam) against the scaled 16-bit path (finiteness
+  check and Adam reading the float16 gradients).
+The default launch shape of each kernel is marked. JSON out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from _meta import metadata, write_json  # noqa: E402
+
+CALLS = 20
+
+
+def graph_us(fn, replays=30):
+    """Median GPU time of one ``fn()``: CALLS calls captured in one graph, replayed."""
+    import cupy as cp
+
+    from fuseflow.backend._cuda_graph import GraphCapture
+
+    cap = GraphCapture()
+    cap.run(fn)
+
+    def calls():
+        for _ in range(CALLS):
+            fn()  # outputs dropped at once: each call reuses the last one's memory
+
+    _, graph = cap.capture(calls)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    with cap.stream:
+        graph.launch(cap.stream)
+        for _ in range(replays):
+            start.record(cap.stream)
+            graph.launch(cap.stream)
+            stop.record(cap.stream)
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / CALLS)
+    return float(np.median(times))
+
+
+SHAPES = [  # (label, batch, n, features, dtype)
+    ("784-30-10 layer 1", 256, 30, 784, np.float32),
+    ("784-30-10 layer 2", 256, 10, 30, np.float32),
+    ("784-1024-1024-10 layer 3", 256, 10, 1024, np.float32),
+    ("784-4096-4096-10 layer 3", 8192, 10, 4096, np.float32),
+    ("784-4096-4096-10 layer 3", 8192, 10, 4096, np.float16),
+]
+
+
+def skinny_rows(cp, S):
+    rows = []
+    for label, batch, n, feat, dtype in SHAPES:
+        rng = cp.random.default_rng(0)
+        x = cp.maximum(rng.standard_normal((batch, feat), dtype=np.float32), 0).astype(dtype)
+        dy = rng.standard_normal((batch, n), dtype=np.float32).astype(dtype)
+        w = (rng.standard_normal((n, feat), dtype=np.float32) * feat ** -0.5).astype(dtype)
+        aux = cp.asfortranarray(
+            rng.integers(0, 256, size=(-(-feat // 128) * 16, batch), dtype=np.uint8))
+        base = {"shape": label, "batch": batch, "n": n, "features": feat,
+                "dtype": np.dtype(dtype).name}
+        v = S._width(n, dtype, feat, x) if batch * feat >= S.VECTOR_MIN_ELEMENTS else 1
+        per = -(-batch // 64)
+        default_rows = max(64, -(-per // 8) * 8)
+        default_round = S.outputs_per_round(n, v, dtype)
+        for r in sorted({8, 16, 32, 64, 128, 256, 512, 1024, 2048, batch}):
+            if r > batch:
+                continue
+            for pr in sorted({1, default_round}):
+                us = graph_us(lambda r=r, pr=pr: S.wgrad(dy, x, bgrad=True, rows=r,
+                                                         per_round=pr))
+                rows.append({**base, "kernel": "wgrad", "rows_per_chunk": r,
+                             "chunks": -(-batch // r), "per_round": pr, "V": v, "us": us,
+                             "default": r == default_rows and pr == default_round})
+                print(json.dumps(rows[-1]), flush=True)
+        if n == 30:
+            continue  # the first layer's input gradient is never computed
+        v = S._width(n, dtype, feat, x) if batch * feat >= S.VECTOR_MIN_ELEMENTS else 1
+        default_rpt, _ = S.row_chunks(batch, vector=v > 1)
+        for rpt in sorted({1, 2, 4, 8, 16, 32, 64, max(1, batch // 8), default_rpt}):
+            if 8 * rpt > batch and rpt != max(1, batch // 8):
+                continue
+            us = graph_us(lambda rpt=rpt: S.dgrad(dy, w, aux, aux.shape[0], bgrad=True,
+                                                  rpt=rpt))
+            rows.append({**base, "kernel": "dgrad", "rows_per_thread": rpt,
+                         "chunks": max(1, -(-batch // (8 * rpt))), "V": v, "us": us,
+                         "default": rpt == default_rpt})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def mixed_update_rows(cp, F):
+    """The large model's Adam step from float16 gradients scaled by 1024."""
+    sizes = [784, 4096, 4096, 10]
+    rng = cp.random.default_rng(1)
+    params = []
+    for i, o in zip(sizes[:-1], sizes[1:]):
+        params += [rng.standard_normal((o, i), dtype=np.float32),
+                   rng.standard_normal((o,), dtype=np.float32)]
+    low = [(rng.standard_normal(p.shape, dtype=np.float32) * 1024).astype(np.float16)
+           for p in params]
+    m = [cp.zeros_like(p) for p in params]
+    v = [cp.zeros_like(p) for p in params]
+    count = cp.asarray(3, dtype=cp.int32)
+    inv = cp.asarray(1 / 1024, dtype=cp.float32)
+    hyper = dict(step_const=-1e-3, count=count, b1=0.9, b2=0.999, eps=1e-8, in_place=True)
+
+    def unscaled():
+        g = F.multi_tensor_cast(low, np.float32, inv)
+        ok = F.multi_tensor_all_finite(g)
+        F.multi_tensor_update("adam", params, g, [m, v], finite=ok, **hyper)
+
+    def scaled():
+        ok = F.multi_tensor_all_finite(low, inv)
+        F.multi_tensor_update("adam", params, low, [m, v], finite=ok, grad_scale=inv, **hyper)
+
+    n = sum(p.size for p in params)
+    rows = []
+    for name, fn in (("cast + all_finite + adam (float32 grads)", unscaled),
+                     ("all_finite + adam (scaled float16 grads)", scaled),
+                     ("all_finite (scaled float16 grads)",
+                      lambda: F.multi_tensor_all_finite(low, inv))):
+        rows.append({"kernel": name, "elements": n, "us": graph_us(fn)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import cupy as cp
+
+    from fuseflow.backend import _cuda_fused as F
+    from fuseflow.backend import _cuda_skinny as S
+
+    rows = skinny_rows(cp, S) + mixed_update_rows(cp, F)
+    write_json(os.path.join(args.out, "skinny_sweep.json"),
+               {"benchmark": "skinny_sweep", **metadata("cupy", "nvmath"), "rows": rows,
+                "note": f"median GPU time per call: {CALLS} calls in one CUDA graph"})
+
+
+if __name__ == "__main__":
+    main()
