@@ -10,6 +10,7 @@ Swept, in the shapes of the benchmark steps (784-30-10 and 784-1024-1024-10 at b
 - the weight gradient (``_cuda_skinny.wgrad``): rows per chunk (more chunks: more blocks
   and a second pass over per-chunk partials) and outputs per round of its block sums;
 - the input gradient with the ReLU mask and bias gradient (``dgrad``): rows per thread;
+- the forward (bias, ReLU, mask) of the short batches: samples per block;
 - mixed precision's update of the large model's params: the float32-gradient path
   (unscaling cast, finiteness check, Adam) against the scaled 16-bit path (finiteness
   check and Adam reading the float16 gradients).
@@ -71,6 +72,8 @@ SHAPES = [  # (label, batch, n, features, dtype)
 
 
 def skinny_rows(cp, S):
+    from fuseflow.backend.epilogs import relu_aux_rows
+
     rows = []
     for label, batch, n, feat, dtype in SHAPES:
         rng = cp.random.default_rng(0)
@@ -94,6 +97,15 @@ def skinny_rows(cp, S):
                 rows.append({**base, "kernel": "wgrad", "rows_per_chunk": r,
                              "chunks": -(-batch // r), "per_round": pr, "V": v, "us": us,
                              "default": r == default_rows and pr == default_round})
+                print(json.dumps(rows[-1]), flush=True)
+        if batch * feat * n <= S.FORWARD_MAX_MACS:  # cuBLASLt runs the longer forwards
+            b = rng.standard_normal((n,), dtype=np.float32).astype(dtype)
+            rows_aux = relu_aux_rows(n)
+            for spb in (1, 2, 4, 8):
+                us = graph_us(lambda spb=spb: S.forward(x, w, b, relu=True, aux_rows=rows_aux,
+                                                        samples_per_block=spb))
+                rows.append({**base, "kernel": "forward", "samples_per_block": spb, "us": us,
+                             "default": spb == S.FORWARD_SAMPLES})
                 print(json.dumps(rows[-1]), flush=True)
         if n == 30:
             continue  # the first layer's input gradient is never computed

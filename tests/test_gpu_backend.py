@@ -383,9 +383,9 @@ def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, vector):
-    """Every launch shape the skinny gradients can take gives the same sums: one chunk or
+    """Every launch shape the skinny kernels can take gives the same sums: one chunk or
     many (second pass), 1 to all outputs per round of the weight gradient's block sums,
-    1 to all rows per thread in the input gradient."""
+    1 to all rows per thread in the input gradient, 1 to 8 samples per forward block."""
     from fuseflow.backend import _cuda_skinny as S
 
     monkeypatch.setattr(S, "VECTOR_MIN_ELEMENTS", 0 if vector else 2 ** 62)
@@ -407,6 +407,15 @@ def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, ve
         dx, dbx = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt)
         check_close(f"dx rpt={rpt}", dx, dx_ref, dtype, rng.seed)
         check_close(f"dbx rpt={rpt}", dbx, dbx_ref, dtype, rng.seed)
+    b = normal(rng, (fout,), dtype)
+    y_ref, aux_ref = nb.linear(host(h), w, b, "RELU_AUX_BIAS")
+    pre = host(h).astype(np.float64) @ w.T.astype(np.float64) + b
+    rows = relu_aux_rows(fout)
+    for spb in (1, 2, 3, 4, 8):  # samples per block; the batches are not all multiples
+        y, aux_y = S.forward(h, dev(w), dev(b), relu=True, aux_rows=rows, samples_per_block=spb)
+        check_close(f"y spb={spb}", y, y_ref, dtype, rng.seed, scale=pre)
+        bits, bits_ref = unpack_relu_aux(host(aux_y), fout), unpack_relu_aux(aux_ref, fout)
+        assert not ((bits != bits_ref) & (np.abs(pre) > SIGN_MARGIN[dtype])).any(), spb
 
 
 def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):

@@ -70,7 +70,9 @@ def _generated_sources(monkeypatch):
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
         for n in (1, 10, 32):
             for hb, ha, r in itertools.product((False, True), repeat=3):
-                S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
+                for spb in (1, 3, 8):
+                    S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r,
+                              SPB=spb)
             for v in (1, 2, 4, 8)[:{2: 4, 4: 3, 8: 2}[dt.itemsize]]:
                 for d, b in itertools.product((False, True), repeat=2):
                     S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v)

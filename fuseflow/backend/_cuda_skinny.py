@@ -37,7 +37,9 @@ MAX_N = 32              # the largest small side handled here
 #: batch) cuBLASLt's tiled kernels are faster. (A warp per 4 samples with vector loads was
 #: slower than cuBLASLt at batch 8192: 42 against 34 us in float16, 88 against 80 in float32.)
 FORWARD_MAX_MACS = 2 ** 25
-_FWD_THREADS = 256      # forward: threads per sample (they split the inputs)
+_FWD_THREADS = 256      # forward: threads per block (they split the inputs)
+#: forward: samples per block (1 to 8), each block reading w once for all of them
+FORWARD_SAMPLES = 1
 #: dgrad/wgrad give each thread V adjacent columns (16-byte loads/stores) from this many
 #: batch x feature elements on: the output layer of 784-4096-4096-10 at batch 8192 in
 #: float16 is memory-bound there. Below it, one column per thread keeps more, shorter
@@ -56,38 +58,51 @@ typedef {T} T; typedef {A} A;
 #define N {N}
 """
 
-# One block of FWD_THREADS per sample: the threads split the K inputs, each keeps N partial
-# sums; warps reduce them with shuffles, warp 0 adds the warps' sums and runs the epilog.
+# One block of FWD_THREADS per SPB samples: the threads split the K inputs, each keeps
+# SPB x N partial sums (w is read once per block, not once per sample); warps reduce them
+# with shuffles, then warp s adds the warps' sums of sample s and runs the epilog.
 _FORWARD = r"""
 extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __restrict__ w,
         const T* __restrict__ bias, T* __restrict__ y, unsigned char* __restrict__ aux,
         long long B, long long K, int rows) {
-    __shared__ A part[FWD_THREADS / 32][N];
+    __shared__ A part[FWD_THREADS / 32][SPB][N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long row = blockIdx.x;
-    A acc[N];
+    const long long row0 = (long long)blockIdx.x * SPB;
+    A acc[SPB][N];
     #pragma unroll
-    for (int j = 0; j < N; ++j) acc[j] = (A)0;
-    const T* xr = x + row * K;
-    for (long long k = threadIdx.x; k < K; k += FWD_THREADS) {
-        const A xv = (A)xr[k];
+    for (int s = 0; s < SPB; ++s) {
         #pragma unroll
-        for (int j = 0; j < N; ++j) acc[j] += xv * (A)w[(long long)j * K + k];
+        for (int j = 0; j < N; ++j) acc[s][j] = (A)0;
+    }
+    for (long long k = threadIdx.x; k < K; k += FWD_THREADS) {
+        A xv[SPB];
+        #pragma unroll
+        for (int s = 0; s < SPB; ++s) xv[s] = row0 + s < B ? (A)x[(row0 + s) * K + k] : (A)0;
+        #pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const A wv = (A)w[(long long)j * K + k];
+            #pragma unroll
+            for (int s = 0; s < SPB; ++s) acc[s][j] += xv[s] * wv;
+        }
     }
     #pragma unroll
-    for (int j = 0; j < N; ++j) {
-        A s = acc[j];
+    for (int s = 0; s < SPB; ++s) {
         #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) part[warp][j] = s;
+        for (int j = 0; j < N; ++j) {
+            A v = acc[s][j];
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) part[warp][s][j] = v;
+        }
     }
     __syncthreads();
-    if (warp != 0) return;
+    const long long row = row0 + warp;
+    if (warp >= SPB || row >= B) return;  // whole warps
     const bool active = lane < N;
     A v = (A)0;
     if (active) {
         #pragma unroll
-        for (int g = 0; g < FWD_THREADS / 32; ++g) v += part[g][lane];
+        for (int g = 0; g < FWD_THREADS / 32; ++g) v += part[g][warp][lane];
     }
     if (HAS_BIAS && active) v += (A)bias[lane];
     if (HAS_AUX) {
@@ -283,7 +298,7 @@ def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1,
+    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1, "SPB": 1,
                **{k: int(v) for k, v in flags.items()}}
     # 4 rows' loads in flight per thread where that measured faster (H200, batch 8192 x
     # 4096, 10 classes: float16 wgrad 69 -> 58 us, float32 dgrad 87 -> 66 us; the other two
@@ -316,17 +331,19 @@ def sum_chunks(part, out, extra, rows, features, fc):
                               np.int64(fc)))
 
 
-def forward(x, w, bias, *, relu: bool, aux_rows: int | None):
+def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=None):
     """``(y, aux)``: ``act(x @ w.T + bias)`` for C-contiguous x (B, K) and w (N, K), N <= 32;
-    ``aux`` is the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given."""
+    ``aux`` is the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given.
+    ``samples_per_block`` (1 to 8) overrides ``FORWARD_SAMPLES``, for benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=x.dtype)
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
     if batch:
+        spb = samples_per_block or FORWARD_SAMPLES
         kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
-                       HAS_AUX=aux_rows is not None, RELU=relu)
-        kern((batch,), (_FWD_THREADS,),
+                       HAS_AUX=aux_rows is not None, RELU=relu, SPB=spb)
+        kern((-(-batch // spb),), (_FWD_THREADS,),
              (x, w, bias if bias is not None else np.uintp(0), y,
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(k),
               np.int32(aux_rows or 0)))
