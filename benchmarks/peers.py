@@ -79,11 +79,13 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     opt = getattr(ff.optim, opt_name)(LR[opt_name])
     if prec == "fp16":
         opt = ff.mixed_precision.dynamic_loss_scaling(opt)
-        grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy)
+        # the scaled 16-bit grads go straight into the update, which unscales them
+        grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
+                                                    unscaled=False)
 
         def step(p, s, x, y):
             loss, g = grad_fn(p, x, y, loss_scale=s.scale)
-            p, s = ff.optim.update_and_apply(opt, g, s, p)
+            p, s = ff.mixed_precision.update_and_apply_scaled(opt, g, s, p)
             return p, s, loss
     else:
         grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)

@@ -85,10 +85,9 @@ def skinny_rows(cp, S):
         base = {"shape": label, "batch": batch, "n": n, "features": feat,
                 "dtype": np.dtype(dtype).name}
         v = S._width(n, dtype, feat, x) if batch * feat >= S.VECTOR_MIN_ELEMENTS else 1
-        per = -(-batch // 64)
-        default_rows = max(64, -(-per // 8) * 8)
+        default_rows = S.wgrad_rows_per_chunk(batch, -(-(feat + 1) // (32 * v)))
         default_round = S.outputs_per_round(n, v, dtype)
-        for r in sorted({8, 16, 32, 64, 128, 256, 512, 1024, 2048, batch}):
+        for r in sorted({8, 16, 32, 64, 128, 256, 512, 1024, 2048, batch, default_rows}):
             if r > batch:
                 continue
             for pr in sorted({1, default_round}):
@@ -110,7 +109,7 @@ def skinny_rows(cp, S):
         if n == 30:
             continue  # the first layer's input gradient is never computed
         v = S._width(n, dtype, feat, x) if batch * feat >= S.VECTOR_MIN_ELEMENTS else 1
-        default_rpt, _ = S.row_chunks(batch, vector=v > 1)
+        default_rpt = S.dgrad_rows_per_thread(batch)
         for rpt in sorted({1, 2, 4, 8, 16, 32, 64, max(1, batch // 8), default_rpt}):
             if 8 * rpt > batch and rpt != max(1, batch // 8):
                 continue

@@ -196,7 +196,9 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
                 + [(f"P{k}", "T", True)] + [(f"{st.upper()}{k}", "T", True) for st in states])
 
     def element(k):
-        grad = f"(W)g{k}[j] * gs" if scaled else f"(W)g{k}[j]"
+        # __fmul_rn: never contracted into an FMA with the update's next addition, so the
+        # product is rounded as the unscaling cast rounds it (float32 params only)
+        grad = f"__fmul_rn((W)g{k}[j], gs)" if scaled else f"(W)g{k}[j]"
         loads = [f"W p = (W)p{k}[j];", f"W g = {grad};"] + \
                 [f"W {st} = (W){st}{k}[j];" for st in states]
         body = _BODIES[kind].replace("DECAY", "true" if decays[k] else "false")

@@ -312,13 +312,39 @@ def _kernel(name, dtype, n, **flags):
     return cupy.RawKernel(head + src, name)
 
 
-def row_chunks(batch: int, *, vector: bool):
-    """``(rpt, chunks)`` of the column kernels' (32, 8) blocks: rows per thread, 1 for short
-    batches (latency) and more for long ones (more with vector columns), and the chunks of
-    8 * rpt rows the batch splits into, a grid dimension: at most 65535."""
-    rpt = min(32, max(1, batch // 512)) if vector else min(16, max(1, batch // 1024))
+def row_chunks(batch: int, *, vector: bool, rpt=None):
+    """``(rpt, chunks)`` of the column kernels' (32, 8) blocks: rows per thread and the
+    chunks of 8 * rpt rows the batch splits into (a grid dimension: at most 65535). Without
+    ``rpt``: the own ReLU-gradient pass's rule, 1 for short batches (latency) and more for
+    long ones (more with vector columns)."""
+    if rpt is None:
+        rpt = min(32, max(1, batch // 512)) if vector else min(16, max(1, batch // 1024))
     rpt = max(rpt, -(-batch // (8 * 65535)))
     return rpt, max(1, -(-batch // (8 * rpt)))
+
+
+def dgrad_rows_per_thread(batch: int) -> int:
+    """The input gradient's rows per thread. Measured on the H200 (graph replays,
+    ``benchmarks/skinny_sweep.py``): batch 256 x 30 features, 3.51 us at 2 against 3.87 at 1
+    and 3.81 at 4; batch 8192 x 4096, 64.2 / 60.3 us (float32 / float16) at 64 against
+    72.3 / 70.8 at 16 and 286 / 673 with the whole batch in one chunk."""
+    return min(64, max(2, batch // 128))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def wgrad_rows_per_chunk(batch: int, column_blocks: int) -> int:
+    """The weight gradient's rows per chunk: about 4 blocks per SM over the column blocks
+    and chunks, at least 32 rows a chunk. Measured on the H200 (graph replays,
+    ``benchmarks/skinny_sweep.py``), this picks the fastest of 8 to 8192 rows in all five
+    benchmark shapes: 784 features x 30 outputs at batch 256, 6.9 us (10.0 with 64 rows),
+    4096 x 10 at batch 8192, 46.5 us in float32 (61.9 with 128 rows), 56.2 in float16 (68.5)."""
+    chunks = max(1, -(-4 * _sm_count(cupy.cuda.Device().id) // column_blocks))
+    per = -(-batch // chunks)
+    return max(32, -(-per // 8) * 8)
 
 
 def sum_chunks(part, out, extra, rows, features, fc):
@@ -358,10 +384,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
     v = _width(n, dy.dtype, features, dx) if batch * features >= VECTOR_MIN_ELEMENTS else 1
-    if rpt is None:
-        rpt, chunks = row_chunks(batch, vector=v > 1)
-    else:
-        chunks = max(1, -(-batch // (8 * rpt)))
+    rpt, chunks = row_chunks(batch, vector=v > 1, rpt=rpt or dgrad_rows_per_thread(batch))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
         else None
@@ -400,13 +423,10 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
         if bgrad:
             db.fill(0)
         return dw, db
-    # 8 rows per thread on short batches (short dependency chains); at most 64 chunks
-    if rows is None:
-        per = -(-batch // 64)
-        rows = max(64, -(-per // 8) * 8)
+    v = _width(n, dy.dtype, features, x) if batch * features >= VECTOR_MIN_ELEMENTS else 1
+    rows = rows or wgrad_rows_per_chunk(batch, -(-fc // (32 * v)))
     chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
-    v = _width(n, dy.dtype, features, x) if batch * features >= VECTOR_MIN_ELEMENTS else 1
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v,
                    R=per_round or outputs_per_round(n, v, dy.dtype))
     kern((-(-fc // (32 * v)), chunks), (32, 8),
