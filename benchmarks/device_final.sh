@@ -17,6 +17,7 @@ if [ "$TAG" = main ]; then
   TAILN=20 run peers_fuseflow 150 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist
   TAILN=20 run peers_jax 240 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist
   TAILN=3 run profile_fuseflow 90 python3 benchmarks/profile_step.py --framework fuseflow --out "$res"
+  TAILN=3 run skinny_sweep 60 python3 benchmarks/skinny_sweep.py --out "$res"
   FUSEFLOW_AUTOTUNE=0 TAILN=8 run peers_fuseflow_autotune_off 60 python3 benchmarks/peers.py --worker fuseflow --out "$res" --no-mnist --tag autotune_off --models 784-4096-4096-10
 else
   TAILN=30 run peers_torch 300 python3 benchmarks/peers.py --worker torch --out "$res"

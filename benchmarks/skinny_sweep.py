@@ -104,7 +104,7 @@ def skinny_rows(cp, S):
                 us = graph_us(lambda spb=spb: S.forward(x, w, b, relu=True, aux_rows=rows_aux,
                                                         samples_per_block=spb))
                 rows.append({**base, "kernel": "forward", "samples_per_block": spb, "us": us,
-                             "default": spb == S.FORWARD_SAMPLES})
+                             "default": spb == S.forward_samples_per_block(feat)})
                 print(json.dumps(rows[-1]), flush=True)
         if n == 30:
             continue  # the first layer's input gradient is never computed

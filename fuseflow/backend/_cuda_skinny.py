@@ -38,8 +38,6 @@ MAX_N = 32              # the largest small side handled here
 #: slower than cuBLASLt at batch 8192: 42 against 34 us in float16, 88 against 80 in float32.)
 FORWARD_MAX_MACS = 2 ** 25
 _FWD_THREADS = 256      # forward: threads per block (they split the inputs)
-#: forward: samples per block (1 to 8), each block reading w once for all of them
-FORWARD_SAMPLES = 1
 #: dgrad/wgrad give each thread V adjacent columns (16-byte loads/stores) from this many
 #: batch x feature elements on: the output layer of 784-4096-4096-10 at batch 8192 in
 #: float16 is memory-bound there. Below it, one column per thread keeps more, shorter
@@ -357,16 +355,24 @@ def sum_chunks(part, out, extra, rows, features, fc):
                               np.int64(fc)))
 
 
+def forward_samples_per_block(k: int) -> int:
+    """Samples per forward block: 2 where every thread has inputs to sum (K >= 256), else 1.
+    Measured on the H200 (graph replays, ``benchmarks/skinny_sweep.py``, batch 256):
+    784 -> 30, 5.8 us at 2 against 11.9 / 7.0 / 13.1 at 1 / 4 / 8; 1024 -> 10, 4.2 us
+    against 5.2 at 1; 30 -> 10, 2.2 us at 1 against 2.4 at 2."""
+    return 2 if k >= _FWD_THREADS else 1
+
+
 def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=None):
     """``(y, aux)``: ``act(x @ w.T + bias)`` for C-contiguous x (B, K) and w (N, K), N <= 32;
     ``aux`` is the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given.
-    ``samples_per_block`` (1 to 8) overrides ``FORWARD_SAMPLES``, for benchmarks."""
+    ``samples_per_block`` (1 to 8) overrides ``forward_samples_per_block``, for benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=x.dtype)
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
     if batch:
-        spb = samples_per_block or FORWARD_SAMPLES
+        spb = samples_per_block or forward_samples_per_block(k)
         kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
                        HAS_AUX=aux_rows is not None, RELU=relu, SPB=spb)
         kern((-(-batch // spb),), (_FWD_THREADS,),
