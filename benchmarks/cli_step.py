@@ -4,8 +4,9 @@
     python benchmarks/cli_step.py --out DIR
 
 For each variant: us per compiled call in a loop (what ``fit`` sees, host included), the
-graph replay alone (CUDA events around back-to-back replays), whether the calls took the
-compiled step's fast path, and which fused kernels the step was built from. The float16
+graph replay alone (CUDA events around 200 back-to-back replays), both as medians of 7
+rounds that take the variants in turn; whether the calls took the compiled step's fast
+path, and which fused kernels the step was built from. The float16
 step runs twice: as ``make_step`` builds it (the scaled 16-bit gradients go into the
 update) and with the float32 gradients unscaled first (the previous form). JSON out.
 """
@@ -58,31 +59,41 @@ def main():
     rng = cp.random.default_rng(0)
     x = rng.random((128, 784), dtype=cp.float32)
     y = rng.integers(0, 10, 128).astype(cp.int64)
-    rows = []
-    for variant in ("float32", "float16", "float16, unscaled first"):
+    variants = ("float32", "float16", "float16, unscaled first")
+    runs, rows = {}, []
+    for variant in variants:  # compile all three first, then time them interleaved
         step, params, opt = build(ff, variant)
         be = ff.backend.get("cuda")
         be.reset_stats()
         compiled = ff.compile(step)
         state = [params, opt.init(params)]
 
-        def call():
+        def call(compiled=compiled, state=state):
             state[0], state[1], _ = compiled(state[0], state[1], x, y)
 
         call()
         calls = {k: v for k, v in be.stats()["calls"].items()
                  if k.startswith(("multi_tensor", "all_finite", "next_loss"))}
-        host_us = median_step_us(call, cp.cuda.Device().synchronize, 200, 5)
-        g = next(iter(compiled._graphs.values()))
-        stream = cp.cuda.get_current_stream()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        for _ in range(200):
-            g.graph.launch(stream)
-        stop.record(stream)
-        stop.synchronize()
-        rows.append({"variant": variant, "us_per_call": host_us,
-                     "graph_replay_us": cp.cuda.get_elapsed_time(start, stop) * 1e3 / 200,
+        runs[variant] = (compiled, call, calls)
+    stream = cp.cuda.get_current_stream()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    host, replay = {v: [] for v in variants}, {v: [] for v in variants}
+    for _ in range(7):
+        for variant in variants:
+            compiled, call, _ = runs[variant]
+            host[variant].append(median_step_us(call, cp.cuda.Device().synchronize, 200, 1))
+            graph = next(iter(compiled._graphs.values())).graph
+            start.record(stream)
+            for _ in range(200):
+                graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            replay[variant].append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / 200)
+    for variant in variants:
+        compiled, _, calls = runs[variant]
+        rows.append({"variant": variant, "us_per_call": float(np.median(host[variant])),
+                     "graph_replay_us": float(np.median(replay[variant])),
+                     "graph_replay_us_rounds": replay[variant],
                      "fast_path": compiled._last is not None, "compiles": compiled.compiles,
                      "fused_calls_while_compiling": calls})
         print(json.dumps(rows[-1]), flush=True)
