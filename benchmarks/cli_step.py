@@ -41,10 +41,10 @@ def build(ff, variant):
         return ff.train.make_step(model, loss, opt, compute_dtype="float16"), params, opt
     grad_fn = ff.mixed_precision.value_and_grad(model, loss, with_outputs=True)
 
-    def step(p, s, x, y):  # float16, float32 gradients unscaled before the update
-        (value, _), g = grad_fn(p, x, y, loss_scale=s.scale)
+    def step(p, s, x, y):  # make_step's float16 step, float32 grads unscaled first
+        (value, out), g = grad_fn(p, x, y, loss_scale=s.scale)
         p, s = ff.optim.update_and_apply(opt, g, s, p, donate_grads=True)
-        return p, s, {"loss": value}
+        return p, s, {"loss": value, "accuracy": ff.losses.accuracy(out, y)}
     return step, params, opt
 
 
