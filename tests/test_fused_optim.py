@@ -96,6 +96,52 @@ def test_fused_dynamic_loss_scaling_matches_reference_through_an_overflow():
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
 
 
+SHORT_SCHEDULES = {  # horizons inside a 20-step run
+    "cosine": lambda: ff.optim.cosine_decay_schedule(0.1, 8, alpha=0.1),
+    "warmup_cosine": lambda: ff.optim.warmup_cosine_decay_schedule(0.0, 0.1, 3, 9, 0.01),
+    "linear": lambda: ff.optim.linear_schedule(0.1, 0.01, 6, transition_begin=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHORT_SCHEDULES))
+def test_schedule_horizon_is_where_it_goes_flat(name):
+    """The fused GPU optimizers read a schedule from a table up to its ``horizon`` and hold
+    the last value after it: every later count must give that value."""
+    lr = SHORT_SCHEDULES[name]()
+    counts = np.arange(lr.horizon, lr.horizon + 200, dtype=np.int32)
+    np.testing.assert_array_equal(lr(counts), np.full(counts.shape, lr(np.int32(lr.horizon))))
+    assert lr(np.int32(lr.horizon - 1)) != lr(np.int32(lr.horizon))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(SHORT_SCHEDULES))
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_tabulated_schedules_match_the_reference_past_their_horizon(opt_name, name):
+    """On the GPU a schedule's step sizes come from a device table inside the update kernel,
+    which also advances the step counts: 20 steps (past the horizon) give the reference's
+    params, moments and counts; the table holds exactly the step-by-step values."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow.optim._fused import lr_table
+
+    lr = SHORT_SCHEDULES[name]()
+    params, target = problem(cupy)
+    a = run(getattr(ff.optim, opt_name)(lr), params, target, fused=True, steps=20)
+    b = run(getattr(ff.optim, opt_name)(lr), params, target, fused=False, steps=20)
+    table = lr_table(lr, params["a"]["w"])
+    assert table.dtype == np.float32 and table.size == lr.horizon + 1
+    for c in range(lr.horizon + 1):
+        assert float(table[c]) == float(cupy.asarray(-1.0 * lr(cupy.asarray(c, cupy.int32)))
+                                        .astype(cupy.float32))
+    counts = [int(x) for x in ff.tree.leaves(a[1]) if x.dtype == np.int32]
+    assert counts and counts == [int(x) for x in ff.tree.leaves(b[1]) if x.dtype == np.int32]
+    assert all(c == 20 for c in counts)
+    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
+
+
 def test_donated_grads_give_the_same_params():
     params, target = problem()
     opt = ff.optim.sgd(0.1)

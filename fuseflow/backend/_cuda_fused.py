@@ -183,7 +183,9 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
     precision's unscaling, folded into the update: the same float32 product)."""
     states = _STATE[kind]
     args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
-            "const int* count_ptr", "const float* gscale_ptr", "W b1", "W b2",
+            "const int* count_ptr", "int* new_count_ptr", "const int* sched_ptr",
+            "int* new_sched_ptr", "const W* table_ptr", "long long table_last",
+            "const float* gscale_ptr", "W b1", "W b2",
             "W one_minus_b1", "W one_minus_b2", "W eps", "W wd", "W decay"]
     for k in range(len(sizes)):
         args += [f"const T* p{k}", f"T* P{k}", f"const G* g{k}"]
@@ -210,7 +212,20 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
     prologue = (f"  const bool nesterov = {'true' if nesterov else 'false'};\n"
                 "  const bool ok = finite_ptr ? finite_ptr[0] : true;\n"
                 "  W step = step_ptr ? (W)step_ptr[0] : (W)step_const;\n"
-                "  W t_ = count_ptr ? (W)(count_ptr[0]) : (W)0;\n"
+                "  if (table_ptr) {  // a schedule's step sizes, flat from table_last on\n"
+                "    const long long c = sched_ptr[0];\n"
+                "    step = table_ptr[c < 0 ? 0 : (c < table_last ? c : table_last)];\n"
+                "  }\n"
+                "  // With new_*_ptr, the counters are incremented here (saturating, as\n"
+                "  // optim's increment) into separate buffers: every thread reads the old.\n"
+                "  int t_int = count_ptr ? count_ptr[0] : 0;\n"
+                "  if (new_count_ptr) t_int += t_int < 2147483647 ? 1 : 0;\n"
+                "  if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
+                "    if (new_count_ptr) new_count_ptr[0] = t_int;\n"
+                "    if (new_sched_ptr) new_sched_ptr[0] = sched_ptr[0]\n"
+                "                                          + (sched_ptr[0] < 2147483647 ? 1 : 0);\n"
+                "  }\n"
+                "  W t_ = (W)t_int;\n"
                 "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n"
                 "  const W gs = gscale_ptr ? (W)gscale_ptr[0] : (W)1;\n")
     types = f"typedef {ctype} T; typedef {gtype or ctype} G; typedef {wtype} W;\n"
@@ -221,7 +236,8 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
 def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
                         count=None, b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None,
                         decay=0.0, nesterov=False, in_place=False, finite=None,
-                        grad_scale=None):
+                        grad_scale=None, new_count=None, sched_count=None,
+                        new_sched_count=None, step_table=None):
     """One launch that updates every tensor; returns ``(new_params, new_states)``.
 
     ``states`` is a list (one per state kind: m and v for adam, the trace for momentum) of
@@ -230,6 +246,10 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     ``finite`` an optional 0-d bool device array: where False, every tensor keeps its value.
     ``grad_scale`` (a 0-d float32 device array or None) multiplies each gradient after its
     cast to the params' precision; the grads may then be of another float dtype.
+    ``new_count`` (a 0-d int32 device array): ``count`` is the count before this step, and
+    the kernel writes the incremented one there (and uses it). ``step_table``: the step
+    sizes of a schedule for counts 0..len-1 (the last one holds from then on), indexed by
+    ``sched_count``; the kernel writes ``sched_count + 1`` to ``new_sched_count``.
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -246,6 +266,11 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
+            new_count if new_count is not None else np.uintp(0),
+            sched_count if sched_count is not None else np.uintp(0),
+            new_sched_count if new_sched_count is not None else np.uintp(0),
+            step_table if step_table is not None else np.uintp(0),
+            np.int64(step_table.size - 1 if step_table is not None else 0),
             grad_scale if grad_scale is not None else np.uintp(0),
             wnp(b1), wnp(b2), wnp(1 - b1), wnp(1 - b2), wnp(eps), wnp(wd), wnp(decay)]
     for k in range(len(params)):

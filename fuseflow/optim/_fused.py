@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from fuseflow import backend, tree
-from fuseflow._namespace import host_sync_allowed, is_cupy
+from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 from fuseflow.optim._base import apply_updates, increment, scalar_like
 
 __all__ = ["update_and_apply", "fused_spec", "fused_update"]
@@ -72,7 +72,12 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         return None  # loss scaling on the host: the reference path handles the skip
     *core, sched = state
     hyper = {}
-    if callable(lr):  # scheduled: the step size is a device scalar, the count advances
+    table = None if on_host or not callable(lr) else lr_table(lr, p_leaves[0])
+    if table is not None:  # the kernel reads the step size and advances the count
+        new_sched = type(sched)(count=_new_count(sched.count))
+        hyper.update(step_table=table, sched_count=sched.count,
+                     new_sched_count=new_sched.count)
+    elif callable(lr):  # scheduled: the step size is a device scalar, the count advances
         step = scalar_like(-1.0 * lr(sched.count), p_leaves[0])
         if is_cupy(step):
             hyper["step"] = step
@@ -83,9 +88,14 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         hyper["step_const"], new_sched = -lr, sched
     first = core[0]
     if kind == "adam":
-        count = increment(first.count)
+        if on_host:
+            count = increment(first.count)
+            hyper["count"] = count
+        else:  # the kernel increments the count (into a new buffer) and uses the new one
+            count = _new_count(first.count)
+            hyper.update(count=first.count, new_count=count)
         groups = [tree.leaves(first.mu), tree.leaves(first.nu)]
-        hyper.update(count=count, b1=spec["b1"], b2=spec["b2"], eps=spec["eps"],
+        hyper.update(b1=spec["b1"], b2=spec["b2"], eps=spec["eps"],
                      wd=spec.get("weight_decay", 0.0), decays=_decay_flags(spec, params))
     elif kind == "momentum":
         groups = [tree.leaves(first.trace)]
@@ -109,6 +119,33 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
     elif kind == "momentum":
         core[0] = type(first)(trace=tree.unflatten(tree.structure(first.trace), new_groups[0]))
     return new_params, (*core, new_sched)
+
+
+#: a schedule whose values are flat from at most this many steps on (its ``horizon``) is
+#: tabulated on the device once, so a step reads its step size from the table inside the
+#: update kernel instead of evaluating the schedule in about ten small kernels.
+LR_TABLE_MAX = 2 ** 20
+
+
+def lr_table(lr, leaf):
+    """``-lr(count)`` in ``leaf``'s dtype for count = 0 .. lr.horizon, on ``leaf``'s device
+    (cached on the schedule): the same elementwise operations as the step-by-step value,
+    so the same numbers. None for schedules without a horizon."""
+    horizon = getattr(lr, "horizon", None)
+    if horizon is None or horizon > LR_TABLE_MAX:
+        return None
+    xp = namespace(leaf)
+    key = (leaf.dtype.str, leaf.device.id)
+    tables = lr.__dict__.setdefault("_device_tables", {})
+    if key not in tables:
+        counts = xp.arange(horizon + 1, dtype=xp.int32)
+        tables[key] = scalar_like(-1.0 * lr(counts), leaf)
+    return tables[key]
+
+
+def _new_count(count):
+    """A buffer for the next step count, which the update kernel writes."""
+    return namespace(count).empty((), dtype=count.dtype)
 
 
 def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, count=None,

@@ -5,6 +5,10 @@ a Python int works too). The value is computed with that array's own library, on
 device, in float64; the transform that uses it casts it to each leaf's dtype. Each
 schedule matches optax's function of the same name (``step_decay_schedule`` is optax's
 ``exponential_decay(..., staircase=True)``).
+
+A schedule that is constant from some count on says so in its ``horizon`` attribute (the
+first count from which every value equals that one's); on the GPU the fused optimizers then
+read it from a table of its values (``ff.optim.update_and_apply``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def linear_schedule(init_value: float, end_value: float, transition_steps: int,
         frac = 1 - xp.clip(count - transition_begin, 0, transition_steps) / transition_steps
         return (init_value - end_value) * frac + end_value
 
+    schedule.horizon = transition_begin + transition_steps
     return schedule
 
 
@@ -61,6 +66,7 @@ def cosine_decay_schedule(init_value: float, decay_steps: int, alpha: float = 0.
         cosine = 0.5 * (1 + xp.cos(xp.pi * xp.minimum(count, decay_steps) / decay_steps))
         return init_value * ((1 - alpha) * cosine + alpha)
 
+    schedule.horizon = decay_steps
     return schedule
 
 
@@ -89,6 +95,7 @@ def warmup_cosine_decay_schedule(init_value: float, peak_value: float, warmup_st
         return namespace(count).where(count < warmup_steps, warmup(count),
                                       decay(count - warmup_steps))
 
+    schedule.horizon = decay_steps
     return schedule
 
 
