@@ -105,12 +105,21 @@ SHORT_SCHEDULES = {  # horizons inside a 20-step run
 
 @pytest.mark.parametrize("name", sorted(SHORT_SCHEDULES))
 def test_schedule_horizon_is_where_it_goes_flat(name):
-    """The fused GPU optimizers read a schedule from a table up to its ``horizon`` and hold
-    the last value after it: every later count must give that value."""
+    """The fused GPU optimizers read a schedule from a table up to its horizon and hold
+    the last value after it: every later count must give that value. A wrapper made with
+    functools.wraps (which copies attributes) has no horizon."""
+    import functools
+
+    from fuseflow.optim._schedules import horizon_of
+
     lr = SHORT_SCHEDULES[name]()
-    counts = np.arange(lr.horizon, lr.horizon + 200, dtype=np.int32)
-    np.testing.assert_array_equal(lr(counts), np.full(counts.shape, lr(np.int32(lr.horizon))))
-    assert lr(np.int32(lr.horizon - 1)) != lr(np.int32(lr.horizon))
+    h = horizon_of(lr)
+    counts = np.arange(h, h + 200, dtype=np.int32)
+    np.testing.assert_array_equal(lr(counts), np.full(counts.shape, lr(np.int32(h))))
+    assert lr(np.int32(h - 1)) != lr(np.int32(h))
+    restart = functools.wraps(lr)(lambda count: lr(count % 5))
+    assert horizon_of(restart) is None and horizon_of(lambda c: 0.1) is None
+    assert horizon_of(ff.optim.step_decay_schedule(0.1, 5, 0.5)) is None
 
 
 @pytest.mark.gpu
@@ -124,21 +133,50 @@ def test_tabulated_schedules_match_the_reference_past_their_horizon(opt_name, na
         pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
     import cupy
 
-    from fuseflow.optim._fused import lr_table
+    from fuseflow.optim._fused import _LR_TABLES, lr_table
+    from fuseflow.optim._schedules import horizon_of
 
     lr = SHORT_SCHEDULES[name]()
     params, target = problem(cupy)
     a = run(getattr(ff.optim, opt_name)(lr), params, target, fused=True, steps=20)
+    assert lr in _LR_TABLES  # the fused steps built and used the table
     b = run(getattr(ff.optim, opt_name)(lr), params, target, fused=False, steps=20)
     table = lr_table(lr, params["a"]["w"])
-    assert table.dtype == np.float32 and table.size == lr.horizon + 1
-    for c in range(lr.horizon + 1):
+    assert table.dtype == np.float32 and table.size == horizon_of(lr) + 1
+    for c in range(horizon_of(lr) + 1):
         assert float(table[c]) == float(cupy.asarray(-1.0 * lr(cupy.asarray(c, cupy.int32)))
                                         .astype(cupy.float32))
     counts = [int(x) for x in ff.tree.leaves(a[1]) if x.dtype == np.int32]
     assert counts and counts == [int(x) for x in ff.tree.leaves(b[1]) if x.dtype == np.int32]
     assert all(c == 20 for c in counts)
     for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_host_step_counts_with_gpu_params_take_the_old_path(opt_name):
+    """Optimizer state made on the host (its counts NumPy) and params moved to the GPU: the
+    kernel cannot write host counts, so the schedule and counts run as CuPy/NumPy ops and
+    the results still match the reference."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    lr = SHORT_SCHEDULES["cosine"]()
+    host_params, target = problem()
+    opt = getattr(ff.optim, opt_name)(lr)
+    params = ff.device_put(host_params, "cuda")
+    target = ff.device_put(target, "cuda")
+    state = ff.tree.map(lambda a: cupy.asnumpy(a) if a.dtype == np.int32 else a,
+                        opt.init(params))  # the counts on the host, the rest on the GPU
+    for _ in range(12):
+        grads = ff.tree.map(quadratic_grads, params, target)
+        params, state = ff.optim.update_and_apply(opt, grads, state, params)
+    ref_p, ref_s = run(opt, ff.device_put(host_params, "cuda"), target, fused=False, steps=12)
+    assert [int(c) for c in ff.tree.leaves(state) if c.dtype == np.int32] == \
+        [int(c) for c in ff.tree.leaves(ref_s) if c.dtype == np.int32]
+    for x, y in zip(ff.tree.leaves(params), ff.tree.leaves(ref_p)):
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
 
 
@@ -217,8 +255,10 @@ def scaled_run(xp, opt, steps=20, overflow_at=(3, 11), scaled=True):
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_scaled_update_equals_unscale_then_update(name):
-    """update_and_apply_scaled: the 16-bit scaled grads give the unscaled path's params,
-    state and loss scale, overflowing steps skipped (NumPy; the GPU kernel: below)."""
+    """update_and_apply_scaled's contract on NumPy, where it runs unscale + update_and_apply
+    itself: the loss scale's schedule through two overflows, the skipped steps not counted,
+    and the error without a loss-scaling state. (The GPU kernels that fold the unscaling in
+    are compared bit for bit below.)"""
     from fuseflow import mixed_precision as mp
 
     def opt():

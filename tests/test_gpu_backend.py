@@ -416,6 +416,10 @@ def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, ve
         check_close(f"y spb={spb}", y, y_ref, dtype, rng.seed, scale=pre)
         bits, bits_ref = unpack_relu_aux(host(aux_y), fout), unpack_relu_aux(aux_ref, fout)
         assert not ((bits != bits_ref) & (np.abs(pre) > SIGN_MARGIN[dtype])).any(), spb
+    with pytest.raises(ValueError, match="samples_per_block=9"):
+        S.forward(h, dev(w), dev(b), relu=True, aux_rows=rows, samples_per_block=9)
+    with pytest.raises(ValueError, match="per_round=99"):
+        S.wgrad(dev(dy), h, bgrad=True, per_round=99)
 
 
 def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):

@@ -77,7 +77,8 @@ def _generated_sources(monkeypatch):
                 for d, b in itertools.product((False, True), repeat=2):
                     S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v)
                 for b in (False, True):
-                    for r in sorted({1, 7, S.outputs_per_round(n, v, dt)}):
+                    most = S.outputs_per_round(n, v, dt, 48 * 1024)  # 48 KB of shared
+                    for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
                         S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r)
         S._kernel("sum_chunks", dt, 1)
         for hb, ha, r in itertools.product((False, True), repeat=3):

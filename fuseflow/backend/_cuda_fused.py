@@ -355,7 +355,8 @@ def multi_tensor_cast(leaves, dtype, scale=None):
 def _finite_kernel(ctype, sizes, aligned, scaled=False):
     args = ["long long total", "bool* ok", "const float* scale_ptr"] + \
         [f"const T* s{k}" for k in range(len(sizes))]
-    wtype = "double" if ctype == "double" else "float"
+    # scaled: the float32 product of the unscaling (as the update kernel forms it)
+    wtype = "double" if ctype == "double" and not scaled else "float"
     value = "(W)s{k}[j] * sc" if scaled else "(W)s{k}[j]"
     return _quad_kernel("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args,
                         lambda k: [(f"s{k}", "T", False)],

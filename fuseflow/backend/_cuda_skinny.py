@@ -329,18 +329,20 @@ def dgrad_rows_per_thread(batch: int) -> int:
     return min(64, max(2, batch // 128))
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+#: The weight gradient's block target: about 4 blocks per SM of the H200 (132 SMs), a
+#: constant so that the chunking, and with it the order of the sums, depends on the shapes
+#: alone and not on the GPU.
+WGRAD_TARGET_BLOCKS = 4 * 132
 
 
 def wgrad_rows_per_chunk(batch: int, column_blocks: int) -> int:
-    """The weight gradient's rows per chunk: about 4 blocks per SM over the column blocks
-    and chunks, at least 32 rows a chunk. Measured on the H200 (graph replays,
-    ``benchmarks/skinny_sweep.py``), this picks the fastest of 8 to 8192 rows in all five
-    benchmark shapes: 784 features x 30 outputs at batch 256, 6.9 us (10.0 with 64 rows),
-    4096 x 10 at batch 8192, 46.5 us in float32 (61.9 with 128 rows), 56.2 in float16 (68.5)."""
-    chunks = max(1, -(-4 * _sm_count(cupy.cuda.Device().id) // column_blocks))
+    """The weight gradient's rows per chunk: about ``WGRAD_TARGET_BLOCKS`` blocks over the
+    column blocks and chunks, at least 32 rows a chunk. Measured on the H200 (graph
+    replays, ``benchmarks/skinny_sweep.py``), this picks the fastest of 8 to 8192 rows in
+    all five benchmark shapes: 784 features x 30 outputs at batch 256, 6.9 us (10.0 with 64
+    rows), 4096 x 10 at batch 8192, 46.5 us in float32 (61.9 with 128 rows), 56.2 in float16
+    (68.5)."""
+    chunks = max(1, -(-WGRAD_TARGET_BLOCKS // column_blocks))
     per = -(-batch // chunks)
     return max(32, -(-per // 8) * 8)
 
@@ -373,6 +375,9 @@ def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=N
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
     if batch:
         spb = samples_per_block or forward_samples_per_block(k)
+        if not 1 <= spb <= _FWD_THREADS // 32:  # warp s finishes sample s
+            raise ValueError(f"skinny forward: samples_per_block={spb} is outside "
+                             f"1..{_FWD_THREADS // 32}")
         kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
                        HAS_AUX=aux_rows is not None, RELU=relu, SPB=spb)
         kern((-(-batch // spb),), (_FWD_THREADS,),
@@ -409,10 +414,11 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
     return dx, db
 
 
-def outputs_per_round(n, v, dtype):
-    """R of the weight gradient's block sums (see ``WGRAD_SMEM_BYTES``)."""
+def outputs_per_round(n, v, dtype, limit=WGRAD_SMEM_BYTES):
+    """R of the weight gradient's block sums: as many as ``limit`` bytes of shared memory
+    hold (``WGRAD_SMEM_BYTES``; 48 KB is the most a kernel may declare)."""
     per_output = 8 * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
-    return max(1, min(n, WGRAD_SMEM_BYTES // per_output))
+    return max(1, min(n, limit // per_output))
 
 
 def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
@@ -433,6 +439,11 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
     rows = rows or wgrad_rows_per_chunk(batch, -(-fc // (32 * v)))
     chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
+    if per_round is not None and not 1 <= per_round <= outputs_per_round(n, v, dy.dtype,
+                                                                        48 * 1024):
+        raise ValueError(f"skinny wgrad: per_round={per_round} is outside 1.."
+                         f"{outputs_per_round(n, v, dy.dtype, 48 * 1024)} for {n} outputs "
+                         f"and V={v} (48 KB of shared memory)")
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v,
                    R=per_round or outputs_per_round(n, v, dy.dtype))
     kern((-(-fc // (32 * v)), chunks), (32, 8),

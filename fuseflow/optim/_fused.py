@@ -11,11 +11,14 @@ function is always safe to call.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from fuseflow import backend, tree
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 from fuseflow.optim._base import apply_updates, increment, scalar_like
+from fuseflow.optim._schedules import horizon_of
 
 __all__ = ["update_and_apply", "fused_spec", "fused_update"]
 
@@ -72,7 +75,8 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         return None  # loss scaling on the host: the reference path handles the skip
     *core, sched = state
     hyper = {}
-    table = None if on_host or not callable(lr) else lr_table(lr, p_leaves[0])
+    # the kernel reads and writes the counts through pointers: only for device counters
+    table = lr_table(lr, p_leaves[0]) if callable(lr) and is_cupy(sched.count) else None
     if table is not None:  # the kernel reads the step size and advances the count
         new_sched = type(sched)(count=_new_count(sched.count))
         hyper.update(step_table=table, sched_count=sched.count,
@@ -88,7 +92,7 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         hyper["step_const"], new_sched = -lr, sched
     first = core[0]
     if kind == "adam":
-        if on_host:
+        if on_host or not is_cupy(first.count):
             count = increment(first.count)
             hyper["count"] = count
         else:  # the kernel increments the count (into a new buffer) and uses the new one
@@ -128,19 +132,22 @@ LR_TABLE_MAX = 2 ** 20
 
 
 def lr_table(lr, leaf):
-    """``-lr(count)`` in ``leaf``'s dtype for count = 0 .. lr.horizon, on ``leaf``'s device
-    (cached on the schedule): the same elementwise operations as the step-by-step value,
-    so the same numbers. None for schedules without a horizon."""
-    horizon = getattr(lr, "horizon", None)
-    if horizon is None or horizon > LR_TABLE_MAX:
+    """``-lr(count)`` in ``leaf``'s dtype for count = 0 .. horizon, on ``leaf``'s GPU (cached
+    per schedule): the same elementwise operations as the step-by-step value, so the same
+    numbers. None for NumPy leaves and for schedules without a horizon (see
+    ``_schedules.horizon_of``: only the library's own schedules declare one)."""
+    horizon = horizon_of(lr)
+    if horizon is None or horizon > LR_TABLE_MAX or not is_cupy(leaf):
         return None
-    xp = namespace(leaf)
-    key = (leaf.dtype.str, leaf.device.id)
-    tables = lr.__dict__.setdefault("_device_tables", {})
+    key = (horizon, leaf.dtype.str, leaf.device.id)
+    tables = _LR_TABLES.setdefault(lr, {})
     if key not in tables:
-        counts = xp.arange(horizon + 1, dtype=xp.int32)
+        counts = namespace(leaf).arange(horizon + 1, dtype=np.int32)
         tables[key] = scalar_like(-1.0 * lr(counts), leaf)
     return tables[key]
+
+
+_LR_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _new_count(count):

@@ -6,17 +6,36 @@ device, in float64; the transform that uses it casts it to each leaf's dtype. Ea
 schedule matches optax's function of the same name (``step_decay_schedule`` is optax's
 ``exponential_decay(..., staircase=True)``).
 
-A schedule that is constant from some count on says so in its ``horizon`` attribute (the
+The schedules here that are constant from some count on record it (``horizon_of``: the
 first count from which every value equals that one's); on the GPU the fused optimizers then
-read it from a table of its values (``ff.optim.update_and_apply``).
+read them from a table of their values (``ff.optim.update_and_apply``). The record is kept
+here, not on the function, so a wrapper (``functools.wraps`` copies attributes) never
+inherits it.
 """
 
 from __future__ import annotations
 
 import numbers
+import weakref
 
 from fuseflow._namespace import namespace
 from fuseflow.optim._base import check_number
+
+
+_HORIZONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def horizon_of(schedule):
+    """The count from which ``schedule`` (one made by this module) stays constant, or None."""
+    try:
+        return _HORIZONS.get(schedule)
+    except TypeError:  # not weak-referenceable: not one of ours
+        return None
+
+
+def _flat_from(schedule, horizon):
+    _HORIZONS[schedule] = int(horizon)
+    return schedule
 
 
 def _steps(opt, name, value, *, low=1):
@@ -49,8 +68,7 @@ def linear_schedule(init_value: float, end_value: float, transition_steps: int,
         frac = 1 - xp.clip(count - transition_begin, 0, transition_steps) / transition_steps
         return (init_value - end_value) * frac + end_value
 
-    schedule.horizon = transition_begin + transition_steps
-    return schedule
+    return _flat_from(schedule, transition_begin + transition_steps)
 
 
 def cosine_decay_schedule(init_value: float, decay_steps: int, alpha: float = 0.0):
@@ -66,8 +84,7 @@ def cosine_decay_schedule(init_value: float, decay_steps: int, alpha: float = 0.
         cosine = 0.5 * (1 + xp.cos(xp.pi * xp.minimum(count, decay_steps) / decay_steps))
         return init_value * ((1 - alpha) * cosine + alpha)
 
-    schedule.horizon = decay_steps
-    return schedule
+    return _flat_from(schedule, decay_steps)
 
 
 def warmup_cosine_decay_schedule(init_value: float, peak_value: float, warmup_steps: int,
@@ -95,8 +112,7 @@ def warmup_cosine_decay_schedule(init_value: float, peak_value: float, warmup_st
         return namespace(count).where(count < warmup_steps, warmup(count),
                                       decay(count - warmup_steps))
 
-    schedule.horizon = decay_steps
-    return schedule
+    return _flat_from(schedule, decay_steps)
 
 
 def step_decay_schedule(init_value: float, step_size: int, decay_rate: float):
