@@ -94,7 +94,8 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
     if kind == "adam":
         if on_host or not is_cupy(first.count):
             count = increment(first.count)
-            hyper["count"] = count
+            # the kernel reads the count through a pointer: a host count goes to the GPU
+            hyper["count"] = count if on_host else namespace(p_leaves[0]).asarray(count)
         else:  # the kernel increments the count (into a new buffer) and uses the new one
             count = _new_count(first.count)
             hyper.update(count=first.count, new_count=count)
