@@ -177,6 +177,23 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
             == straight.history[-1]["train_loss"])
 
 
+def test_compiled_fit_equals_the_plain_loop_and_derives_no_step_keys(monkeypatch):
+    """fit(compiled=True) (on NumPy a pass-through of ff.compile) trains exactly as the
+    plain loop; its step takes no key, so the loop derives none per step."""
+    train, test = _data()
+    model = ff.nn.Serial(ff.nn.Dense(32, "relu"), ff.nn.Dense(10))  # no Dropout: no keys
+    opt = _optimizer(1, STEPS)
+    state = T.init_state(model, opt, (64,), ff.random.key(0))
+    plain = _fit(model, opt, state, train, test, 1)
+    calls = []
+    fold_in = ff.random.fold_in
+    monkeypatch.setattr(ff.random, "fold_in", lambda *a: calls.append(a) or fold_in(*a))
+    compiled = _fit(model, opt, state, train, test, 1, compiled=True)
+    assert len(calls) == 1  # the epoch's data order only
+    assert _losses(compiled.history) == _losses(plain.history)
+    _assert_trees_equal(compiled.state, plain.state)
+
+
 def test_resume_mid_epoch_reproduces_the_parameters_exactly(tmp_path):
     train, test = _data()
     model, opt, state = _fresh(epochs=2)

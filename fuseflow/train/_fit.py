@@ -145,6 +145,7 @@ def _keyless(compiled_step):
     """A compiled step takes positional arrays only; its model draws no random numbers."""
     def step(params, opt_state, x, y, key=None):
         return compiled_step(params, opt_state, x, y)
+    step.takes_key = False  # the loop skips deriving a key per step (host time)
     return step
 
 
@@ -153,6 +154,7 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
     start = state.batch_in_epoch
     todo = min(len(x), steps_per_epoch * batch_size) - start * batch_size
     order_key = random.fold_in(state.data_key, epoch)
+    takes_key = getattr(step_fn, "takes_key", True)
     loss_sum = acc_sum = seen = 0
     has_acc = False
     bar = tqdm(total=todo, desc=f"epoch {epoch + 1}/{epochs}", unit="sample", unit_scale=True,
@@ -163,8 +165,8 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
                               start_batch=start):
             if comm is not None:  # every rank sees the global batch and takes its share
                 xb, yb = comm.shard(xb, yb)
-            params, opt_state, metrics = step_fn(state.params, state.opt_state, xb, yb,
-                                                 key=random.fold_in(state.key, state.step))
+            key = random.fold_in(state.key, state.step) if takes_key else None
+            params, opt_state, metrics = step_fn(state.params, state.opt_state, xb, yb, key=key)
             state = state._replace(params=params, opt_state=opt_state, step=state.step + 1,
                                    batch_in_epoch=state.batch_in_epoch + 1)
             n = len(xb)
