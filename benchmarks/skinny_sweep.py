@@ -84,8 +84,8 @@ def skinny_rows(cp, S):
             rng.integers(0, 256, size=(-(-feat // 128) * 16, batch), dtype=np.uint8))
         base = {"shape": label, "batch": batch, "n": n, "features": feat,
                 "dtype": np.dtype(dtype).name}
-        v = S._width(n, dtype, feat, x) if batch * feat >= S.VECTOR_MIN_ELEMENTS else 1
-        default_rows = S.wgrad_rows_per_chunk(batch, -(-(feat + 1) // (32 * v)))
+        v = S.columns_per_thread(n, dtype, batch, feat, x)
+        default_rows = S.wgrad_rows_per_chunk(batch, feat + 1, v)
         default_round = S.outputs_per_round(n, v, dtype)
         for r in sorted({8, 16, 32, 64, 128, 256, 512, 1024, 2048, batch, default_rows}):
             if r > batch:
@@ -108,7 +108,6 @@ def skinny_rows(cp, S):
                 print(json.dumps(rows[-1]), flush=True)
         if n == 30:
             continue  # the first layer's input gradient is never computed
-        v = S._width(n, dtype, feat, x) if batch * feat >= S.VECTOR_MIN_ELEMENTS else 1
         default_rpt = S.dgrad_rows_per_thread(batch)
         for rpt in sorted({1, 2, 4, 8, 16, 32, 64, max(1, batch // 8), default_rpt}):
             if 8 * rpt > batch and rpt != max(1, batch // 8):

@@ -24,6 +24,7 @@ does this).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -91,8 +92,16 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
 def unscale(grads, params, loss_scale):
     """``grads / loss_scale`` in the params' dtypes: ``g.astype(p.dtype) * (1 / loss_scale)``,
     one launch on the GPU."""
-    xp = namespace(tree.leaves(params)[0])
-    inv = 1.0 / xp.asarray(loss_scale, dtype=xp.float32)
+    return _times(grads, params, _inverse(loss_scale, tree.leaves(params)[0]))
+
+
+def _inverse(loss_scale, like):
+    xp = namespace(like)
+    return 1.0 / xp.asarray(loss_scale, dtype=xp.float32)
+
+
+def _times(grads, params, inv):
+    """``g.astype(p.dtype) * inv`` for every leaf (one launch on the GPU)."""
     leaves = tree.leaves(params)
     dtypes = {p.dtype for p in leaves}
     if len(dtypes) == 1:  # one launch on the GPU
@@ -113,13 +122,12 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
         raise TypeError("update_and_apply_scaled: the optimizer state has no loss scale "
                         f"(got a {type(opt_state).__name__}). Fix: wrap the optimizer, "
                         "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
+    inv = _inverse(scale, scale)
     hook = getattr(optimizer.update, "fused_apply", None)
-    if hook is not None:
-        inv = 1.0 / namespace(scale).asarray(scale, dtype=namespace(scale).float32)
-        out = hook(grads, opt_state, params, grad_scale=inv)
-        if out is not None:
-            return out
-    return update_and_apply(optimizer, unscale(grads, params, scale), opt_state, params,
+    out = None if hook is None else hook(grads, opt_state, params, grad_scale=inv)
+    if out is not None:
+        return out
+    return update_and_apply(optimizer, _times(grads, params, inv), opt_state, params,
                             donate_grads=True)
 
 
@@ -177,12 +185,9 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         """``update_and_apply``'s one-kernel path: the inner optimizer's fused kernel with a
         device-side skip flag (None when the inner optimizer has no fused form).
         ``grad_scale``: the gradients are ``grads.astype(float32) * grad_scale``."""
-        checked = []
-
-        def finite():  # launched only if the fused kernel runs
-            if not checked:
-                checked.append(backend.all_finite(tree.leaves(grads), scale=grad_scale))
-            return checked[0]
+        @functools.cache
+        def finite():  # launched only if the fused kernel runs, and once
+            return backend.all_finite(tree.leaves(grads), scale=grad_scale)
 
         out = fused_update(optimizer, grads, state.inner, params, finite=finite,
                            grad_scale=grad_scale)

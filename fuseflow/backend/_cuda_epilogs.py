@@ -140,7 +140,8 @@ def drelu(dx, aux, ld: int, *, bgrad: bool):
     """In place: ``dx *= relu'(aux)`` for a C-contiguous (B, F) ``dx`` (aux column n at
     byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result."""
     batch, features = dx.shape
-    rpt, chunks = S.row_chunks(batch, vector=True)  # 8 columns per thread
+    # 8 columns per thread; 1 row each on short batches (latency), more on long ones
+    rpt, chunks = S.row_chunks(batch, min(32, max(1, batch // 512)))
     db = cupy.empty(features, dtype=dx.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=S._acc(dx.dtype)) if bgrad and chunks > 1 \
         else None

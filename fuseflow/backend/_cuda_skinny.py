@@ -279,6 +279,12 @@ def _acc(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
+def columns_per_thread(n, dtype, batch, features, *arrays):
+    """V of dgrad/wgrad: ``_width`` from ``VECTOR_MIN_ELEMENTS`` batch x features on, else 1."""
+    return _width(n, dtype, features, *arrays) if batch * features >= VECTOR_MIN_ELEMENTS \
+        else 1
+
+
 def _width(n, dtype, features, *arrays):
     """V, the columns per thread: the widest power of two whose vector is at most 16 bytes,
     whose N x V sums fit the registers, that divides ``features`` and that every array's
@@ -310,13 +316,10 @@ def _kernel(name, dtype, n, **flags):
     return cupy.RawKernel(head + src, name)
 
 
-def row_chunks(batch: int, *, vector: bool, rpt=None):
-    """``(rpt, chunks)`` of the column kernels' (32, 8) blocks: rows per thread and the
-    chunks of 8 * rpt rows the batch splits into (a grid dimension: at most 65535). Without
-    ``rpt``: the own ReLU-gradient pass's rule, 1 for short batches (latency) and more for
-    long ones (more with vector columns)."""
-    if rpt is None:
-        rpt = min(32, max(1, batch // 512)) if vector else min(16, max(1, batch // 1024))
+def row_chunks(batch: int, rpt: int):
+    """``(rpt, chunks)`` of the column kernels' (32, 8) blocks: ``rpt`` rows per thread,
+    raised where needed so that the chunks of 8 * rpt rows the batch splits into (a grid
+    dimension) stay at most 65535."""
     rpt = max(rpt, -(-batch // (8 * 65535)))
     return rpt, max(1, -(-batch // (8 * rpt)))
 
@@ -335,14 +338,15 @@ def dgrad_rows_per_thread(batch: int) -> int:
 WGRAD_TARGET_BLOCKS = 4 * 132
 
 
-def wgrad_rows_per_chunk(batch: int, column_blocks: int) -> int:
-    """The weight gradient's rows per chunk: about ``WGRAD_TARGET_BLOCKS`` blocks over the
-    column blocks and chunks, at least 32 rows a chunk. Measured on the H200 (graph
+def wgrad_rows_per_chunk(batch: int, columns: int, v: int) -> int:
+    """The weight gradient's rows per chunk, for ``columns`` (features, plus one for the
+    bias) at ``v`` columns per thread: about ``WGRAD_TARGET_BLOCKS`` blocks over the column
+    blocks and chunks, at least 32 rows a chunk. Measured on the H200 (graph
     replays, ``benchmarks/skinny_sweep.py``), this picks the fastest of 8 to 8192 rows in
     all five benchmark shapes: 784 features x 30 outputs at batch 256, 6.9 us (10.0 with 64
     rows), 4096 x 10 at batch 8192, 46.5 us in float32 (61.9 with 128 rows), 56.2 in float16
     (68.5)."""
-    chunks = max(1, -(-WGRAD_TARGET_BLOCKS // column_blocks))
+    chunks = max(1, -(-WGRAD_TARGET_BLOCKS // -(-columns // (32 * v))))
     per = -(-batch // chunks)
     return max(32, -(-per // 8) * 8)
 
@@ -394,8 +398,8 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
-    v = _width(n, dy.dtype, features, dx) if batch * features >= VECTOR_MIN_ELEMENTS else 1
-    rpt, chunks = row_chunks(batch, vector=v > 1, rpt=rpt or dgrad_rows_per_thread(batch))
+    v = columns_per_thread(n, dy.dtype, batch, features, dx)
+    rpt, chunks = row_chunks(batch, rpt or dgrad_rows_per_thread(batch))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
         else None
@@ -435,15 +439,14 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
         if bgrad:
             db.fill(0)
         return dw, db
-    v = _width(n, dy.dtype, features, x) if batch * features >= VECTOR_MIN_ELEMENTS else 1
-    rows = rows or wgrad_rows_per_chunk(batch, -(-fc // (32 * v)))
+    v = columns_per_thread(n, dy.dtype, batch, features, x)
+    rows = rows or wgrad_rows_per_chunk(batch, fc, v)
     chunks = -(-batch // rows)
     part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
-    if per_round is not None and not 1 <= per_round <= outputs_per_round(n, v, dy.dtype,
-                                                                        48 * 1024):
-        raise ValueError(f"skinny wgrad: per_round={per_round} is outside 1.."
-                         f"{outputs_per_round(n, v, dy.dtype, 48 * 1024)} for {n} outputs "
-                         f"and V={v} (48 KB of shared memory)")
+    most = outputs_per_round(n, v, dy.dtype, 48 * 1024)
+    if per_round is not None and not 1 <= per_round <= most:
+        raise ValueError(f"skinny wgrad: per_round={per_round} is outside 1..{most} for {n} "
+                         f"outputs and V={v} (48 KB of shared memory)")
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v,
                    R=per_round or outputs_per_round(n, v, dy.dtype))
     kern((-(-fc // (32 * v)), chunks), (32, 8),

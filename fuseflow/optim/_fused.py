@@ -130,6 +130,7 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
 #: tabulated on the device once, so a step reads its step size from the table inside the
 #: update kernel instead of evaluating the schedule in about ten small kernels.
 LR_TABLE_MAX = 2 ** 20
+_LR_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # schedule -> tables
 
 
 def lr_table(lr, leaf):
@@ -146,9 +147,6 @@ def lr_table(lr, leaf):
         counts = namespace(leaf).arange(horizon + 1, dtype=np.int32)
         tables[key] = scalar_like(-1.0 * lr(counts), leaf)
     return tables[key]
-
-
-_LR_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _new_count(count):
