@@ -57,14 +57,15 @@ class _Recorder:
 def _generated_sources(monkeypatch):
     from fuseflow.backend import _cuda_epilogs as E
     from fuseflow.backend import _cuda_fused as F
+    from fuseflow.backend import _cuda_gemm as G
     from fuseflow.backend import _cuda_skinny as S
 
     _Recorder.sources = []
-    for mod in (E, F, S):
+    for mod in (E, F, G, S):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
-    caches = (S._kernel, E._kernel, F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel,
-              F._finite_kernel, F._next_loss_scale_kernel)
+    caches = (S._kernel, E._kernel, G._kernel, F._xent_kernel, F._multi_tensor_kernel,
+              F._cast_kernel, F._finite_kernel, F._next_loss_scale_kernel)
     for cache in caches:
         cache.cache_clear()
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
@@ -80,7 +81,6 @@ def _generated_sources(monkeypatch):
                     most = S.outputs_per_round(n, v, dt, 48 * 1024)  # 48 KB of shared
                     for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
                         S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r)
-        S._kernel("sum_chunks", dt, 1)
         for hb, ha, r in itertools.product((False, True), repeat=3):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
         for b in (False, True):
@@ -102,6 +102,12 @@ def _generated_sources(monkeypatch):
         for scaled in (False, True):
             F._finite_kernel(ct, tuple(range(3, 17)), True, scaled)
     F._next_loss_scale_kernel()
+    for (ak, bk), warps, split in itertools.product(((1, 1), (1, 0), (0, 0)),
+                                                    ((2, 2), (4, 1)), (0, 1)):
+        for flags in ({}, {"HAS_BIAS": 1}, {"HAS_BIAS": 1, "RELU": 1, "AUX_OUT": 1},
+                      {"RELU": 1, "AUX_OUT": 1}, {"DRELU": 1}, {"DRELU": 1, "BGRAD": 1},
+                      {"BGRAD": 1}):
+            G._kernel(ak, bk, *warps, SPLIT=split, **flags)
     sources = list(_Recorder.sources)
     for cache in caches:
         cache.cache_clear()  # no recorder objects left behind for real launches

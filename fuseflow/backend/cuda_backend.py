@@ -52,6 +52,7 @@ from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
 from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
+from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int
@@ -152,6 +153,11 @@ class CudaBackend(Backend):
         self.own_epilog = env_choice("FUSEFLOW_OWN_EPILOG", {m: m for m in OWN_EPILOG_MODES},
                                      "auto")
         self.own_epilog_min = env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
+        #: Full-float32 dense matmuls (no TF32) of up to this many multiply-adds run
+        #: fuseflow's ``_cuda_gemm`` (one launch with the epilog inside) instead of
+        #: cuBLASLt's SIMT kernels plus a split-K reduction and an epilog pass
+        #: (``FUSEFLOW_OWN_GEMM_MAX_MACS``; 0 turns it off).
+        self.own_gemm_max_macs = env_int("FUSEFLOW_OWN_GEMM_MAX_MACS", G.DEFAULT_MAX_MACS)
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
         self._counters = Counter()
@@ -173,6 +179,7 @@ class CudaBackend(Backend):
             "split_bias_grad": self._counters["split_bias_grad"],
             "skinny": self._counters["skinny"],
             "own_epilog": self._counters["own_epilog"],
+            "own_gemm": self._counters["own_gemm"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -465,6 +472,10 @@ class CudaBackend(Backend):
             return True
         return False
 
+    def _own_gemm(self, dtype):
+        """Full float32 (no TF32) with the own matmul on (see __init__)."""
+        return dtype == np.float32 and not self.tf32 and self.own_gemm_max_macs > 0
+
     def _own_epilog(self, dtype, spec, batch, features, macs):
         """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
         mode = self.own_epilog
@@ -483,6 +494,12 @@ class CudaBackend(Backend):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
+        if spec.activation in (None, "relu"):
+            b = self._prep_bias(bias) if spec.bias else None
+            if self._own_gemm(x.dtype) and G.forward_supported(x, w, b, self.own_gemm_max_macs):
+                self._counters["own_gemm"] += 1
+                return G.forward(x, w, b, relu=spec.activation == "relu",
+                                 aux_rows=relu_aux_rows(out) if spec.aux else None)
         if self._own_epilog(x.dtype, spec, x.shape[0], out, x.shape[0] * x.shape[1] * out):
             return self._linear_unfused(x, w, bias, spec)
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
@@ -542,13 +559,13 @@ class CudaBackend(Backend):
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
         if self._skinny("dgrad", w.shape[0], spec.activation):
-            ld = 0
-            if spec.activation == "relu":
-                ld = self._aux_ld(aux, aux.shape[0], batch)
-                if ld is None:
-                    self._copies["relu_aux"] += 1
-                    aux, ld = cupy.asfortranarray(aux), aux.shape[0]
-            return S.dgrad(dy, w, aux if spec.activation else None, ld, bgrad=spec.bias)
+            aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
+            return S.dgrad(dy, w, aux, ld, bgrad=spec.bias)
+        if spec.activation in (None, "relu") and self._own_gemm(dy.dtype) and \
+                G.dgrad_supported(dy, w, self.own_gemm_max_macs):
+            self._counters["own_gemm"] += 1
+            aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
+            return G.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if spec.activation == "relu" and \
                 self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
             return self._dgrad_unfused(dy, w, spec, aux)
@@ -575,6 +592,17 @@ class CudaBackend(Backend):
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
         return self._contig("dx", d.T), None
 
+    def _relu_aux_for_kernels(self, aux, batch, spec):
+        """``(aux, ld)`` for fuseflow's own kernels: the column-major relu_aux (copied when
+        its columns are not evenly spaced) and its column stride; ``(None, 0)`` without ReLU."""
+        if spec.activation != "relu":
+            return None, 0
+        ld = self._aux_ld(aux, aux.shape[0], batch)
+        if ld is None:
+            self._copies["relu_aux"] += 1
+            aux, ld = cupy.asfortranarray(aux), aux.shape[0]
+        return aux, ld
+
     def _dgrad_unfused(self, dy, w, spec, aux):
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
         dx = self._contig("dx", d.T)
@@ -600,6 +628,10 @@ class CudaBackend(Backend):
     def _wgrad_impl(self, dy, x, spec):
         if self._skinny("wgrad", dy.shape[1], None):
             return S.wgrad(dy, x, bgrad=spec.bias)
+        if not spec.bias and self._own_gemm(dy.dtype) and \
+                G.wgrad_supported(dy, x, self.own_gemm_max_macs):
+            self._counters["own_gemm"] += 1
+            return G.wgrad(dy, x), None
         if spec.bias:
             res = self._matmul("wgrad", "BGRADB", x.T, dy, {})
             if res is not None:

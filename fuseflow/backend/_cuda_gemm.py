@@ -1,0 +1,415 @@
+"""fuseflow's own full-float32 matmul for dense layers, with the epilog inside.
+
+In full float32 (no TF32) cuBLASLt has only SIMT kernels, and at MNIST-scale shapes they
+leave most of the GPU idle: on the H200 a 256 x 784 x 1024 layer ran a 64 x 64 tile kernel
+in 64 blocks, plus a split-K reduction kernel, plus fuseflow's bias/ReLU pass (three
+launches, 17-21 us, 20-25 TFLOP/s), and the five such matmuls of a 784-1024-1024-10 step
+took 91 of its 122 us. This kernel is the textbook register-blocked SIMT GEMM (each thread
+an 8 x 8 block of C from double-buffered shared-memory tiles, 16-byte loads) that fills
+the GPU by splitting K across blocks, and ends in one launch:
+
+- split-K partials go to a workspace; the block that arrives last at its tile
+  (``_cuda_tickets``) adds them in split order (deterministic) and runs the epilog;
+- forward epilog: ``y = act(acc + bias)`` and the relu_aux bits (cuBLASLt's layout, see
+  ``epilogs.py``; the same arithmetic as ``_cuda_epilogs.bias_relu``);
+- input-gradient epilog: the ReLU mask of the layer below and, with BGRAD, its bias
+  gradient (column sums per row tile, then added in tile order by the last tile of the
+  column strip);
+- weight gradient: the plain product (no split: its K is the batch).
+
+Operands are addressed as A(m, k) and B(k, n) with one stride 1, so the three products of a
+dense layer (``x @ w.T``, ``dy @ w``, ``dy.T @ x``) need no transposed copies. Float32
+only, 16-byte aligned operands, the contiguous extents multiples of 4 (``supported``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy
+import numpy as np
+
+from fuseflow.backend import _cuda_tickets as T
+
+#: Blocks a matmul is split into (tiles x K splits), about one per SM of the H200 (132):
+#: a constant, so that the split, and with it the order of the sums, depends on the shapes
+#: alone and not on the GPU.
+TARGET_BLOCKS = 132
+MIN_K_PER_SPLIT = 64
+#: ``CudaBackend.own_gemm_max_macs``'s default: above it cuBLASLt's large-tile kernels win.
+DEFAULT_MAX_MACS = 2 ** 31
+WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
+BK = 8
+
+_SRC = r"""
+#define BM (32 * WM)
+#define BN (64 * WN)
+#define BK 8
+#define THREADS (32 * WM * WN)
+#define APAD (A_KMAJOR ? 4 : 0)
+#define BPAD (B_KMAJOR ? 4 : 0)
+#define A4 (BM * BK / 4)
+#define B4 (BN * BK / 4)
+#define LA ((A4 + THREADS - 1) / THREADS)
+#define LB ((B4 + THREADS - 1) / THREADS)
+
+extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
+        const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+        const float* __restrict__ bias, unsigned char* __restrict__ aux_out,
+        const unsigned char* __restrict__ aux_in, float* __restrict__ ws,
+        float* __restrict__ colpart, float* __restrict__ db, unsigned int* __restrict__ cnt,
+        int M, int N, int K, long long lda, long long ldb, long long ldc, long long ld_aux,
+        int aux_rows, int kchunk) {
+    __shared__ __align__(16) float As[2][BK][BM + APAD];
+    __shared__ __align__(16) float Bs[2][BK][BN + BPAD];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN, tm = lane >> 3, tn = lane & 7;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int kbeg = blockIdx.z * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+    const int rbase = wm * 32 + tm * 4, cbase = wn * 64 + tn * 4;
+    float4 ra[LA], rb[LB];
+
+#define LOAD_TILES(k0) { \
+    _Pragma("unroll") \
+    for (int l = 0; l < LA; ++l) { \
+        const int f = tid + l * THREADS; \
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f); \
+        if (f < A4) { \
+            if (A_KMAJOR) { \
+                const int m = m0 + (f >> 1), k = (k0) + (f & 1) * 4; \
+                if (m < M && k < kend) \
+                    v = *reinterpret_cast<const float4*>(A + (long long)m * lda + k); \
+            } else { \
+                const int m = m0 + (f % (BM / 4)) * 4, k = (k0) + f / (BM / 4); \
+                if (m < M && k < kend) \
+                    v = *reinterpret_cast<const float4*>(A + (long long)k * lda + m); \
+            } \
+        } \
+        ra[l] = v; \
+    } \
+    _Pragma("unroll") \
+    for (int l = 0; l < LB; ++l) { \
+        const int f = tid + l * THREADS; \
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f); \
+        if (f < B4) { \
+            if (B_KMAJOR) { \
+                const int n = n0 + (f >> 1), k = (k0) + (f & 1) * 4; \
+                if (n < N && k < kend) \
+                    v = *reinterpret_cast<const float4*>(B + (long long)n * ldb + k); \
+            } else { \
+                const int n = n0 + (f % (BN / 4)) * 4, k = (k0) + f / (BN / 4); \
+                if (n < N && k < kend) \
+                    v = *reinterpret_cast<const float4*>(B + (long long)k * ldb + n); \
+            } \
+        } \
+        rb[l] = v; \
+    } }
+
+#define STORE_TILES(buf) { \
+    _Pragma("unroll") \
+    for (int l = 0; l < LA; ++l) { \
+        const int f = tid + l * THREADS; \
+        if (f < A4) { \
+            if (A_KMAJOR) { \
+                const int r = f >> 1, kq = (f & 1) * 4; \
+                As[buf][kq + 0][r] = ra[l].x; As[buf][kq + 1][r] = ra[l].y; \
+                As[buf][kq + 2][r] = ra[l].z; As[buf][kq + 3][r] = ra[l].w; \
+            } else { \
+                *reinterpret_cast<float4*>(&As[buf][f / (BM / 4)][(f % (BM / 4)) * 4]) = ra[l]; \
+            } \
+        } \
+    } \
+    _Pragma("unroll") \
+    for (int l = 0; l < LB; ++l) { \
+        const int f = tid + l * THREADS; \
+        if (f < B4) { \
+            if (B_KMAJOR) { \
+                const int c = f >> 1, kq = (f & 1) * 4; \
+                Bs[buf][kq + 0][c] = rb[l].x; Bs[buf][kq + 1][c] = rb[l].y; \
+                Bs[buf][kq + 2][c] = rb[l].z; Bs[buf][kq + 3][c] = rb[l].w; \
+            } else { \
+                *reinterpret_cast<float4*>(&Bs[buf][f / (BN / 4)][(f % (BN / 4)) * 4]) = rb[l]; \
+            } \
+        } \
+    } }
+
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+    }
+    const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    if (ntiles > 0) {
+        LOAD_TILES(kbeg);
+        STORE_TILES(0);
+    }
+    __syncthreads();
+    for (int t = 0; t < ntiles; ++t) {
+        const int cur = t & 1;
+        if (t + 1 < ntiles) LOAD_TILES(kbeg + (t + 1) * BK);
+        #pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][rbase]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][kk][rbase + 16]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][kk][cbase]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][kk][cbase + 32]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+            }
+        }
+        if (t + 1 < ntiles) STORE_TILES(cur ^ 1);
+        __syncthreads();
+    }
+
+    // Row i of the thread's block is rbase + i (i < 4) or rbase + 12 + i; column j is
+    // cbase + j (j < 4) or cbase + 28 + j.
+    const int tiles = gridDim.x * gridDim.y;
+    if (SPLIT) {
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        float* mine = ws + ((long long)tile * gridDim.z + blockIdx.z) * (BM * BN);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int rl = rbase + (i < 4 ? i : 12 + i);
+            *reinterpret_cast<float4*>(mine + rl * BN + cbase) =
+                make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+            *reinterpret_cast<float4*>(mine + rl * BN + cbase + 32) =
+                make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+        }
+        if (!last_arrival(cnt + tile, gridDim.z)) return;
+        const float* all = ws + (long long)tile * gridDim.z * (BM * BN);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int rl = rbase + (i < 4 ? i : 12 + i);
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int z = 0; z < (int)gridDim.z; ++z) {
+                    const float4 p = z == (int)blockIdx.z
+                        ? make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
+                                      acc[i][4 * h + 3])
+                        : __ldcg(reinterpret_cast<const float4*>(
+                              all + (long long)z * (BM * BN) + rl * BN + cbase + 32 * h));
+                    if (z == 0) s = p;
+                    else { s.x += p.x; s.y += p.y; s.z += p.z; s.w += p.w; }
+                }
+                acc[i][4 * h] = s.x; acc[i][4 * h + 1] = s.y;
+                acc[i][4 * h + 2] = s.z; acc[i][4 * h + 3] = s.w;
+            }
+        }
+    }
+
+    float cs[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) cs[j] = 0.f;
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = m0 + rbase + (i < 4 ? i : 12 + i);
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = n0 + cbase + 32 * h;
+            const bool ok = r < M && c < N;  // N % 4 == 0: the 4 columns are all in or out
+            float v[4] = {acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
+                          acc[i][4 * h + 3]};
+            unsigned int bits = 0u;
+            if (ok) {
+                if (HAS_BIAS) {
+                    const float4 bb = *reinterpret_cast<const float4*>(bias + c);
+                    v[0] += bb.x; v[1] += bb.y; v[2] += bb.z; v[3] += bb.w;
+                }
+                #pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    if (AUX_OUT && v[u] >= 0.f) bits |= 1u << u;
+                    if (RELU && v[u] < 0.f) v[u] = 0.f;
+                }
+                if (DRELU) {
+                    const unsigned int m =
+                        (unsigned int)aux_in[(long long)r * ld_aux + (c >> 3)] >> (c & 7);
+                    #pragma unroll
+                    for (int u = 0; u < 4; ++u) if (!((m >> u) & 1u)) v[u] = 0.f;
+                }
+                *reinterpret_cast<float4*>(C + (long long)r * ldc + c) =
+                    make_float4(v[0], v[1], v[2], v[3]);
+                if (BGRAD) {
+                    #pragma unroll
+                    for (int u = 0; u < 4; ++u) cs[4 * h + u] += v[u];
+                }
+            }
+            if (AUX_OUT) {  // two lanes' nibbles make one byte of 8 features
+                const unsigned int other = __shfl_xor_sync(0xffffffffu, bits, 1);
+                if (!(tn & 1) && ok) aux_out[(long long)r * aux_rows + (c >> 3)] =
+                    (unsigned char)(bits | (other << 4));
+            }
+        }
+    }
+    if (AUX_OUT && blockIdx.x == gridDim.x - 1) {  // zero padding bytes past the data
+        const int used = (N + 7) / 8, pad = aux_rows - used;
+        for (int e = tid; e < BM * pad; e += THREADS) {
+            const int r = m0 + e / pad;
+            if (r < M) aux_out[(long long)r * aux_rows + used + e % pad] = 0;
+        }
+    }
+    if (BGRAD) {
+        __shared__ float red[WM][BN];
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], 8);
+            cs[j] += __shfl_xor_sync(0xffffffffu, cs[j], 16);
+        }
+        if (tm == 0) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) red[wm][cbase + (j < 4 ? j : 28 + j)] = cs[j];
+        }
+        __syncthreads();
+        for (int col = tid; col < BN; col += THREADS) {
+            const int n = n0 + col;
+            float s = red[0][col];
+            #pragma unroll
+            for (int w = 1; w < WM; ++w) s += red[w][col];
+            if (n < N) {
+                if (gridDim.y == 1) db[n] = s;
+                else colpart[(long long)blockIdx.y * N + n] = s;
+            }
+        }
+        if (gridDim.y > 1 && last_arrival(cnt + tiles + blockIdx.x, gridDim.y)) {
+            for (int col = tid; col < BN; col += THREADS) {
+                const int n = n0 + col;
+                if (n >= N) continue;
+                float s = __ldcg(colpart + n);
+                for (int y = 1; y < (int)gridDim.y; ++y)
+                    s += __ldcg(colpart + (long long)y * N + n);
+                db[n] = s;
+            }
+        }
+    }
+}
+"""
+
+
+@functools.cache
+def _kernel(a_kmajor, b_kmajor, wm, wn, **flags):
+    defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn,
+               "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
+               **flags}
+    head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
+    return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
+
+
+def _aligned(*arrays):
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def splits_for(m: int, n: int, k: int, warps=WARPS) -> tuple[int, int]:
+    """``(splits, k_per_split)``: K split so that tiles x splits is about ``TARGET_BLOCKS``,
+    at least ``MIN_K_PER_SPLIT`` deep; k_per_split a multiple of the k-tile."""
+    tiles = -(-m // (32 * warps[0])) * -(-n // (64 * warps[1]))
+    want = max(1, min(round(TARGET_BLOCKS / tiles), k // MIN_K_PER_SPLIT))
+    return _chunked(k, want)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _chunked(k: int, splits: int) -> tuple[int, int]:
+    """``(splits, k_per_split)`` for about ``splits`` splits of whole k-tiles."""
+    chunk = _cdiv(_cdiv(k, splits), BK) * BK
+    return _cdiv(k, chunk), chunk
+
+
+def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
+         aux_out=None, aux_rows=0, aux_in=None, ld_aux=0, db=None, warps=None, splits=None):
+    wm, wn = warps or WARPS
+    gx, gy = -(-n // (64 * wn)), -(-m // (32 * wm))
+    s, chunk = splits_for(m, n, k, (wm, wn)) if splits is None else _chunked(k, splits)
+    tiles = gx * gy
+    ws = cupy.empty(tiles * s * 32 * wm * 64 * wn, dtype=cupy.float32) if s > 1 else None
+    colpart = cupy.empty((gy, n), dtype=cupy.float32) if db is not None and gy > 1 else None
+    cnt = T.counters(tiles + gx) if s > 1 or colpart is not None else None
+    if aux_out is not None:
+        ld_aux = aux_rows
+    kern = _kernel(a_kmajor, b_kmajor, wm, wn, HAS_BIAS=bias is not None, RELU=relu,
+                   AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
+                   BGRAD=db is not None, SPLIT=s > 1)
+    null = np.uintp(0)
+    kern((gx, gy, s), (32 * wm * wn,),
+         (a, b, c, bias if bias is not None else null,
+          aux_out if aux_out is not None else null, aux_in if aux_in is not None else null,
+          ws if ws is not None else null, colpart if colpart is not None else null,
+          db if db is not None else null, cnt if cnt is not None else null,
+          np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb), np.int64(n),
+          np.int64(ld_aux), np.int32(aux_rows), np.int32(chunk)))
+
+
+_INT_MAX = 2 ** 31 - 1
+
+
+def supported(*, m, n, k, kmajor_extents, arrays, max_macs) -> bool:
+    """Whether the kernel runs this product: float32, 16-byte aligned, every contiguous
+    extent (and N) a multiple of 4, int32 sizes, enough arrival counters."""
+    if not (m and n and k) or m * n * k > max_macs or max(m, n, k) > _INT_MAX // 2:
+        return False
+    if n % 4 or any(e % 4 for e in kmajor_extents):
+        return False
+    if any(a.dtype != np.float32 for a in arrays if a is not None):
+        return False
+    wm, wn = WARPS
+    tiles_n, tiles = -(-n // (64 * wn)), -(-n // (64 * wn)) * -(-m // (32 * wm))
+    return _aligned(*arrays) and tiles + tiles_n <= T.SIZE
+
+
+def forward_supported(x, w, bias, max_macs) -> bool:
+    """y = x @ w.T for C-contiguous x (B, K), w (N, K)."""
+    return supported(m=x.shape[0], n=w.shape[0], k=x.shape[1], kmajor_extents=(x.shape[1],),
+                     arrays=(x, w, bias), max_macs=max_macs)
+
+
+def dgrad_supported(dy, w, max_macs) -> bool:
+    """dx = dy @ w for C-contiguous dy (B, N), w (N, F)."""
+    return supported(m=dy.shape[0], n=w.shape[1], k=dy.shape[1],
+                     kmajor_extents=(dy.shape[1],), arrays=(dy, w), max_macs=max_macs)
+
+
+def wgrad_supported(dy, x, max_macs) -> bool:
+    """dw = dy.T @ x for C-contiguous dy (B, N), x (B, F)."""
+    return supported(m=dy.shape[1], n=x.shape[1], k=dy.shape[0],
+                     kmajor_extents=(dy.shape[1],), arrays=(dy, x), max_macs=max_macs)
+
+
+def forward(x, w, bias, *, relu: bool, aux_rows: int | None, warps=None, splits=None):
+    """``(y, aux)``: ``act(x @ w.T + bias)``, aux the (aux_rows, B) column-major relu_aux
+    when ``aux_rows`` is given. ``warps``/``splits`` override the launch, for benchmarks."""
+    batch, k = x.shape
+    n = w.shape[0]
+    y = cupy.empty((batch, n), dtype=cupy.float32)
+    aux = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
+    _run(x, w, y, batch, n, k, k, k, a_kmajor=1, b_kmajor=1, bias=bias, relu=relu,
+         aux_out=aux, aux_rows=aux_rows or 0, warps=warps, splits=splits)
+    return y, (aux.T if aux is not None else None)
+
+
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, warps=None, splits=None):
+    """``(dx, dbias)``: ``dy @ w`` masked by relu_aux ``aux`` (column b at byte ``b * ld``)
+    when given, and with ``bgrad`` the column sums of the result."""
+    batch, k = dy.shape
+    features = w.shape[1]
+    dx = cupy.empty((batch, features), dtype=cupy.float32)
+    db = cupy.empty(features, dtype=cupy.float32) if bgrad else None
+    _run(dy, w, dx, batch, features, k, k, features, a_kmajor=1, b_kmajor=0,
+         aux_in=aux, ld_aux=ld, db=db, warps=warps, splits=splits)
+    return dx, db
+
+
+def wgrad(dy, x, *, warps=None, splits=None):
+    """``dw = dy.T @ x`` (N, F) for dy (B, N), x (B, F)."""
+    batch, n = dy.shape
+    features = x.shape[1]
+    dw = cupy.empty((n, features), dtype=cupy.float32)
+    _run(dy, x, dw, n, features, batch, n, features, a_kmajor=0, b_kmajor=0,
+         warps=warps, splits=splits)
+    return dw

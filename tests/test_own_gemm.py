@@ -1,0 +1,182 @@
+"""fuseflow's own full-float32 matmul (``_cuda_gemm``) against float64 NumPy references.
+
+Every launch shape it can take (tile shapes, K splits finished by the last-arriving block,
+row tiles whose bias-gradient partials are added by the last tile of a column strip) must
+give the product and the epilog of the reference, the same bits on a second call (the
+arrival counters are left at zero, the sums run in a fixed order), and the same results
+through the backend as the cuBLASLt path.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+from fuseflow.backend.epilogs import relu_aux_rows
+from fuseflow.backend.numpy_backend import pack_relu_aux, unpack_relu_aux
+
+cupy = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+TOL = 2e-6   # relative (norm) error of a float32 product against float64
+SIGN_MARGIN = 1e-4
+# (M, N, K): ragged in every direction, one tile, the medium MNIST model's layers, K < 8
+SHAPES = [(100, 196, 52), (64, 128, 8), (256, 1024, 784), (33, 20, 1000), (7, 12, 4),
+          (300, 36, 1024)]
+LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3),
+            dict(warps=(2, 1), splits=7), dict(warps=(2, 2), splits=2)]
+
+
+@pytest.fixture
+def rng(request):
+    seed = int(os.environ.get("FUSEFLOW_TEST_SEED", secrets.randbits(32)))
+    request.node.user_properties.append(("seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="module")
+def G():
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    from fuseflow.backend import _cuda_gemm
+
+    return _cuda_gemm
+
+
+def _rel(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    return np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _twice(fn):
+    """Run ``fn`` twice; the results must be bitwise equal (fixed-order sums, counters reset)."""
+    first = [cupy.asnumpy(a) if a is not None else None for a in fn()]
+    second = [cupy.asnumpy(a) if a is not None else None for a in fn()]
+    for a, b in zip(first, second):
+        assert (a is None and b is None) or np.array_equal(a, b), "results differ between calls"
+    return first
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilog", ["relu_aux_bias", "bias", "relu_aux", "plain"])
+def test_forward(G, rng, shape, epilog, launch):
+    m, n, k = shape
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if "bias" in epilog else None
+    relu = "relu" in epilog
+    rows = relu_aux_rows(n) if relu else None
+    dx, dw, dbias = cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b)
+    if rows:  # poison the aux buffer's memory: padding bytes must be written as zeros
+        cupy.full((m * rows + 4096,), 0xAB, dtype=cupy.uint8)
+    y, aux = _twice(lambda: G.forward(dx, dw, dbias, relu=relu, aux_rows=rows, **launch))
+    pre = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if b is None else b)
+    ref = np.maximum(pre, 0) if relu else pre
+    assert y.shape == (m, n) and y.dtype == np.float32
+    assert _rel(y, ref) <= TOL, f"{shape} {epilog} {launch}: {_rel(y, ref):.3g}"
+    if relu:
+        assert aux.shape == (rows, m)
+        sure = np.abs(pre) > SIGN_MARGIN
+        assert np.array_equal(unpack_relu_aux(aux, n)[sure], (pre >= 0)[sure])
+        used = -(-n // 8)
+        assert not aux[used:].any(), "relu_aux padding bytes must be zero"
+        if n % 8:  # the bits past the last feature of the last byte are zero too
+            assert not (aux[used - 1] >> (n % 8)).any()
+    else:
+        assert aux is None
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilog", ["drelu_bgrad", "drelu", "bgrad", "plain"])
+def test_dgrad(G, rng, shape, epilog, launch):
+    m, n, k = shape          # dy (m, k) @ w (k, n): k is the layer's outputs, n its inputs
+    dy = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    mask = rng.random((m, n)) < 0.6
+    aux = pack_relu_aux(np.where(mask, 1.0, -1.0)) if "drelu" in epilog else None
+    bgrad = "bgrad" in epilog
+    daux = None if aux is None else cupy.asfortranarray(cupy.asarray(aux))
+    ld = aux.shape[0] if aux is not None else 0
+    dx, db = _twice(lambda: G.dgrad(cupy.asarray(dy), cupy.asarray(w), daux, ld, bgrad=bgrad,
+                                    **launch))
+    prod = dy.astype(np.float64) @ w.astype(np.float64)
+    ref = np.where(mask, prod, 0.0) if aux is not None else prod
+    assert _rel(dx, ref) <= TOL * max(1.0, np.linalg.norm(prod) / max(np.linalg.norm(ref), 1e-30))
+    if aux is not None:
+        assert not dx[~mask].any(), "masked input gradients must be exact zeros"
+    if bgrad:
+        # the column sums of the float32 result itself, in float64
+        assert _rel(db, dx.astype(np.float64).sum(0)) <= 1e-5
+    else:
+        assert db is None
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgrad(G, rng, shape, launch):
+    m, n, k = shape          # dw (m, n) = dy.T (m, k) @ x (k, n): k is the batch
+    if m % 4:
+        pytest.skip("the weight gradient's output count must be a multiple of 4")
+    dy = rng.standard_normal((k, m)).astype(np.float32)
+    x = rng.standard_normal((k, n)).astype(np.float32)
+    (dw,) = _twice(lambda: (G.wgrad(cupy.asarray(dy), cupy.asarray(x), **launch),))
+    assert _rel(dw, dy.T.astype(np.float64) @ x.astype(np.float64)) <= TOL
+
+
+def test_backend_routes_float32_and_matches_cublaslt(G, rng):
+    """Full float32 dense matmuls run the own kernel (counted); TF32, float16 and a zero
+    ``own_gemm_max_macs`` do not; forward, input and weight gradients agree with cuBLASLt."""
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    own = CudaBackend(tf32=False, autotune=False)
+    ref = CudaBackend(tf32=False, autotune=False)
+    ref.own_gemm_max_macs = 0
+    x = cupy.asarray(rng.standard_normal((256, 784)).astype(np.float32))
+    w = cupy.asarray((rng.standard_normal((1024, 784)) / 28).astype(np.float32))
+    b = cupy.asarray(rng.standard_normal(1024).astype(np.float32))
+    w2 = cupy.asarray((rng.standard_normal((512, 1024)) / 32).astype(np.float32))
+    dy = cupy.asarray(rng.standard_normal((256, 512)).astype(np.float32))
+    out = {}
+    for name, be in (("own", own), ("ref", ref)):
+        n0 = be.stats()["own_gemm"]
+        y, aux = be.linear(x, w, b, "RELU_AUX_BIAS")
+        dx, db = be.linear_dgrad(dy, w2, "DRELU_BGRAD", aux)
+        dw, _ = be.linear_wgrad(dx, x, "DEFAULT")
+        out[name] = [cupy.asnumpy(a) for a in (y, aux, dx, db, dw)]
+        assert be.stats()["own_gemm"] - n0 == (3 if name == "own" else 0)
+    for i, what in enumerate(("y", "relu_aux", "dx", "dbias", "dw")):
+        got, want = out["own"][i], out["ref"][i]
+        if what == "relu_aux":
+            assert (got != want).mean() < 1e-3  # sign flips only at rounding-level values
+        else:
+            assert _rel(got, want.astype(np.float64)) <= 1e-5, what
+    for be in (CudaBackend(tf32=True), CudaBackend(tf32=False)):
+        if not be.tf32:
+            be.own_gemm_max_macs = 0
+        n0 = be.stats()["own_gemm"]
+        be.linear(x, w, b, "RELU_AUX_BIAS")
+        be.linear(x.astype(np.float16), w.astype(np.float16), b.astype(np.float16),
+                  "RELU_AUX_BIAS")
+        assert be.stats()["own_gemm"] == n0
+
+
+def test_unsupported_layouts_fall_back(G, rng):
+    """An odd contiguous extent or a misaligned view goes to cuBLASLt, with the same result."""
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    be = CudaBackend(tf32=False, autotune=False)
+    x = cupy.asarray(rng.standard_normal((64, 30)).astype(np.float32))   # K = 30: not % 4
+    w = cupy.asarray(rng.standard_normal((40, 30)).astype(np.float32))
+    n0 = be.stats()["own_gemm"]
+    y, _ = be.linear(x, w, None, "DEFAULT")
+    assert be.stats()["own_gemm"] == n0
+    ref = cupy.asnumpy(x).astype(np.float64) @ cupy.asnumpy(w).T.astype(np.float64)
+    assert _rel(cupy.asnumpy(y), ref) <= TOL
