@@ -36,7 +36,8 @@ LAYERS = [
     ("1024 -> 1024 forward, batch 4096", "forward", 4096, 1024, 1024),
     ("784 -> 4096 forward, batch 8192", "forward", 8192, 784, 4096),
 ]
-VARIANTS = [(w, s) for w in ((2, 2), (1, 2), (2, 1), (4, 2), (2, 4)) for s in (1, 2, 3, 4, 6, 8)]
+VARIANTS = [(w, s, bk) for w in ((2, 2), (1, 2), (4, 2)) for s in (1, 2, 4, 8)
+            for bk in (8, 16)]
 
 
 def main():
@@ -55,17 +56,16 @@ def main():
     rows = []
     for label, op, batch, fin, fout in LAYERS:
         x = cp.maximum(rng.standard_normal((batch, fin), dtype=np.float32), 0)
-        w = rng.standard_normal((fout, fin), dtype=np.float32) / np.sqrt(fin)
+        w = rng.standard_normal((fout, fin), dtype=np.float32) / float(np.sqrt(fin))
         b = rng.standard_normal(fout, dtype=np.float32)
         dy = rng.standard_normal((batch, fout), dtype=np.float32)
         _, aux = own.linear(x, w, b, "RELU_AUX_BIAS") if op == "dgrad" else (None, None)
-        wl = rng.standard_normal((fin, fout), dtype=np.float32) / np.sqrt(fout)  # dgrad's w
+        wl = rng.standard_normal((fin, fout), dtype=np.float32) / float(np.sqrt(fout))
         if op == "forward":
             def backend_op(be):
                 return lambda: be.linear(x, w, b, "RELU_AUX_BIAS")
-            def kernel(warps, splits):
-                return lambda: G.forward(x, w, b, relu=True, aux_rows=aux_rows,
-                                         warps=warps, splits=splits)
+            def kernel(**launch):
+                return lambda: G.forward(x, w, b, relu=True, aux_rows=aux_rows, **launch)
             from fuseflow.backend.epilogs import relu_aux_rows
             aux_rows = relu_aux_rows(fout)
             m, n, k = batch, fout, fin
@@ -73,15 +73,14 @@ def main():
             dyl = rng.standard_normal((batch, fin), dtype=np.float32)  # the layer above's dpre
             def backend_op(be):
                 return lambda: be.linear_dgrad(dyl, wl, "DRELU_BGRAD", aux)
-            def kernel(warps, splits):
-                return lambda: G.dgrad(dyl, wl, aux, aux.shape[0], bgrad=True,
-                                       warps=warps, splits=splits)
+            def kernel(**launch):
+                return lambda: G.dgrad(dyl, wl, aux, aux.shape[0], bgrad=True, **launch)
             m, n, k = batch, fout, fin
         else:
             def backend_op(be):
                 return lambda: be.linear_wgrad(dy, x, "DEFAULT")
-            def kernel(warps, splits):
-                return lambda: G.wgrad(dy, x, warps=warps, splits=splits)
+            def kernel(**launch):
+                return lambda: G.wgrad(dy, x, **launch)
             m, n, k = fout, fin, batch
         flops = 2.0 * m * n * k
         row = {"label": label, "op": op, "m": m, "n": n, "k": k,
@@ -90,22 +89,22 @@ def main():
         row["cublaslt_path_us"] = graph_us(backend_op(cublas))
         row["own_default_us"] = graph_us(backend_op(own))
         row["variants"] = []
-        for warps, splits in VARIANTS:
+        for warps, splits, bk in VARIANTS:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
+            v = {"warps": list(warps), "splits": splits, "bk": bk}
             try:
-                us = graph_us(kernel(warps, splits))
+                us = graph_us(kernel(warps=warps, splits=splits, bk=bk))
             except Exception as e:  # noqa: BLE001 - record and go on
-                row["variants"].append({"warps": list(warps), "splits": splits,
-                                        "error": str(e)[:200]})
+                row["variants"].append({**v, "error": str(e)[:200]})
                 continue
-            row["variants"].append({"warps": list(warps), "splits": splits, "us": us,
-                                    "tflops": flops / us / 1e6})
+            row["variants"].append({**v, "us": us, "tflops": flops / us / 1e6})
         best = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"])
         row["best_variant"] = best
         row["speedup_default_vs_cublaslt"] = row["cublaslt_path_us"] / row["own_default_us"]
         print(f"{label:48s} cublaslt {row['cublaslt_path_us']:8.2f}  own {row['own_default_us']:8.2f}"
-              f"  best {best['us']:8.2f} {best['warps']} s={best['splits']}", flush=True)
+              f"  best {best['us']:8.2f} {best['warps']} s={best['splits']} bk={best['bk']}",
+              flush=True)
         rows.append(row)
     write_json(os.path.join(args.out, "gemm_sweep.json"),
                {"benchmark": "gemm_sweep", **metadata("cupy", "nvmath"), "rows": rows,

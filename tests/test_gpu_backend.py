@@ -46,9 +46,8 @@ GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9}
 # |pre-activation| under which GPU and CPU may round to different signs (random inputs only)
 SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10}
 # (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny,
-# batches the skinny kernels split into chunks (out <= 32; the last block of a column block
-# adds up the chunks' partials), and whole aux bytes on both sides (fuseflow's own epilogs:
-# in and out multiples of 8)
+# batches the skinny kernels split into chunks summed in a second pass (out <= 32), and
+# whole aux bytes on both sides (fuseflow's own epilogs: in and out multiples of 8)
 SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16, 3, 8),
           (600, 300, 10), (1000, 32, 32), (2100, 24, 7), (96, 40, 64)]
 
@@ -387,9 +386,8 @@ def test_skinny_vector_columns_match_numpy(nb, rng, monkeypatch, dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, vector):
     """Every launch shape the skinny kernels can take gives the same sums: one chunk or
-    many (added up by the last block), 1 to all outputs per round of the weight gradient's
-    block sums, 1 to all rows per thread in the input gradient, 1 to 8 samples per forward
-    block."""
+    many (second pass), 1 to all outputs per round of the weight gradient's block sums,
+    1 to all rows per thread in the input gradient, 1 to 8 samples per forward block."""
     from fuseflow.backend import _cuda_skinny as S
 
     monkeypatch.setattr(S, "VECTOR_MIN_ELEMENTS", 0 if vector else 2 ** 62)
@@ -428,7 +426,7 @@ def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, ve
 
 def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):
     """The float16 output layer of 784-4096-4096-10 at batch 8192 (V = 8 gradients, chunks
-    added up by the last block) agrees with NumPy in float32."""
+    summed in the second pass) agrees with NumPy in float32."""
     cb = CudaBackend(tf32=False)
     h, aux = cb.activation(dev(normal(rng, (8192, 4096), np.float16)), "relu")
     w = normal(rng, (10, 4096), np.float16, 4096 ** -0.5)
@@ -446,82 +444,6 @@ def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):
     for name, got, ref in (("dw", dw, dw_ref), ("db", db, db_ref), ("dx", dx, dx_ref),
                            ("dbx", dbx, dbx_ref)):
         check_close(name, got, ref, np.float16, rng.seed)
-
-
-def _column_sums_in_kernel_order(a, rpt):
-    """The column sums of ``a`` (B, F) bit for bit as the column kernels form them, in their
-    accumulation type: per chunk of 8 * rpt rows, row group g adds rows g, g + 8, ... in
-    turn, the 8 groups are added in order, then the chunks in order from 0."""
-    acc = np.float64 if a.dtype == np.float64 else np.float32
-    batch, features = a.shape
-    chunks = -(-batch // (8 * rpt))
-    rows = np.zeros((chunks * 8 * rpt, features), acc)  # zero rows add nothing (sums from +0)
-    rows[:batch] = a
-    rows = rows.reshape(chunks, rpt, 8, features)
-    groups = np.zeros((chunks, 8, features), acc)
-    for k in range(rpt):
-        groups = groups + rows[:, k]
-    per_chunk = np.zeros((chunks, features), acc)
-    for g in range(8):
-        per_chunk = per_chunk + groups[:, g]
-    total = np.zeros(features, acc)
-    for c in range(chunks):
-        total = total + per_chunk[c]
-    return total.astype(a.dtype)
-
-
-@pytest.mark.parametrize("vector", [False, True], ids=["V=1", "vector"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_column_sums_over_many_chunks(rng, monkeypatch, dtype, vector):
-    """A long batch in many chunks, whose partials the last block of each column block adds
-    up (``_cuda_tickets``), in wgrad, dgrad and drelu: the results match NumPy, the bias
-    gradients are bit for bit the chunks' partials added in order from chunk 0, and each
-    kernel run twice in a row on a stream gives the same bits: the arrival counters are
-    back at zero, on the null stream and on another one."""
-    from fuseflow.backend import _cuda_epilogs as E
-    from fuseflow.backend import _cuda_skinny as S
-    from fuseflow.backend import _cuda_tickets as T
-
-    monkeypatch.setattr(S, "VECTOR_MIN_ELEMENTS", 0 if vector else 2 ** 62)
-    cb = CudaBackend(tf32=False)
-    batch, fin, fout = 8192, 1000, 10  # 1000: a partial last column block
-    rows, rpt, drelu_rpt = 64, 4, 16   # drelu's own rows per thread at batch 8192
-    assert S.row_chunks(batch, rpt)[1] == 256 and S.row_chunks(batch, drelu_rpt)[1] == 64
-    h, aux = cb.activation(dev(normal(rng, (batch, fin), dtype)), "relu")
-    aux = cupy.asfortranarray(aux)
-    w = normal(rng, (fout, fin), dtype, fin ** -0.5)
-    dy = normal(rng, (batch, fout), dtype)
-    g = normal(rng, (batch, fin), dtype)
-    mask = unpack_relu_aux(host(aux), fin)
-    f64 = np.float64
-    dx_ref = (dy.astype(f64) @ w.astype(f64)) * mask
-    ref = {"dw": dy.astype(f64).T @ host(h).astype(f64), "db": dy.astype(f64).sum(0),
-           "dx": dx_ref, "dbx": dx_ref.sum(0), "gm": g.astype(f64) * mask}
-    ref["dbg"] = ref["gm"].sum(0)
-
-    def run():
-        dw, db = S.wgrad(dev(dy), h, bgrad=True, rows=rows)
-        dx, dbx = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt)
-        gm, dbg = E.drelu(dev(g), aux, aux.shape[0], bgrad=True)
-        return {"dw": dw, "db": db, "dx": dx, "dbx": dbx, "gm": gm, "dbg": dbg}
-
-    first, second = run(), run()  # back to back on the null stream
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        other = run()
-    stream.synchronize()
-    got = {k: host(v) for k, v in first.items()}
-    for k in got:
-        check_close(k, got[k], ref[k], dtype, rng.seed)
-        for again in (second, other):
-            assert host(again[k]).tobytes() == got[k].tobytes(), (k, rng.seed)
-    # the ones column of wgrad adds dy exactly (fma(dy, 1, s)); dgrad and drelu add their dx
-    for k, a, r in (("db", dy, rows // 8), ("dbx", got["dx"], rpt),
-                    ("dbg", got["gm"], drelu_rpt)):
-        np.testing.assert_array_equal(got[k], _column_sums_in_kernel_order(a, r), err_msg=k)
-    assert not T.counters(1).any()
-    with stream:
-        assert not T.counters(1).any()
 
 
 # ---- fused chains: forward aux straight into the backward ------------------------------------
@@ -571,6 +493,7 @@ def test_chain_forward_aux_into_dgrad_without_copies(nb, rng, dtype, activation,
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_no_fallbacks_or_copies_on_ordinary_shapes(rng, dtype):
     cb = CudaBackend(tf32=False)
+    cb.own_gemm_max_macs = 0  # cuBLASLt plans for every epilog
     batch, fin, fout = 64, 48, 96
     x, w = dev(normal(rng, (batch, fin), dtype)), dev(normal(rng, (fout, fin), dtype))
     b = dev(normal(rng, (fout,), dtype))
@@ -711,6 +634,7 @@ def test_odd_layouts_are_copied_and_still_right(nb, rng):
 def test_plan_cache_hits_and_operand_reset(nb, rng):
     cb = CudaBackend(tf32=False)
     cb.skinny_max = 0  # every matmul through cuBLASLt plans
+    cb.own_gemm_max_macs = 0
     dtype = np.float32
     shape_x, shape_w = (32, 24), (40, 24)
     results = []
@@ -752,6 +676,7 @@ def test_plan_cache_hits_and_operand_reset(nb, rng):
 def test_cache_is_bounded(rng):
     cb = CudaBackend(tf32=False, max_plans=3)
     cb.skinny_max = 0
+    cb.own_gemm_max_macs = 0
     for n in range(1, 7):
         cb.linear(dev(normal(rng, (n, 8), np.float32)), dev(normal(rng, (4, 8), np.float32)))
     s = cb.stats()

@@ -81,6 +81,7 @@ def _generated_sources(monkeypatch):
                     most = S.outputs_per_round(n, v, dt, 48 * 1024)  # 48 KB of shared
                     for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
                         S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r)
+        S._kernel("sum_chunks", dt, 1)
         for hb, ha, r in itertools.product((False, True), repeat=3):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
         for b in (False, True):
@@ -107,7 +108,8 @@ def _generated_sources(monkeypatch):
         for flags in ({}, {"HAS_BIAS": 1}, {"HAS_BIAS": 1, "RELU": 1, "AUX_OUT": 1},
                       {"RELU": 1, "AUX_OUT": 1}, {"DRELU": 1}, {"DRELU": 1, "BGRAD": 1},
                       {"BGRAD": 1}):
-            G._kernel(ak, bk, *warps, SPLIT=split, **flags)
+            G._kernel(ak, bk, *warps, G.BK, SPLIT=split, **flags)
+    G._kernel(1, 1, 2, 2, 8, SPLIT=1, HAS_BIAS=1, RELU=1, AUX_OUT=1)
     sources = list(_Recorder.sources)
     for cache in caches:
         cache.cache_clear()  # no recorder objects left behind for real launches

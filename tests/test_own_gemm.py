@@ -26,8 +26,8 @@ SIGN_MARGIN = 1e-4
 # (M, N, K): ragged in every direction, one tile, the medium MNIST model's layers, K < 8
 SHAPES = [(100, 196, 52), (64, 128, 8), (256, 1024, 784), (33, 20, 1000), (7, 12, 4),
           (300, 36, 1024)]
-LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3),
-            dict(warps=(2, 1), splits=7), dict(warps=(2, 2), splits=2)]
+LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, bk=8),
+            dict(warps=(2, 1), splits=7), dict(warps=(2, 2), splits=2, bk=8)]
 
 
 @pytest.fixture

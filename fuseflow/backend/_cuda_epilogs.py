@@ -9,8 +9,8 @@ over the matmul's output, in place (no second activation buffer):
 - ``bias_relu``: ``y = act(y + bias)`` and the relu_aux bits, one thread per aux byte
   (8 features of one sample, one 16-32 byte load and store).
 - ``drelu``: ``dx = dx * relu'(aux)`` and, with BGRAD, the column sums of the result (the
-  lower layer's bias gradient): per-chunk partials, which the last block of a column block
-  to finish adds up in chunk order (``_cuda_skinny``'s ``chunk_sum``); deterministic.
+  lower layer's bias gradient): per-chunk partials reduced in a fixed order, then
+  ``_cuda_skinny``'s second pass; deterministic.
 
 The formats are cuBLASLt's (see ``epilogs.py``), the arithmetic ``_cuda_kernels``'s (the
 accumulation type is float32 for float16/float32, float64 for float64). They need the
@@ -26,7 +26,6 @@ import cupy
 import numpy as np
 
 from fuseflow.backend import _cuda_skinny as S
-from fuseflow.backend import _cuda_tickets
 
 _HEAD = r"""
 #include <cuda_fp16.h>
@@ -63,12 +62,11 @@ extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bi
 
 # Block (32, 8), grid (ceil(F / 256), chunks): thread (tx, ty) takes the 8 features of aux
 # byte j = blockIdx.x * 32 + tx over rows r0 + ty, r0 + ty + 8, ... of its chunk of
-# 8 * rpt rows; the 8 row groups' column sums are added in shared memory, written directly
-# (one chunk) or as a partial that the column block's last block adds up.
-_DRELU = S._CHUNKS + r"""
+# 8 * rpt rows; the 8 row groups' column sums are added in shared memory.
+_DRELU = r"""
 extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __restrict__ aux,
-        A* __restrict__ part, unsigned int* __restrict__ counter, T* __restrict__ db,
-        long long B, long long F, long long ld, int rpt) {
+        A* __restrict__ part, T* __restrict__ db, long long B, long long F, long long ld,
+        int rpt) {
     __shared__ A red[BGRAD ? 8 : 1][257];
     const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
@@ -102,9 +100,6 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
             if (gridDim.y == 1) db[f] = (T)s;
             else part[(long long)blockIdx.y * F + f] = s;
         }
-        // every thread takes part in the ticket (barriers inside)
-        if (gridDim.y > 1 && last_arrival(counter + blockIdx.x, gridDim.y) && f < F)
-            db[f] = (T)chunk_sum(part, F, f);
     }
 }
 """
@@ -155,10 +150,9 @@ def drelu(dx, aux, ld: int, *, bgrad: bool):
             db.fill(0)
         return dx, db
     kern = _kernel("drelu", dx.dtype, BGRAD=bgrad)
-    blocks = -(-features // 256)
-    kern((blocks, chunks), (32, 8),
-         (dx, aux, part if part is not None else np.uintp(0),
-          _cuda_tickets.counters(blocks) if part is not None else np.uintp(0),
-          db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(ld),
-          np.int32(rpt)))
+    kern((-(-features // 256), chunks), (32, 8),
+         (dx, aux, part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
+          np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
+    if part is not None:
+        S.sum_chunks(part, db, None, 1, features, features)
     return dx, db

@@ -36,15 +36,17 @@ from fuseflow.backend import _cuda_tickets as T
 #: alone and not on the GPU.
 TARGET_BLOCKS = 132
 MIN_K_PER_SPLIT = 64
+#: k per shared-memory tile: 16 gives each warp 1024 FMAs between loads, enough to cover
+#: the global-load latency with one block of 4 warps per SM (at 8 a step ran at a third of
+#: cuBLASLt's speed on the H200: 29 against 17 us for 256 x 784 x 1024).
+BK = 16
 #: ``CudaBackend.own_gemm_max_macs``'s default: above it cuBLASLt's large-tile kernels win.
 DEFAULT_MAX_MACS = 2 ** 31
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
-BK = 8
 
 _SRC = r"""
 #define BM (32 * WM)
 #define BN (64 * WN)
-#define BK 8
 #define THREADS (32 * WM * WN)
 #define APAD (A_KMAJOR ? 4 : 0)
 #define BPAD (B_KMAJOR ? 4 : 0)
@@ -77,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f); \
         if (f < A4) { \
             if (A_KMAJOR) { \
-                const int m = m0 + (f >> 1), k = (k0) + (f & 1) * 4; \
+                const int m = m0 + f / (BK / 4), k = (k0) + (f % (BK / 4)) * 4; \
                 if (m < M && k < kend) \
                     v = *reinterpret_cast<const float4*>(A + (long long)m * lda + k); \
             } else { \
@@ -94,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f); \
         if (f < B4) { \
             if (B_KMAJOR) { \
-                const int n = n0 + (f >> 1), k = (k0) + (f & 1) * 4; \
+                const int n = n0 + f / (BK / 4), k = (k0) + (f % (BK / 4)) * 4; \
                 if (n < N && k < kend) \
                     v = *reinterpret_cast<const float4*>(B + (long long)n * ldb + k); \
             } else { \
@@ -112,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
         const int f = tid + l * THREADS; \
         if (f < A4) { \
             if (A_KMAJOR) { \
-                const int r = f >> 1, kq = (f & 1) * 4; \
+                const int r = f / (BK / 4), kq = (f % (BK / 4)) * 4; \
                 As[buf][kq + 0][r] = ra[l].x; As[buf][kq + 1][r] = ra[l].y; \
                 As[buf][kq + 2][r] = ra[l].z; As[buf][kq + 3][r] = ra[l].w; \
             } else { \
@@ -125,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
         const int f = tid + l * THREADS; \
         if (f < B4) { \
             if (B_KMAJOR) { \
-                const int c = f >> 1, kq = (f & 1) * 4; \
+                const int c = f / (BK / 4), kq = (f % (BK / 4)) * 4; \
                 Bs[buf][kq + 0][c] = rb[l].x; Bs[buf][kq + 1][c] = rb[l].y; \
                 Bs[buf][kq + 2][c] = rb[l].z; Bs[buf][kq + 3][c] = rb[l].w; \
             } else { \
@@ -182,24 +184,33 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
                 make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
         }
         if (!last_arrival(cnt + tile, gridDim.z)) return;
+        // The last block adds the splits' partials in split order (its own read back too,
+        // so the order does not depend on which block came last); each split's 16 loads
+        // are in flight together.
         const float* all = ws + (long long)tile * gridDim.z * (BM * BN);
-        #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int rl = rbase + (i < 4 ? i : 12 + i);
+        for (int z = 0; z < (int)gridDim.z; ++z) {
+            const float* pz = all + (long long)z * (BM * BN);
+            float4 p[8][2];
             #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-                for (int z = 0; z < (int)gridDim.z; ++z) {
-                    const float4 p = z == (int)blockIdx.z
-                        ? make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
-                                      acc[i][4 * h + 3])
-                        : __ldcg(reinterpret_cast<const float4*>(
-                              all + (long long)z * (BM * BN) + rl * BN + cbase + 32 * h));
-                    if (z == 0) s = p;
-                    else { s.x += p.x; s.y += p.y; s.z += p.z; s.w += p.w; }
+            for (int i = 0; i < 8; ++i) {
+                const int rl = rbase + (i < 4 ? i : 12 + i);
+                #pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    p[i][h] = __ldcg(
+                        reinterpret_cast<const float4*>(pz + rl * BN + cbase + 32 * h));
+            }
+            #pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if (z == 0) {
+                        acc[i][4 * h] = p[i][h].x; acc[i][4 * h + 1] = p[i][h].y;
+                        acc[i][4 * h + 2] = p[i][h].z; acc[i][4 * h + 3] = p[i][h].w;
+                    } else {
+                        acc[i][4 * h] += p[i][h].x; acc[i][4 * h + 1] += p[i][h].y;
+                        acc[i][4 * h + 2] += p[i][h].z; acc[i][4 * h + 3] += p[i][h].w;
+                    }
                 }
-                acc[i][4 * h] = s.x; acc[i][4 * h + 1] = s.y;
-                acc[i][4 * h + 2] = s.z; acc[i][4 * h + 3] = s.w;
             }
         }
     }
@@ -292,8 +303,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
 
 
 @functools.cache
-def _kernel(a_kmajor, b_kmajor, wm, wn, **flags):
-    defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn,
+def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
+    defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn, "BK": bk,
                "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
@@ -304,36 +315,38 @@ def _aligned(*arrays):
     return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
 
 
-def splits_for(m: int, n: int, k: int, warps=WARPS) -> tuple[int, int]:
+def splits_for(m: int, n: int, k: int, warps=WARPS, bk=BK) -> tuple[int, int]:
     """``(splits, k_per_split)``: K split so that tiles x splits is about ``TARGET_BLOCKS``,
     at least ``MIN_K_PER_SPLIT`` deep; k_per_split a multiple of the k-tile."""
     tiles = -(-m // (32 * warps[0])) * -(-n // (64 * warps[1]))
     want = max(1, min(round(TARGET_BLOCKS / tiles), k // MIN_K_PER_SPLIT))
-    return _chunked(k, want)
+    return _chunked(k, want, bk)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _chunked(k: int, splits: int) -> tuple[int, int]:
+def _chunked(k: int, splits: int, bk: int) -> tuple[int, int]:
     """``(splits, k_per_split)`` for about ``splits`` splits of whole k-tiles."""
-    chunk = _cdiv(_cdiv(k, splits), BK) * BK
+    chunk = _cdiv(_cdiv(k, splits), bk) * bk
     return _cdiv(k, chunk), chunk
 
 
 def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
-         aux_out=None, aux_rows=0, aux_in=None, ld_aux=0, db=None, warps=None, splits=None):
+         aux_out=None, aux_rows=0, aux_in=None, ld_aux=0, db=None, warps=None, splits=None,
+         bk=None):
     wm, wn = warps or WARPS
+    bk = bk or BK
     gx, gy = -(-n // (64 * wn)), -(-m // (32 * wm))
-    s, chunk = splits_for(m, n, k, (wm, wn)) if splits is None else _chunked(k, splits)
+    s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
     tiles = gx * gy
     ws = cupy.empty(tiles * s * 32 * wm * 64 * wn, dtype=cupy.float32) if s > 1 else None
     colpart = cupy.empty((gy, n), dtype=cupy.float32) if db is not None and gy > 1 else None
     cnt = T.counters(tiles + gx) if s > 1 or colpart is not None else None
     if aux_out is not None:
         ld_aux = aux_rows
-    kern = _kernel(a_kmajor, b_kmajor, wm, wn, HAS_BIAS=bias is not None, RELU=relu,
+    kern = _kernel(a_kmajor, b_kmajor, wm, wn, bk, HAS_BIAS=bias is not None, RELU=relu,
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
                    BGRAD=db is not None, SPLIT=s > 1)
     null = np.uintp(0)
@@ -381,19 +394,20 @@ def wgrad_supported(dy, x, max_macs) -> bool:
                      kmajor_extents=(dy.shape[1],), arrays=(dy, x), max_macs=max_macs)
 
 
-def forward(x, w, bias, *, relu: bool, aux_rows: int | None, warps=None, splits=None):
+def forward(x, w, bias, *, relu: bool, aux_rows: int | None, **launch):
     """``(y, aux)``: ``act(x @ w.T + bias)``, aux the (aux_rows, B) column-major relu_aux
-    when ``aux_rows`` is given. ``warps``/``splits`` override the launch, for benchmarks."""
+    when ``aux_rows`` is given. ``launch`` (``warps``, ``splits``, ``bk``) overrides the
+    launch shape, for tests and benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=cupy.float32)
     aux = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
     _run(x, w, y, batch, n, k, k, k, a_kmajor=1, b_kmajor=1, bias=bias, relu=relu,
-         aux_out=aux, aux_rows=aux_rows or 0, warps=warps, splits=splits)
+         aux_out=aux, aux_rows=aux_rows or 0, **launch)
     return y, (aux.T if aux is not None else None)
 
 
-def dgrad(dy, w, aux, ld: int, *, bgrad: bool, warps=None, splits=None):
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, **launch):
     """``(dx, dbias)``: ``dy @ w`` masked by relu_aux ``aux`` (column b at byte ``b * ld``)
     when given, and with ``bgrad`` the column sums of the result."""
     batch, k = dy.shape
@@ -401,15 +415,14 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, warps=None, splits=None):
     dx = cupy.empty((batch, features), dtype=cupy.float32)
     db = cupy.empty(features, dtype=cupy.float32) if bgrad else None
     _run(dy, w, dx, batch, features, k, k, features, a_kmajor=1, b_kmajor=0,
-         aux_in=aux, ld_aux=ld, db=db, warps=warps, splits=splits)
+         aux_in=aux, ld_aux=ld, db=db, **launch)
     return dx, db
 
 
-def wgrad(dy, x, *, warps=None, splits=None):
+def wgrad(dy, x, **launch):
     """``dw = dy.T @ x`` (N, F) for dy (B, N), x (B, F)."""
     batch, n = dy.shape
     features = x.shape[1]
     dw = cupy.empty((n, features), dtype=cupy.float32)
-    _run(dy, x, dw, n, features, batch, n, features, a_kmajor=0, b_kmajor=0,
-         warps=warps, splits=splits)
+    _run(dy, x, dw, n, features, batch, n, features, a_kmajor=0, b_kmajor=0, **launch)
     return dw

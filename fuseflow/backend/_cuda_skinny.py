@@ -4,11 +4,10 @@ A layer with few outputs (the 10 classes of MNIST, a 30-unit hidden layer) gives
 matmuls it runs badly: split-K with a separate reduction kernel, and the epilog (bias, ReLU
 mask, bias gradient) as yet another kernel, 3 to 4 launches and 7 to 11 us for a few million
 multiply-adds (H200, fp32; a BGRADB weight gradient of 10 x 4096 over batch 8192 took 195 us
-in fp16). Here each is ONE kernel with the epilog inside; where the batch is split across
-blocks, the last block of a column block to finish adds up the chunks' column sums
-(``_cuda_tickets``). N, the small side, is a compile-time constant so its accumulators live
-in registers. At these sizes the GPU is latency-bound, so the kernels are laid out for many
-blocks, not for data reuse.
+in fp16). Here each is ONE kernel with the epilog inside, plus a second pass that adds up
+per-chunk column sums where the batch is split across blocks. N, the small side, is a
+compile-time constant so its accumulators live in registers. At these sizes the GPU is
+latency-bound, so the kernels are laid out for many blocks, not for data reuse.
 
 - ``forward``: ``y = act(x @ w.T + bias)`` and the relu_aux bits (cuBLASLt's layout, see
   ``epilogs.py``), one block per sample whose threads split the inputs, w read through the
@@ -23,8 +22,7 @@ blocks, not for data reuse.
   784-4096-4096-10 at batch 8192 is memory-bound there.
 
 Sums are accumulated in float32 (float64 for float64) in a fixed order: results are
-deterministic. Column sums over long batches go through per-chunk partials, added in chunk
-order by whichever block arrives last, never through atomic adds.
+deterministic. Column sums over long batches go through per-chunk partials, never atomics.
 """
 
 from __future__ import annotations
@@ -33,8 +31,6 @@ import functools
 
 import cupy
 import numpy as np
-
-from fuseflow.backend import _cuda_tickets
 
 MAX_N = 32              # the largest small side handled here
 #: The forward reads w from cache once per sample: past this many multiply-adds (a long
@@ -117,19 +113,6 @@ extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __re
 }
 """
 
-# Several chunks: each block writes its partials, and the last block of a column block to
-# arrive (a ticket from counter[blockIdx.x]) adds them up. chunk_sum: partial i added over
-# the chunks in order from 0, whichever block arrives last (the same bits every run), read
-# through L2 (other blocks wrote them).
-_CHUNKS = _cuda_tickets.TICKET_SRC + r"""
-__device__ __forceinline__ A chunk_sum(const A* part, long long n, long long i) {
-    A s = (A)0;
-    #pragma unroll 8
-    for (unsigned int c = 0; c < gridDim.y; ++c) s += __ldcg(part + c * n + i);
-    return s;
-}
-"""
-
 # Each thread owns V adjacent columns (V > 1: one vector load/store per row where F % V == 0
 # and the pointers allow it; V = 1 on short batches, where more, smaller blocks win).
 _VEC = r"""
@@ -139,12 +122,11 @@ struct __align__(V * sizeof(T)) TV { T v[V]; };
 # Thread (column group g, row group ty) of block (32, 8) handles columns g*V .. g*V+V-1 of
 # rows r0 + ty, r0 + ty + 8, ... of its chunk of 8 * RPT rows; grid (column blocks,
 # chunks). The bias gradient of a chunk is reduced in shared memory, then written directly
-# (one chunk) or as a partial that the column block's last block adds up.
-_DGRAD = _VEC + _CHUNKS + r"""
+# (one chunk) or as a partial.
+_DGRAD = _VEC + r"""
 extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __restrict__ w,
         const unsigned char* __restrict__ aux, T* __restrict__ dx, A* __restrict__ part,
-        unsigned int* __restrict__ counter, T* __restrict__ db, long long B, long long F,
-        long long ld, int rpt) {
+        T* __restrict__ db, long long B, long long F, long long ld, int rpt) {
     __shared__ A red[BGRAD ? 8 : 1][32 * V + 1];
     const long long f0 = ((long long)blockIdx.x * 32 + threadIdx.x) * V;
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
@@ -199,10 +181,6 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
             if (gridDim.y == 1) db[f] = (T)s;
             else part[(long long)blockIdx.y * F + f] = s;
         }
-        // every thread takes part in the ticket (barriers inside)
-        if (gridDim.y > 1 && last_arrival(counter + blockIdx.x, gridDim.y) && c < 32 * V
-                && f < F)
-            db[f] = (T)chunk_sum(part, F, f);
     }
 }
 """
@@ -210,43 +188,11 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
 # Thread (column group g, row group ty) of block (32, 8) keeps N x V sums dy[b, j] * x[b, f]
 # over rows r0 + ty, r0 + ty + 8, ... of its chunk; the 8 row groups are added in shared
 # memory, R outputs j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One
-# chunk writes dw/db directly, several write partials that the column block's last block
-# adds up.
-_WGRAD = _VEC + _CHUNKS + r"""
-// The last block of a column block: thread c adds up the partials (N x FC a chunk) of the
-// block's outputs c, c + 256, ... (E of them), each over the chunks in order from 0 as in
-// chunk_sum, the E outputs' loads in flight together. Not inlined: ptxas then gave the row
-// loop more registers (float16, N = 10, V = 8: 129, one block per SM instead of two).
-__device__ __noinline__ void wgrad_finish(const A* __restrict__ part, T* __restrict__ dw,
-        T* __restrict__ db, long long F, long long FC, long long base, int c) {
-    const int E = (N * 32 * V + 255) / 256;
-    A s[E];
-    #pragma unroll
-    for (int e = 0; e < E; ++e) s[e] = (A)0;
-    #pragma unroll 2
-    for (unsigned int k = 0; k < gridDim.y; ++k) {
-        const A* p = part + (long long)k * N * FC;
-        #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            const int o = c + 256 * e, j = o / (32 * V);
-            const long long f = base + (o - j * (32 * V));
-            if (o < N * 32 * V && f < FC) s[e] += __ldcg(p + (long long)j * FC + f);
-        }
-    }
-    #pragma unroll
-    for (int e = 0; e < E; ++e) {
-        const int o = c + 256 * e, j = o / (32 * V);
-        const long long f = base + (o - j * (32 * V));
-        if (o < N * 32 * V && f < FC) {
-            if (f < F) dw[(long long)j * F + f] = (T)s[e];
-            else db[j] = (T)s[e];
-        }
-    }
-}
-
+# chunk writes dw/db directly, several write partials for the second pass.
+_WGRAD = _VEC + r"""
 extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
-        A* __restrict__ part, unsigned int* __restrict__ counter, T* __restrict__ dw,
-        T* __restrict__ db, long long B, long long F, long long rows_per_chunk) {
+        A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F,
+        long long rows_per_chunk) {
     __shared__ A red[8][R][32 * V + 1];
     const long long FC = F + (BGRADB ? 1 : 0);
     const long long f0 = ((long long)blockIdx.x * 32 + threadIdx.x) * V;
@@ -309,9 +255,22 @@ extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __res
             }
         }
     }
-    // every thread takes part in the ticket (barriers inside)
-    if (gridDim.y > 1 && last_arrival(counter + blockIdx.x, gridDim.y))
-        wgrad_finish(part, dw, db, F, FC, base, c);
+}
+"""
+
+# Second pass: element i of the (rows, FC) result is the in-order sum over chunks of
+# part[c * n + i]; columns f < F go to out (rows, F), column F (if any) to extra (rows,).
+_SUM_CHUNKS = r"""
+extern "C" __global__ void sum_chunks(const A* __restrict__ part, T* __restrict__ out,
+        T* __restrict__ extra, long long n, long long chunks, long long F, long long FC) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    A s = (A)0;
+    #pragma unroll 8
+    for (long long c = 0; c < chunks; ++c) s += part[c * n + i];
+    const long long r = i / FC, f = i - r * FC;
+    if (f < F) out[r * F + f] = (T)s;
+    else extra[r] = (T)s;
 }
 """
 
@@ -341,7 +300,8 @@ def _width(n, dtype, features, *arrays):
 @functools.cache
 def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
-    src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD}[name]
+    src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
+           "sum_chunks": _SUM_CHUNKS}[name]
     defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1, "SPB": 1,
                **{k: int(v) for k, v in flags.items()}}
     # 4 rows' loads in flight per thread where that measured faster (H200, batch 8192 x
@@ -389,6 +349,16 @@ def wgrad_rows_per_chunk(batch: int, columns: int, v: int) -> int:
     chunks = max(1, -(-WGRAD_TARGET_BLOCKS // -(-columns // (32 * v))))
     per = -(-batch // chunks)
     return max(32, -(-per // 8) * 8)
+
+
+def sum_chunks(part, out, extra, rows, features, fc):
+    """Second pass: ``out`` (rows, features) and ``extra`` (rows,), the last of ``fc``
+    columns if ``fc > features``, from the in-order sum over the chunks of ``part``."""
+    n = rows * fc
+    k = _kernel("sum_chunks", out.dtype, 1)
+    k((-(-n // 256),), (256,), (part, out, extra if extra is not None else np.uintp(0),
+                              np.int64(n), np.int64(part.shape[0]), np.int64(features),
+                              np.int64(fc)))
 
 
 def forward_samples_per_block(k: int) -> int:
@@ -439,13 +409,12 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
         return dx, db
     if features:
         kern = _kernel("skinny_dgrad", dy.dtype, n, DRELU=aux is not None, BGRAD=bgrad, V=v)
-        blocks = -(-features // (32 * v))
-        kern((blocks, chunks), (32, 8),
+        kern((-(-features // (32 * v)), chunks), (32, 8),
              (dy, w, aux if aux is not None else np.uintp(0), dx,
-              part if part is not None else np.uintp(0),
-              _cuda_tickets.counters(blocks) if part is not None else np.uintp(0),
-              db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(ld),
-              np.int32(rpt)))
+              part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
+              np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
+        if part is not None:
+            sum_chunks(part, db, None, 1, features, features)
     return dx, db
 
 
@@ -480,9 +449,9 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
                          f"outputs and V={v} (48 KB of shared memory)")
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v,
                    R=per_round or outputs_per_round(n, v, dy.dtype))
-    blocks = -(-fc // (32 * v))
-    kern((blocks, chunks), (32, 8),
-         (dy, x, part if part is not None else np.uintp(0),
-          _cuda_tickets.counters(blocks) if part is not None else np.uintp(0), dw,
+    kern((-(-fc // (32 * v)), chunks), (32, 8),
+         (dy, x, part if part is not None else np.uintp(0), dw,
           db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)))
+    if part is not None:
+        sum_chunks(part, dw, db, n, features, fc)
     return dw, db
