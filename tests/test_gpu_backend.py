@@ -293,13 +293,15 @@ def test_wgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
 
 @pytest.mark.parametrize("batch", [1, 7, 1024, 1025, 5000])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_fused_softmax_xent_matches_numpy(nb, rng, dtype, batch):
+@pytest.mark.parametrize("classes", [10, 40])
+def test_fused_softmax_xent_matches_numpy(nb, rng, dtype, batch, classes):
     """The one-launch loss kernel (one block up to 1024 rows, per-block partial sums past
-    that) against the NumPy reference, value and gradient, with int32 and int64 labels."""
+    that; the class count compiled in up to 32, a loop past that) against the NumPy
+    reference, value and gradient, with int32 and int64 labels."""
     cb = CudaBackend(tf32=False)
-    logits = normal(rng, (batch, 10), dtype, 3.0)
+    logits = normal(rng, (batch, classes), dtype, 3.0)
     for label_dtype in (np.int64, np.int32):
-        labels = rng.integers(0, 10, batch).astype(label_dtype)
+        labels = rng.integers(0, classes, batch).astype(label_dtype)
         loss_ref, grad_ref = nb.softmax_cross_entropy(logits, labels)
         loss, grad = cb.softmax_cross_entropy(dev(logits), dev(labels))
         assert grad.dtype == dtype and grad.shape == logits.shape

@@ -87,7 +87,8 @@ def _generated_sources(monkeypatch):
         for b in (False, True):
             E._kernel("drelu", dt, BGRAD=b)
         for labels in (np.int64, np.int32, np.uint8):
-            F._xent_kernel(dt, np.dtype(labels))
+            for classes in (0, 1, 10, 32):
+                F._xent_kernel(dt, np.dtype(labels), classes)
         ct, wt = F._CTYPES[dt], ("double" if dt == np.float64 else "float")
         for kind, aligned, count in itertools.product(("sgd", "momentum", "adam"),
                                                       (True, False), (1, 6, 14)):

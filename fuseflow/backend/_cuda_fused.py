@@ -28,33 +28,64 @@ _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
                  np.dtype(np.uint64): "unsigned long long", np.dtype(np.uint32): "unsigned int",
                  np.dtype(np.uint16): "unsigned short", np.dtype(np.uint8): "unsigned char"}
 
+# One thread per row. With a class count C known at compile time (up to MAX_STATIC_CLASSES)
+# the row's exponentials stay in registers (computed once, not twice); the block's loss sum
+# is a warp-shuffle reduction plus one pass over the warps' sums (one barrier, not log2(n)).
 _XENT = r"""
+#define FULL 0xffffffffu
+__device__ __forceinline__ ACC warp_sum(ACC v) {
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
 extern "C" __global__ void xent(const T* logits, const L* labels, int n, int c,
                                 T* dlogits, ACC* loss) {
-    __shared__ ACC partial[1024];
+    __shared__ ACC partial[32];
     ACC acc = 0;
     const ACC inv_n = (ACC)1 / (ACC)n;
     const int stride = gridDim.x == 1 ? blockDim.x : n;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const T* z = logits + (long long)i * c;
+        T* d = dlogits + (long long)i * c;
+        const int y = (int)labels[i];
+#if C > 0
+        ACC e[C];
+        #pragma unroll
+        for (int j = 0; j < C; ++j) e[j] = (ACC)z[j];
+        ACC m = e[0];
+        #pragma unroll
+        for (int j = 1; j < C; ++j) m = max(m, e[j]);
+        ACC s = 0, zy = 0;
+        #pragma unroll
+        for (int j = 0; j < C; ++j) {
+            if (j == y) zy = e[j];
+            e[j] = exp(e[j] - m);
+            s += e[j];
+        }
+        acc += log(s) - (zy - m);
+        const ACC r = (ACC)1 / s;
+        #pragma unroll
+        for (int j = 0; j < C; ++j)
+            d[j] = (T)((e[j] * r - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
+#else
         ACC m = (ACC)z[0];
         for (int j = 1; j < c; ++j) m = max(m, (ACC)z[j]);
         ACC s = 0;
         for (int j = 0; j < c; ++j) s += exp((ACC)z[j] - m);
-        int y = (int)labels[i];
         acc += log(s) - ((ACC)z[y] - m);
-        T* d = dlogits + (long long)i * c;
         for (int j = 0; j < c; ++j)
             d[j] = (T)((exp((ACC)z[j] - m) / s - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
+#endif
     }
-    partial[threadIdx.x] = acc;
+    acc = warp_sum(acc);
+    const int warps = (blockDim.x + 31) / 32;
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-        __syncthreads();
-    }
+    if (threadIdx.x >= 32) return;
+    acc = warp_sum(threadIdx.x < warps ? partial[threadIdx.x] : (ACC)0);
     // one block: the mean; several: this block's sum, added up by xent_sum
-    if (threadIdx.x == 0) loss[blockIdx.x] = gridDim.x == 1 ? partial[0] * inv_n : partial[0];
+    if (threadIdx.x == 0) loss[blockIdx.x] = gridDim.x == 1 ? acc * inv_n : acc;
 }
 
 extern "C" __global__ void xent_sum(const ACC* partial, int blocks, int n, ACC* loss) {
@@ -65,12 +96,16 @@ extern "C" __global__ void xent_sum(const ACC* partial, int blocks, int n, ACC* 
 }
 """
 
+#: Class counts compiled into the loss kernel (registers for the row); more use the loop.
+MAX_STATIC_CLASSES = 32
+
 
 @functools.cache
-def _xent_kernel(dtype, label_dtype):
+def _xent_kernel(dtype, label_dtype, classes=0):
     acc = "double" if dtype == np.float64 else "float"
     head = (f"#include <cuda_fp16.h>\ntypedef {_CTYPES[dtype]} T; "
-            f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n")
+            f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
+            f"#define C {classes if classes <= MAX_STATIC_CLASSES else 0}\n")
     module = cupy.RawModule(code=head + _XENT)
     return module.get_function("xent"), module.get_function("xent_sum")
 
@@ -83,7 +118,8 @@ def softmax_xent(logits, labels):
     acc = cupy.float64 if logits.dtype == cupy.float64 else cupy.float32
     dlogits = cupy.empty_like(logits)
     loss = cupy.empty((), dtype=acc)
-    xent, xent_sum = _xent_kernel(logits.dtype, labels.dtype)
+    xent, xent_sum = _xent_kernel(logits.dtype, labels.dtype,
+                                  c if c <= MAX_STATIC_CLASSES else 0)
     if n <= 1024:
         threads = max(32, 1 << (max(n, 1) - 1).bit_length())
         xent((1,), (threads,), (logits, labels, np.int32(n), np.int32(c), dlogits, loss))
