@@ -55,10 +55,11 @@ SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16,
 # ---- helpers ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=["skinny", "cublaslt", "own_epilog"])
 def cb(request):
-    """Every implementation of the dense matmuls: the defaults (fuseflow's skinny kernels for
-    <= 32 features, its own float32 matmul ``_cuda_gemm`` for the rest of full float32),
-    cuBLASLt's epilogs (skinny_max = 0, own matmul off), and plain cuBLASLt matmuls plus
-    fuseflow's in-place bias/ReLU epilogs in every dtype and size (own matmul off)."""
+    """Every implementation of the dense matmuls: fuseflow's skinny kernels (the default for
+    <= 32 features), cuBLASLt's epilogs (skinny_max = 0), and plain cuBLASLt matmuls plus
+    fuseflow's in-place bias/ReLU epilogs in every dtype and size (full float32 uses them
+    from ``own_epilog_min`` on). The opt-in own float32 matmul stays off here
+    (``test_own_gemm.py``)."""
     be = CudaBackend(tf32=False, autotune=False)
     if request.param == "cublaslt":
         be.skinny_max = 0

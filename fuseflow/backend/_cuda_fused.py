@@ -39,7 +39,8 @@ __device__ __forceinline__ ACC warp_sum(ACC v) {
     return v;
 }
 
-extern "C" __global__ void xent(const T* logits, const L* labels, int n, int c,
+extern "C" __global__ void __launch_bounds__(XENT_THREADS) xent(const T* logits,
+                                const L* labels, int n, int c,
                                 T* dlogits, ACC* loss) {
     __shared__ ACC partial[32];
     ACC acc = 0;
@@ -98,6 +99,9 @@ extern "C" __global__ void xent_sum(const ACC* partial, int blocks, int n, ACC* 
 
 #: Class counts compiled into the loss kernel (registers for the row); more use the loop.
 MAX_STATIC_CLASSES = 32
+#: Threads of a loss block: one block (looping over the rows) up to 1024 rows, 256-row
+#: blocks past that. (1024 threads of 32 float64 registers each do not fit an SM.)
+XENT_THREADS = 256
 
 
 @functools.cache
@@ -105,7 +109,8 @@ def _xent_kernel(dtype, label_dtype, classes=0):
     acc = "double" if dtype == np.float64 else "float"
     head = (f"#include <cuda_fp16.h>\ntypedef {_CTYPES[dtype]} T; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
-            f"#define C {classes if classes <= MAX_STATIC_CLASSES else 0}\n")
+            f"#define C {classes if classes <= MAX_STATIC_CLASSES else 0}\n"
+            f"#define XENT_THREADS {XENT_THREADS}\n")
     module = cupy.RawModule(code=head + _XENT)
     return module.get_function("xent"), module.get_function("xent_sum")
 
@@ -121,12 +126,13 @@ def softmax_xent(logits, labels):
     xent, xent_sum = _xent_kernel(logits.dtype, labels.dtype,
                                   c if c <= MAX_STATIC_CLASSES else 0)
     if n <= 1024:
-        threads = max(32, 1 << (max(n, 1) - 1).bit_length())
+        threads = min(XENT_THREADS, max(32, 1 << (max(n, 1) - 1).bit_length()))
         xent((1,), (threads,), (logits, labels, np.int32(n), np.int32(c), dlogits, loss))
     else:
-        blocks = -(-n // 256)
+        blocks = -(-n // XENT_THREADS)
         partial = cupy.empty(blocks, dtype=acc)
-        xent((blocks,), (256,), (logits, labels, np.int32(n), np.int32(c), dlogits, partial))
+        xent((blocks,), (XENT_THREADS,),
+             (logits, labels, np.int32(n), np.int32(c), dlogits, partial))
         xent_sum((1,), (32,), (partial, np.int32(blocks), np.int32(n), loss))
     return loss, dlogits
 

@@ -40,8 +40,17 @@ MIN_K_PER_SPLIT = 64
 #: the global-load latency with one block of 4 warps per SM (at 8 a step ran at a third of
 #: cuBLASLt's speed on the H200: 29 against 17 us for 256 x 784 x 1024).
 BK = 16
-#: ``CudaBackend.own_gemm_max_macs``'s default: above it cuBLASLt's large-tile kernels win.
-DEFAULT_MAX_MACS = 2 ** 31
+#: ``CudaBackend.own_gemm_max_macs``'s default: off. Measured on the H200
+#: (``benchmarks/gemm_sweep.py``, ``gemm_sweep.json``) this kernel is slower than cuBLASLt's
+#: SIMT kernels plus their reduction and epilog passes at every shape of the medium model
+#: (22.6 vs 18.3 us for 256 x 784 x 1024 with bias/ReLU, 22.9 vs 16.1 us for the 1024 x 1024
+#: weight gradient), under every tile shape, K split and k-tile depth swept. Why is not
+#: established (no profiler counters were taken); the suspects are the main loop's
+#: shared-memory traffic (16-byte fragment loads that the lanes of a quarter-warp largely
+#: share) and its one-stage prefetch, where cuBLASLt's kernels use a 3-stage cp.async
+#: pipeline. It stays for experiments (``FUSEFLOW_OWN_GEMM_MAX_MACS``) and as the base for
+#: a faster main loop.
+DEFAULT_MAX_MACS = 0
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 
 _SRC = r"""
