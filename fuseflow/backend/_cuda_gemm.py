@@ -64,6 +64,44 @@ _SRC = r"""
 #define LA ((A4 + THREADS - 1) / THREADS)
 #define LB ((B4 + THREADS - 1) / THREADS)
 
+// Quads (16 bytes) of an operand tile of R rows (BM or BN) by BK: P(r, k) is P[r * ld + k]
+// (KMAJOR) or P[k * ld + r]; zeros past rend rows and kend. L quads per thread.
+template <int KMAJOR, int R, int L>
+__device__ __forceinline__ void load_tile(float4 (&q)[L], const float* __restrict__ P,
+                                          long long ld, int r0, int rend, int k0, int kend) {
+    #pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const int f = threadIdx.x + l * THREADS;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (f < R * BK / 4) {
+            const int r = r0 + (KMAJOR ? f / (BK / 4) : (f % (R / 4)) * 4);
+            const int k = k0 + (KMAJOR ? (f % (BK / 4)) * 4 : f / (R / 4));
+            if (r < rend && k < kend)
+                v = *reinterpret_cast<const float4*>(
+                    P + (KMAJOR ? (long long)r * ld + k : (long long)k * ld + r));
+        }
+        q[l] = v;
+    }
+}
+
+// The tile into shared memory as S[k][r]: k-major quads transposed, the others as they are.
+template <int KMAJOR, int R, int PAD, int L>
+__device__ __forceinline__ void store_tile(float (*S)[R + PAD], const float4 (&q)[L]) {
+    #pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const int f = threadIdx.x + l * THREADS;
+        if (f < R * BK / 4) {
+            if (KMAJOR) {
+                const int r = f / (BK / 4), kq = (f % (BK / 4)) * 4;
+                S[kq][r] = q[l].x; S[kq + 1][r] = q[l].y;
+                S[kq + 2][r] = q[l].z; S[kq + 3][r] = q[l].w;
+            } else {
+                *reinterpret_cast<float4*>(&S[f / (R / 4)][(f % (R / 4)) * 4]) = q[l];
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
         const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
         const float* __restrict__ bias, unsigned char* __restrict__ aux_out,
@@ -81,70 +119,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
     const int rbase = wm * 32 + tm * 4, cbase = wn * 64 + tn * 4;
     float4 ra[LA], rb[LB];
 
-#define LOAD_TILES(k0) { \
-    _Pragma("unroll") \
-    for (int l = 0; l < LA; ++l) { \
-        const int f = tid + l * THREADS; \
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f); \
-        if (f < A4) { \
-            if (A_KMAJOR) { \
-                const int m = m0 + f / (BK / 4), k = (k0) + (f % (BK / 4)) * 4; \
-                if (m < M && k < kend) \
-                    v = *reinterpret_cast<const float4*>(A + (long long)m * lda + k); \
-            } else { \
-                const int m = m0 + (f % (BM / 4)) * 4, k = (k0) + f / (BM / 4); \
-                if (m < M && k < kend) \
-                    v = *reinterpret_cast<const float4*>(A + (long long)k * lda + m); \
-            } \
-        } \
-        ra[l] = v; \
-    } \
-    _Pragma("unroll") \
-    for (int l = 0; l < LB; ++l) { \
-        const int f = tid + l * THREADS; \
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f); \
-        if (f < B4) { \
-            if (B_KMAJOR) { \
-                const int n = n0 + f / (BK / 4), k = (k0) + (f % (BK / 4)) * 4; \
-                if (n < N && k < kend) \
-                    v = *reinterpret_cast<const float4*>(B + (long long)n * ldb + k); \
-            } else { \
-                const int n = n0 + (f % (BN / 4)) * 4, k = (k0) + f / (BN / 4); \
-                if (n < N && k < kend) \
-                    v = *reinterpret_cast<const float4*>(B + (long long)k * ldb + n); \
-            } \
-        } \
-        rb[l] = v; \
-    } }
-
-#define STORE_TILES(buf) { \
-    _Pragma("unroll") \
-    for (int l = 0; l < LA; ++l) { \
-        const int f = tid + l * THREADS; \
-        if (f < A4) { \
-            if (A_KMAJOR) { \
-                const int r = f / (BK / 4), kq = (f % (BK / 4)) * 4; \
-                As[buf][kq + 0][r] = ra[l].x; As[buf][kq + 1][r] = ra[l].y; \
-                As[buf][kq + 2][r] = ra[l].z; As[buf][kq + 3][r] = ra[l].w; \
-            } else { \
-                *reinterpret_cast<float4*>(&As[buf][f / (BM / 4)][(f % (BM / 4)) * 4]) = ra[l]; \
-            } \
-        } \
-    } \
-    _Pragma("unroll") \
-    for (int l = 0; l < LB; ++l) { \
-        const int f = tid + l * THREADS; \
-        if (f < B4) { \
-            if (B_KMAJOR) { \
-                const int c = f / (BK / 4), kq = (f % (BK / 4)) * 4; \
-                Bs[buf][kq + 0][c] = rb[l].x; Bs[buf][kq + 1][c] = rb[l].y; \
-                Bs[buf][kq + 2][c] = rb[l].z; Bs[buf][kq + 3][c] = rb[l].w; \
-            } else { \
-                *reinterpret_cast<float4*>(&Bs[buf][f / (BN / 4)][(f % (BN / 4)) * 4]) = rb[l]; \
-            } \
-        } \
-    } }
-
     float acc[8][8];
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -153,13 +127,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
     }
     const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     if (ntiles > 0) {
-        LOAD_TILES(kbeg);
-        STORE_TILES(0);
+        load_tile<A_KMAJOR, BM>(ra, A, lda, m0, M, kbeg, kend);
+        load_tile<B_KMAJOR, BN>(rb, B, ldb, n0, N, kbeg, kend);
+        store_tile<A_KMAJOR, BM, APAD>(As[0], ra);
+        store_tile<B_KMAJOR, BN, BPAD>(Bs[0], rb);
     }
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
-        if (t + 1 < ntiles) LOAD_TILES(kbeg + (t + 1) * BK);
+        if (t + 1 < ntiles) {
+            load_tile<A_KMAJOR, BM>(ra, A, lda, m0, M, kbeg + (t + 1) * BK, kend);
+            load_tile<B_KMAJOR, BN>(rb, B, ldb, n0, N, kbeg + (t + 1) * BK, kend);
+        }
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][rbase]);
@@ -174,7 +153,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        if (t + 1 < ntiles) STORE_TILES(cur ^ 1);
+        if (t + 1 < ntiles) {
+            store_tile<A_KMAJOR, BM, APAD>(As[cur ^ 1], ra);
+            store_tile<B_KMAJOR, BN, BPAD>(Bs[cur ^ 1], rb);
+        }
         __syncthreads();
     }
 
