@@ -50,7 +50,7 @@ def main():
     from fuseflow.backend.cuda_backend import CudaBackend
 
     own = CudaBackend(tf32=False, autotune=False)
-    own.own_gemm_max_macs = 2 ** 31  # opt-in
+    own.own_gemm_max_macs = 2 ** 62  # opt-in, at every size swept
     cublas = CudaBackend(tf32=False, autotune=False)
     cublas.own_gemm_max_macs = 0
     rng = cp.random.default_rng(0)

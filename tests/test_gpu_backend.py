@@ -294,7 +294,7 @@ def test_wgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
 
 @pytest.mark.parametrize("batch", [1, 7, 1024, 1025, 5000])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("classes", [10, 40])
+@pytest.mark.parametrize("classes", [1, 10, 32, 40])
 def test_fused_softmax_xent_matches_numpy(nb, rng, dtype, batch, classes):
     """The one-launch loss kernel (one block up to 1024 rows, per-block partial sums past
     that; the class count compiled in up to 32, a loop past that) against the NumPy

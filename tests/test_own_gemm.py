@@ -63,10 +63,25 @@ def _twice(fn):
     return first
 
 
+@pytest.fixture
+def poisoned_bytes(monkeypatch):
+    """Every new uint8 array starts as 0xAB (CuPy's pool would often hand back zeros): the
+    relu_aux padding must be written, not inherited."""
+    real_empty = cupy.empty
+
+    def empty(shape, dtype=float, *args, **kwargs):
+        out = real_empty(shape, dtype, *args, **kwargs)
+        if np.dtype(dtype) == np.uint8:
+            out.fill(0xAB)
+        return out
+
+    monkeypatch.setattr(cupy, "empty", empty)
+
+
 @pytest.mark.parametrize("launch", LAUNCHES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("epilog", ["relu_aux_bias", "bias", "relu_aux", "plain"])
-def test_forward(G, rng, shape, epilog, launch):
+def test_forward(G, rng, shape, epilog, launch, poisoned_bytes):
     m, n, k = shape
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
@@ -74,8 +89,6 @@ def test_forward(G, rng, shape, epilog, launch):
     relu = "relu" in epilog
     rows = relu_aux_rows(n) if relu else None
     dx, dw, dbias = cupy.asarray(x), cupy.asarray(w), None if b is None else cupy.asarray(b)
-    if rows:  # poison the aux buffer's memory: padding bytes must be written as zeros
-        cupy.full((m * rows + 4096,), 0xAB, dtype=cupy.uint8)
     y, aux = _twice(lambda: G.forward(dx, dw, dbias, relu=relu, aux_rows=rows, **launch))
     pre = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if b is None else b)
     ref = np.maximum(pre, 0) if relu else pre
@@ -170,15 +183,59 @@ def test_backend_routes_float32_and_matches_cublaslt(G, rng):
 
 
 def test_unsupported_layouts_fall_back(G, rng):
-    """An odd contiguous extent or a misaligned view goes to cuBLASLt, with the same result."""
+    """Contiguous extents that are not multiples of 4 (K, the output width, the weight
+    gradient's output count) and a misaligned operand go to cuBLASLt, with right results."""
     from fuseflow.backend.cuda_backend import CudaBackend
 
     be = CudaBackend(tf32=False, autotune=False)
     be.own_gemm_max_macs = 2 ** 31
-    x = cupy.asarray(rng.standard_normal((64, 30)).astype(np.float32))   # K = 30: not % 4
-    w = cupy.asarray(rng.standard_normal((40, 30)).astype(np.float32))
+
+    def normal(*shape):
+        return cupy.asarray(rng.standard_normal(shape).astype(np.float32))
+
+    def ref(a, b):
+        return cupy.asnumpy(a).astype(np.float64) @ cupy.asnumpy(b).astype(np.float64)
+
+    x30, w30 = normal(64, 30), normal(40, 30)        # K = 30
+    x40, w42 = normal(64, 40), normal(42, 40)        # 42 outputs
+    flat = normal(64 * 40 + 1)
+    x_off = flat[1:].reshape(64, 40)                  # contiguous, 4 bytes past 16-aligned
+    w44 = normal(44, 40)                              # 44 outputs: supported when aligned
+    dy34 = normal(64, 34)                             # weight gradient of 34 outputs
     n0 = be.stats()["own_gemm"]
-    y, _ = be.linear(x, w, None, "DEFAULT")
+    cases = [(be.linear(x30, w30, None, "DEFAULT")[0], ref(x30, w30.T)),
+             (be.linear(x40, w42, None, "DEFAULT")[0], ref(x40, w42.T)),
+             (be.linear(x_off, w44, None, "DEFAULT")[0], ref(x_off, w44.T)),
+             (be.linear_wgrad(dy34, x40, "DEFAULT")[0], ref(dy34.T, x40))]
     assert be.stats()["own_gemm"] == n0
-    ref = cupy.asnumpy(x).astype(np.float64) @ cupy.asnumpy(w).T.astype(np.float64)
-    assert _rel(cupy.asnumpy(y), ref) <= TOL
+    for got, want in cases:
+        assert _rel(cupy.asnumpy(got), want) <= TOL
+    y, _ = be.linear(x40, w44, None, "DEFAULT")       # aligned: the own kernel
+    assert be.stats()["own_gemm"] == n0 + 1
+    assert _rel(cupy.asnumpy(y), ref(x40, w44.T)) <= TOL
+
+
+def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch):
+    """``ff.compile`` captures the own matmul (workspaces from the step's pool, arrival
+    counters made in the warm-up on the capture stream): the same losses as the eager step."""
+    import fuseflow as ff
+    from tests.test_compile import make_problem
+
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "own_gemm_max_macs", 2 ** 31)
+    params, state, step, xs, ys = make_problem(sizes=(784, 256, 128, 10), batch=64)
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cupy.asarray(xs), cupy.asarray(ys)
+    n0 = be.stats()["own_gemm"]
+    compiled = ff.compile(step)
+    pe, se = params, state
+    pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
+    eager, graphed = [], []
+    for i in range(20):
+        pe, se, me = step(pe, se, xs[i % 10], ys[i % 10])
+        pc, sc, mc = compiled(pc, sc, xs[i % 10], ys[i % 10])
+        eager.append(float(me["loss"]))
+        graphed.append(float(mc["loss"]))
+    assert be.stats()["own_gemm"] > n0
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert compiled.compiles == 1 and eager[-1] < eager[0]

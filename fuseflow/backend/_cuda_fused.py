@@ -79,8 +79,8 @@ extern "C" __global__ void __launch_bounds__(XENT_THREADS) xent(const T* logits,
             d[j] = (T)((exp((ACC)z[j] - m) / s - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
 #endif
     }
-    acc = warp_sum(acc);
-    const int warps = (blockDim.x + 31) / 32;
+    acc = warp_sum(acc);  // blockDim.x is a multiple of 32 (the host launches 32 to 256)
+    const int warps = blockDim.x / 32;
     if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
     __syncthreads();
     if (threadIdx.x >= 32) return;

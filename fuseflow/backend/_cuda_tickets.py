@@ -5,8 +5,9 @@ a second launch to add the partials up. Instead each block writes its partial, f
 takes a ticket from a counter; the block that draws the last ticket adds the partials in a
 fixed order (deterministic) and sets the counter back to zero. Kernels on one stream run one
 after another, so every kernel of a stream can use the same zeroed counters: one buffer per
-(device, stream), made on first use and kept (a graph captured on a stream keeps using that
-stream's buffer; ``ff.compile`` captures on a private stream).
+(device, stream), made on first use and kept (64 KiB each; a graph captured on a stream
+keeps using that stream's buffer, so one capture stream serves one graph: ``ff.compile``
+captures each graph on a stream of its own).
 
 The CUDA side (``TICKET_SRC``): ``last_arrival(counter, arrivals)`` is called by every
 thread of a block after the block wrote its partial; it returns true in the last-arriving
@@ -15,10 +16,13 @@ block, whose reads of the others' partials must bypass L1 (``__ldcg``).
 
 from __future__ import annotations
 
+import threading
+
 import cupy
 
 #: Counters per stream: enough for the largest grid of tickets a kernel here asks for.
 SIZE = 1 << 14
+_PER_THREAD_DEFAULT_STREAM = 2  # cudaStreamPerThread: one handle, a stream per host thread
 
 _BUFFERS: dict = {}
 
@@ -44,7 +48,8 @@ def counters(n: int):
     if n > SIZE:
         raise ValueError(f"a kernel asked for {n} arrival counters; at most {SIZE} exist")
     stream = cupy.cuda.get_current_stream()
-    key = (cupy.cuda.runtime.getDevice(), stream.ptr)
+    thread = threading.get_ident() if stream.ptr == _PER_THREAD_DEFAULT_STREAM else None
+    key = (cupy.cuda.runtime.getDevice(), stream.ptr, thread)
     buf = _BUFFERS.get(key)
     if buf is None:
         if stream.is_capturing():

@@ -494,9 +494,9 @@ class CudaBackend(Backend):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
-        if spec.activation in (None, "relu"):
+        if spec.activation in (None, "relu") and self._own_gemm(x.dtype):
             b = self._prep_bias(bias) if spec.bias else None
-            if self._own_gemm(x.dtype) and G.forward_supported(x, w, b, self.own_gemm_max_macs):
+            if G.forward_supported(x, w, b, self.own_gemm_max_macs):
                 self._counters["own_gemm"] += 1
                 return G.forward(x, w, b, relu=spec.activation == "relu",
                                  aux_rows=relu_aux_rows(out) if spec.aux else None)
