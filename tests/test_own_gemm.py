@@ -219,7 +219,7 @@ def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch):
     """``ff.compile`` captures the own matmul (workspaces from the step's pool, arrival
     counters made in the warm-up on the capture stream): the same losses as the eager step."""
     import fuseflow as ff
-    from tests.test_compile import make_problem
+    from tests.test_compile import make_problem, run_side_by_side
 
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "own_gemm_max_macs", 2 ** 31)
@@ -228,14 +228,7 @@ def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch):
     xs, ys = cupy.asarray(xs), cupy.asarray(ys)
     n0 = be.stats()["own_gemm"]
     compiled = ff.compile(step)
-    pe, se = params, state
-    pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
-    eager, graphed = [], []
-    for i in range(20):
-        pe, se, me = step(pe, se, xs[i % 10], ys[i % 10])
-        pc, sc, mc = compiled(pc, sc, xs[i % 10], ys[i % 10])
-        eager.append(float(me["loss"]))
-        graphed.append(float(mc["loss"]))
+    eager, graphed, _, _ = run_side_by_side(step, compiled, params, state, xs, ys, 20)
     assert be.stats()["own_gemm"] > n0
     np.testing.assert_allclose(graphed, eager, rtol=1e-5)
     assert compiled.compiles == 1 and eager[-1] < eager[0]

@@ -4,7 +4,7 @@ In full float32 (no TF32) cuBLASLt has only SIMT kernels, and at MNIST-scale sha
 leave most of the GPU idle: on the H200 a 256 x 784 x 1024 layer ran a 64 x 64 tile kernel
 in 64 blocks, plus a split-K reduction kernel, plus fuseflow's bias/ReLU pass (three
 launches, 17-21 us, 20-25 TFLOP/s), and the five such matmuls of a 784-1024-1024-10 step
-took 91 of its 122 us. This kernel is the textbook register-blocked SIMT GEMM (each thread
+took 90 of its 122 us. This kernel is the textbook register-blocked SIMT GEMM (each thread
 an 8 x 8 block of C from double-buffered shared-memory tiles, 16-byte loads) that fills
 the GPU by splitting K across blocks, and ends in one launch:
 
@@ -305,16 +305,21 @@ def _aligned(*arrays):
     return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tiles(m: int, n: int, warps) -> tuple[int, int]:
+    """``(column tiles, row tiles)`` of an (m, n) output: the grid's x and y."""
+    return _cdiv(n, 64 * warps[1]), _cdiv(m, 32 * warps[0])
+
+
 def splits_for(m: int, n: int, k: int, warps=WARPS, bk=BK) -> tuple[int, int]:
     """``(splits, k_per_split)``: K split so that tiles x splits is about ``TARGET_BLOCKS``,
     at least ``MIN_K_PER_SPLIT`` deep; k_per_split a multiple of the k-tile."""
-    tiles = -(-m // (32 * warps[0])) * -(-n // (64 * warps[1]))
-    want = max(1, min(round(TARGET_BLOCKS / tiles), k // MIN_K_PER_SPLIT))
+    gx, gy = _tiles(m, n, warps)
+    want = max(1, min(round(TARGET_BLOCKS / (gx * gy)), k // MIN_K_PER_SPLIT))
     return _chunked(k, want, bk)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _chunked(k: int, splits: int, bk: int) -> tuple[int, int]:
@@ -328,7 +333,7 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
          bk=None):
     wm, wn = warps or WARPS
     bk = bk or BK
-    gx, gy = -(-n // (64 * wn)), -(-m // (32 * wm))
+    gx, gy = _tiles(m, n, (wm, wn))
     s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
     tiles = gx * gy
     ws = cupy.empty(tiles * s * 32 * wm * 64 * wn, dtype=cupy.float32) if s > 1 else None
@@ -361,9 +366,8 @@ def supported(*, m, n, k, kmajor_extents, arrays, max_macs) -> bool:
         return False
     if any(a.dtype != np.float32 for a in arrays if a is not None):
         return False
-    wm, wn = WARPS
-    tiles_n, tiles = -(-n // (64 * wn)), -(-n // (64 * wn)) * -(-m // (32 * wm))
-    return _aligned(*arrays) and tiles + tiles_n <= T.SIZE
+    gx, gy = _tiles(m, n, WARPS)
+    return _aligned(*arrays) and gx * gy + gx <= T.SIZE
 
 
 def forward_supported(x, w, bias, max_macs) -> bool:
