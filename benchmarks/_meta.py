@@ -50,7 +50,10 @@ def gpu_info():
 def metadata(*libs):
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "host": cpu_info(), "gpu": gpu_info(),
-            "versions": versions("numpy", "fuseflow", *libs)}
+            "versions": versions("numpy", "fuseflow", *libs),
+            # the settings a run was made under (FUSEFLOW_OVERLAP_WGRAD=0, ...)
+            "settings": {k: v for k, v in sorted(os.environ.items())
+                         if k.startswith("FUSEFLOW_") and k != "FUSEFLOW_DATA"}}
 
 
 def write_json(path, payload):

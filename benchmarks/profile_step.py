@@ -180,13 +180,14 @@ def main():
                     help="comma-separated model:optimizer:precision (fp32, tf32, 16bit)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = ap.parse_args()
     configs = parse_configs(args.configs)
     fn = profile_fuseflow if args.framework == "fuseflow" else profile_jax
     result = {"benchmark": "profile_step", "framework": args.framework,
               **metadata("cupy", "nvmath", "jax", "torch"), "steps": args.steps,
               "configs": fn(configs, args.steps)}
-    write_json(os.path.join(args.out, f"profile_{args.framework}.json"), result)
+    write_json(os.path.join(args.out, f"profile_{args.framework}{'_' + args.tag if args.tag else ''}.json"), result)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import warnings
 
-#: FUSEFLOW_AUTOTUNE's spellings: the values of ``ff.compile(autotune=...)`` and
-#: ``CudaBackend.autotune``
+#: The spellings of an on/off/auto setting (FUSEFLOW_AUTOTUNE, FUSEFLOW_OVERLAP_WGRAD) and
+#: their values (``ff.compile(autotune=...)``, ``CudaBackend.autotune``, ...)
 AUTOTUNE_MODES = {"1": True, "0": False, "auto": "auto"}
 
 

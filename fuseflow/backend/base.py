@@ -15,6 +15,7 @@ The public methods validate and count; subclasses implement the underscored ones
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, aux_shape, lookup
@@ -68,11 +69,14 @@ class Backend:
         self.calls["linear_dgrad/" + spec.name] += 1
         return self._linear_dgrad(dy, w, spec, aux)
 
-    def linear_wgrad(self, dy, x, epilog="DEFAULT"):
+    def linear_wgrad(self, dy, x, epilog="DEFAULT", *, overlap=False):
         """Weight gradient ``dw = dy.T @ x`` ``(out, in)``; with BGRADB also ``dy.sum(0)``.
 
         cuBLASLt view: ``dw.T = x.T @ dy`` (M = in, N = out, K = batch): BGRADB sums the B
         operand (dy) over K, which is exactly this layer's bias gradient.
+
+        ``overlap=True`` inside ``overlapping_wgrad()``: the backend may run it concurrently
+        with the work issued after it; its results may be read only once that scope ended.
         """
         spec = lookup(WGRAD_EPILOGS, epilog, "weight-gradient")
         self._check_2d("dy", dy), self._check_2d("x", x)
@@ -81,7 +85,15 @@ class Backend:
             raise BackendError(f"linear_wgrad: dy has batch {dy.shape[0]} but the saved input "
                                f"has batch {x.shape[0]}: residuals from another batch?")
         self.calls["linear_wgrad/" + spec.name] += 1
+        if overlap:
+            return self._linear_wgrad_overlapped(dy, x, spec)
         return self._linear_wgrad(dy, x, spec)
+
+    def overlapping_wgrad(self):
+        """A scope whose ``linear_wgrad(..., overlap=True)`` calls may run concurrently with
+        the input-gradient chain (the CUDA backend: on a second stream, joined at the exit).
+        A backward pass whose weight gradients nothing reads before it ends opens one."""
+        return contextlib.nullcontext()
 
     # ---- standalone activations (when no matmul is there to fuse with) ----------------------
     def activation(self, x, activation, want_aux=True):
@@ -180,6 +192,9 @@ class Backend:
 
     def _linear_wgrad(self, dy, x, spec):
         raise NotImplementedError
+
+    def _linear_wgrad_overlapped(self, dy, x, spec):
+        return self._linear_wgrad(dy, x, spec)
 
     def _activation(self, x, activation, want_aux):
         raise NotImplementedError

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections import Counter, OrderedDict
 
@@ -54,6 +55,7 @@ from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_kernels as K
+from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int
 from fuseflow.backend.base import Backend, BackendError
@@ -158,6 +160,16 @@ class CudaBackend(Backend):
         #: cuBLASLt's SIMT kernels plus a split-K reduction and an epilog pass
         #: (``FUSEFLOW_OWN_GEMM_MAX_MACS``; 0 turns it off).
         self.own_gemm_max_macs = env_int("FUSEFLOW_OWN_GEMM_MAX_MACS", G.DEFAULT_MAX_MACS)
+        #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
+        #: dense layers) run on a second stream beside the input-gradient chain
+        #: (``_cuda_overlap``), FUSEFLOW_OVERLAP_WGRAD: "auto" (default) those in full
+        #: float32 of at most ``overlap_max_macs`` multiply-adds, True all, False none.
+        #: Measured on the H200 (docs/benchmarks.md): full-float32 steps of the small and
+        #: medium models 4-8% faster; TF32 medium steps 3-4% slower (their tensor-core
+        #: kernels already fill the GPU, and two of them slow each other down more).
+        self.overlap_wgrad = env_choice("FUSEFLOW_OVERLAP_WGRAD", AUTOTUNE_MODES, "auto")
+        self.overlap_max_macs = env_int("FUSEFLOW_OVERLAP_MAX_MACS", 2 ** 32)
+        self._local = threading.local()  # .overlap: this thread's open OverlapScope
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
         self._counters = Counter()
@@ -180,6 +192,7 @@ class CudaBackend(Backend):
             "skinny": self._counters["skinny"],
             "own_epilog": self._counters["own_epilog"],
             "own_gemm": self._counters["own_gemm"],
+            "overlapped_wgrad": self._counters["overlapped_wgrad"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -614,7 +627,8 @@ class CudaBackend(Backend):
         dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
-    def _linear_wgrad(self, dy, x, spec):
+    def _linear_wgrad(self, dy, x, spec, scope=None):
+        """``scope``: an open OverlapScope to run on the side stream of (overlapped)."""
         op = f"linear_wgrad/{spec.name}"
         self._check_device(op, dy=dy, x=x)
         self._check_dtype(op, dy.dtype)
@@ -622,8 +636,38 @@ class CudaBackend(Backend):
         def outputs():
             return [("dw", (dy.shape[1], x.shape[1]), dy.dtype)]
 
-        return self._guard(op, lambda: self._wgrad_impl(dy, x, spec),
-                           {"dy": dy, "x": x}, outputs)
+        def run():
+            if scope is None:
+                return self._wgrad_impl(dy, x, spec)
+            with scope.fork(dy, x):  # the side stream, current inside
+                self._counters["overlapped_wgrad"] += 1
+                return self._wgrad_impl(dy, x, spec)
+
+        return self._guard(op, run, {"dy": dy, "x": x}, outputs)
+
+    @contextlib.contextmanager
+    def overlapping_wgrad(self):
+        """See ``Backend.overlapping_wgrad``: overlapped weight gradients run on the current
+        stream's side stream; the exit makes the current stream wait for them. Nested scopes
+        each join their own."""
+        scope = _cuda_overlap.OverlapScope() if self.overlap_wgrad else None
+        previous = getattr(self._local, "overlap", None)
+        self._local.overlap = scope
+        try:
+            yield
+        finally:
+            self._local.overlap = previous
+            if scope is not None:
+                scope.join()
+
+    def _linear_wgrad_overlapped(self, dy, x, spec):
+        scope = getattr(self._local, "overlap", None)
+        mode = self.overlap_wgrad
+        if mode == "auto" and not (dy.dtype == np.float32 and not self.tf32 and
+                                   dy.shape[0] * dy.shape[1] * x.shape[1]
+                                   <= self.overlap_max_macs):
+            scope = None
+        return self._linear_wgrad(dy, x, spec, scope)
 
     def _wgrad_impl(self, dy, x, spec):
         if self._skinny("wgrad", dy.shape[1], None):

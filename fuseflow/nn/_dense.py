@@ -105,12 +105,13 @@ class Dense(Layer):
 
     def backward_fused(self, params, residuals, dy=None, *, need_input_grad=True,
                        activation=None, pre_grad=None, input_activation=None, input_aux=None,
-                       input_has_bias=False, release_input=False):
+                       input_has_bias=False, release_input=False, overlap_wgrad=False):
         """The fusion engine's entry (see Serial): ``(grads, dx, input_bias_grad)``.
 
         ``pre_grad=(dpre, db)`` replaces dy when the layer above already applied this layer's
         activation derivative; ``input_activation``/``input_aux`` make the input-gradient
         matmul apply the lower layer's activation derivative and bias sum.
+        ``overlap_wgrad``: see ``ops.dense.dense_backward``.
         """
         activation = activation or self.activation
         self.check_params(params)
@@ -124,4 +125,4 @@ class Dense(Layer):
         return dense_backward(params, residuals, dy, activation=activation, pre_grad=pre_grad,
                               input_activation=input_activation, input_aux=input_aux,
                               input_has_bias=input_has_bias, need_input_grad=need_input_grad,
-                              release_input=release_input)
+                              release_input=release_input, overlap_wgrad=overlap_wgrad)

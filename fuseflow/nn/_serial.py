@@ -13,6 +13,11 @@ stage's aux: one call yields the lower stage's pre-activation gradient AND its b
 gradient, and the lower stage then needs only its weight-gradient matmul. No mask kernel,
 no separate reduction. Everything else falls back to plain, correct forward/backward pairs.
 
+The weight gradients of Serial's dense stages are needed by nothing inside the backward, so
+Serial lets them overlap the input-gradient chain (on the GPU: a second stream, joined
+before ``backward`` returns; see ``fuseflow.backend._cuda_overlap``). A subclass of Dense
+that overrides ``backward_fused`` may read its grads there, so its stage does not overlap.
+
 params, grads and residuals are tuples with one entry per layer (an absorbed ReLU/GELU has
 ``{}``); a fused stage keeps its mask under ``residuals[i]["relu_aux"]``.
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from fuseflow import random
+from fuseflow import backend, random
 from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn._activation import GELU, ReLU
 from fuseflow.nn._dense import Dense
@@ -51,6 +56,11 @@ def plan_stages(layers) -> list:
             stages.append(_Stage(i, None))
         i += 1
     return stages
+
+
+def _overlappable(dense) -> bool:
+    """Dense's own backward_fused: it returns its weight gradient without reading it."""
+    return type(dense).backward_fused is Dense.backward_fused
 
 
 class Serial(Layer):
@@ -125,6 +135,11 @@ class Serial(Layer):
         if release_residuals and not isinstance(residuals, list):
             raise TypeError("Serial.backward: release_residuals=True needs residuals as a list "
                             "that the caller owns (list(residuals)), not a tuple")
+        with backend.of(dy, where=repr(self)).overlapping_wgrad():
+            return self._backward_stages(params, residuals, dy, need_input_grad,
+                                         release_residuals)
+
+    def _backward_stages(self, params, residuals, dy, need_input_grad, release_residuals):
         grads = [{} for _ in self.layers]
         pre_grad = None  # (dpre, dbias) handed down by a fused input-gradient matmul
         for s in range(len(self.stages) - 1, -1, -1):
@@ -154,7 +169,8 @@ class Serial(Layer):
                     activation=st.activation, pre_grad=pre_grad, need_input_grad=need_dx,
                     input_activation=below.activation if fuse else None, input_aux=aux,
                     input_has_bias=fuse and "b" in params[below.index],
-                    release_input=release_residuals)
+                    release_input=release_residuals,
+                    **({"overlap_wgrad": True} if _overlappable(st.dense) else {}))
                 del own
                 pre_grad = (dx, db_below) if fuse else None
                 dy = dx

@@ -31,7 +31,7 @@ def dense_forward(params, x, *, activation=None, train=True, where="Dense"):
 
 def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None,
                    input_activation=None, input_aux=None, input_has_bias=False,
-                   need_input_grad=True, release_input=False):
+                   need_input_grad=True, release_input=False, overlap_wgrad=False):
     """Gradients of a dense layer: ``(grads, dx, input_bias_grad)``.
 
     Give either ``dy`` (gradient w.r.t. the layer's output) or ``pre_grad = (dpre, db)``
@@ -40,6 +40,8 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
     pre-activation and ``input_bias_grad`` is its bias gradient (when it has a bias).
     ``release_input=True`` (the residuals dict is the caller's to consume) removes the saved
     input from it once the weight gradient is done, so that its memory can hold ``dx``.
+    ``overlap_wgrad=True`` (the caller reads the grads only after its
+    ``overlapping_wgrad()`` scope ends) lets the weight gradient overlap the input gradient.
     """
     w, has_bias = params["w"], "b" in params
     x = residuals.pop("x") if release_input else residuals["x"]
@@ -52,9 +54,9 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
         dpre, db = dy, None
 
     if has_bias and db is None:
-        dw, db = be.linear_wgrad(dpre, x, "BGRADB")
+        dw, db = be.linear_wgrad(dpre, x, "BGRADB", overlap=overlap_wgrad)
     else:
-        dw, _ = be.linear_wgrad(dpre, x, "DEFAULT")
+        dw, _ = be.linear_wgrad(dpre, x, "DEFAULT", overlap=overlap_wgrad)
     grads = {"w": dw, "b": db} if has_bias else {"w": dw}
     del x  # the input's last reader ran (with release_input, nothing else holds it now)
 
