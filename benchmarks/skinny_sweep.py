@@ -10,6 +10,8 @@ Swept, in the shapes of the benchmark steps (784-30-10 and 784-1024-1024-10 at b
 - the weight gradient (``_cuda_skinny.wgrad``): rows per chunk (more chunks: more blocks
   and a second pass over per-chunk partials) and outputs per round of its block sums;
 - the input gradient with the ReLU mask and bias gradient (``dgrad``): rows per thread;
+- both with dy's rows staged through shared memory (the default where they fit) and not,
+  at the default launch shape;
 - the forward (bias, ReLU, mask) of the short batches: samples per block;
 - mixed precision's update of the large model's params: the float32-gradient path
   (unscaling cast, finiteness check, Adam) against the scaled 16-bit path (finiteness
@@ -91,12 +93,17 @@ def skinny_rows(cp, S):
             if r > batch:
                 continue
             for pr in sorted({1, default_round}):
-                us = graph_us(lambda r=r, pr=pr: S.wgrad(dy, x, bgrad=True, rows=r,
-                                                         per_round=pr))
-                rows.append({**base, "kernel": "wgrad", "rows_per_chunk": r,
-                             "chunks": -(-batch // r), "per_round": pr, "V": v, "us": us,
-                             "default": r == default_rows and pr == default_round})
-                print(json.dumps(rows[-1]), flush=True)
+                default = r == default_rows and pr == default_round
+                for stage in (None, False) if default else (None,):
+                    us = graph_us(lambda r=r, pr=pr, st=stage: S.wgrad(
+                        dy, x, bgrad=True, rows=r, per_round=pr, stage=st))
+                    red = 8 * pr * (32 * v + 1) * 4
+                    rows.append({**base, "kernel": "wgrad", "rows_per_chunk": r,
+                                 "chunks": -(-batch // r), "per_round": pr, "V": v, "us": us,
+                                 "dy_staged": stage is None and
+                                 S.stage_bytes(min(r, batch), n, dtype, red) > 0,
+                                 "default": default and stage is None})
+                    print(json.dumps(rows[-1]), flush=True)
         if batch * feat * n <= S.FORWARD_MAX_MACS:  # cuBLASLt runs the longer forwards
             b = rng.standard_normal((n,), dtype=np.float32).astype(dtype)
             rows_aux = relu_aux_rows(n)
@@ -112,12 +119,16 @@ def skinny_rows(cp, S):
         for rpt in sorted({1, 2, 4, 8, 16, 32, 64, max(1, batch // 8), default_rpt}):
             if 8 * rpt > batch and rpt != max(1, batch // 8):
                 continue
-            us = graph_us(lambda rpt=rpt: S.dgrad(dy, w, aux, aux.shape[0], bgrad=True,
-                                                  rpt=rpt))
-            rows.append({**base, "kernel": "dgrad", "rows_per_thread": rpt,
-                         "chunks": max(1, -(-batch // (8 * rpt))), "V": v, "us": us,
-                         "default": rpt == default_rpt})
-            print(json.dumps(rows[-1]), flush=True)
+            for stage in (None, False) if rpt == default_rpt else (None,):
+                us = graph_us(lambda rpt=rpt, st=stage: S.dgrad(
+                    dy, w, aux, aux.shape[0], bgrad=True, rpt=rpt, stage=st))
+                red = 8 * (32 * v + 1) * 4
+                rows.append({**base, "kernel": "dgrad", "rows_per_thread": rpt,
+                             "chunks": max(1, -(-batch // (8 * rpt))), "V": v, "us": us,
+                             "dy_staged": stage is None and
+                             S.stage_bytes(min(8 * rpt, batch), n, dtype, red) > 0,
+                             "default": rpt == default_rpt and stage is None})
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

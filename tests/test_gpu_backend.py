@@ -403,15 +403,27 @@ def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, ve
     dw_ref, db_ref = nb.linear_wgrad(dy, host(h), "BGRADB")
     dx_ref, dbx_ref = nb.linear_dgrad(dy, w, "DRELU_BGRAD", host(aux))
     v = S._width(fout, dtype, fin, h) if vector else 1
+    staged = 0
     for rows in (8, 64, 256, -(-batch // 8) * 8):
         for per_round in sorted({1, 3, S.outputs_per_round(fout, v, dtype)}):
-            dw, db = S.wgrad(dev(dy), h, bgrad=True, rows=rows, per_round=per_round)
+            dw, db = S.wgrad(dev(dy), h, bgrad=True, rows=rows, per_round=per_round,
+                             stage=False)
             check_close(f"dw rows={rows} R={per_round}", dw, dw_ref, dtype, rng.seed)
             check_close(f"db rows={rows} R={per_round}", db, db_ref, dtype, rng.seed)
+            # dy through shared memory where it fits: the same sums in the same order
+            dw2, db2 = S.wgrad(dev(dy), h, bgrad=True, rows=rows, per_round=per_round)
+            assert (host(dw2) == host(dw)).all() and (host(db2) == host(db)).all()
     for rpt in (1, 4, 32, -(-batch // 8)):
-        dx, dbx = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt)
+        dx, dbx = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt,
+                          stage=False)
         check_close(f"dx rpt={rpt}", dx, dx_ref, dtype, rng.seed)
         check_close(f"dbx rpt={rpt}", dbx, dbx_ref, dtype, rng.seed)
+        dx2, dbx2 = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt)
+        assert (host(dx2) == host(dx)).all() and (host(dbx2) == host(dbx)).all()
+        staged += S.stage_bytes(min(8 * rpt, batch), fout, dtype, 0) > 0
+    assert staged  # the shared-memory path ran
+    with pytest.raises(ValueError, match="do not fit in shared memory"):
+        S.stage_bytes(10 ** 4, fout, dtype, 0, stage=True)
     b = normal(rng, (fout,), dtype)
     y_ref, aux_ref = nb.linear(host(h), w, b, "RELU_AUX_BIAS")
     pre = host(h).astype(np.float64) @ w.T.astype(np.float64) + b

@@ -75,12 +75,12 @@ def _generated_sources(monkeypatch):
                     S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r,
                               SPB=spb)
             for v in (1, 2, 4, 8)[:{2: 4, 4: 3, 8: 2}[dt.itemsize]]:
-                for d, b in itertools.product((False, True), repeat=2):
-                    S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v)
-                for b in (False, True):
+                for d, b, st in itertools.product((False, True), repeat=3):
+                    S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v, STAGE_DY=st)
+                for b, st in itertools.product((False, True), repeat=2):
                     most = S.outputs_per_round(n, v, dt, 48 * 1024)  # 48 KB of shared
                     for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
-                        S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r)
+                        S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r, STAGE_DY=st)
         S._kernel("sum_chunks", dt, 1)
         for hb, ha, r in itertools.product((False, True), repeat=3):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)

@@ -119,11 +119,29 @@ _VEC = r"""
 struct __align__(V * sizeof(T)) TV { T v[V]; };
 """
 
+# With STAGE_DY the block first copies its rows r0 .. r1 of dy (contiguous, N per row) into
+# dynamic shared memory, coalesced, and every thread reads its rows' N values from there
+# instead of each warp loading them from global memory row by row.
+_STAGE = r"""
+#if STAGE_DY
+extern __shared__ __align__(16) unsigned char stage_bytes[];
+#define STAGE_ROWS(r0, r1) \
+    T* const dys = reinterpret_cast<T*>(stage_bytes); \
+    { const long long n_ = ((r1) - (r0)) * N; const T* src_ = dy + (r0) * N; \
+      for (long long e = threadIdx.y * 32 + threadIdx.x; e < n_; e += 256) dys[e] = src_[e]; \
+      __syncthreads(); }
+#define DY_ROW(b) (dys + ((b) - r0) * N)
+#else
+#define STAGE_ROWS(r0, r1)
+#define DY_ROW(b) (dy + (b) * N)
+#endif
+"""
+
 # Thread (column group g, row group ty) of block (32, 8) handles columns g*V .. g*V+V-1 of
 # rows r0 + ty, r0 + ty + 8, ... of its chunk of 8 * RPT rows; grid (column blocks,
 # chunks). The bias gradient of a chunk is reduced in shared memory, then written directly
 # (one chunk) or as a partial.
-_DGRAD = _VEC + r"""
+_DGRAD = _VEC + _STAGE + r"""
 extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __restrict__ w,
         const unsigned char* __restrict__ aux, T* __restrict__ dx, A* __restrict__ part,
         T* __restrict__ db, long long B, long long F, long long ld, int rpt) {
@@ -132,6 +150,7 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
     const long long r1 = r0 + 8 * rpt < B ? r0 + 8 * rpt : B;
     const bool col = f0 < F;
+    STAGE_ROWS(r0, r1)
     A wv[N][V];
     #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -144,7 +163,7 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
     if (col) {
         UNROLL_ROWS
         for (long long b = r0 + threadIdx.y; b < r1; b += 8) {
-            const T* d = dy + b * N;
+            const T* d = DY_ROW(b);
             A s[V];
             #pragma unroll
             for (int u = 0; u < V; ++u) s[u] = (A)0;
@@ -189,7 +208,7 @@ extern "C" __global__ void skinny_dgrad(const T* __restrict__ dy, const T* __res
 # over rows r0 + ty, r0 + ty + 8, ... of its chunk; the 8 row groups are added in shared
 # memory, R outputs j at a time. Column F (when BGRADB) has x = 1: the bias gradient. One
 # chunk writes dw/db directly, several write partials for the second pass.
-_WGRAD = _VEC + r"""
+_WGRAD = _VEC + _STAGE + r"""
 extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
         A* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B, long long F,
         long long rows_per_chunk) {
@@ -198,6 +217,7 @@ extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __res
     const long long f0 = ((long long)blockIdx.x * 32 + threadIdx.x) * V;
     const long long r0 = (long long)blockIdx.y * rows_per_chunk;
     const long long r1 = r0 + rows_per_chunk < B ? r0 + rows_per_chunk : B;
+    STAGE_ROWS(r0, r1)
     A acc[N][V];
     #pragma unroll
     for (int j = 0; j < N; ++j) {
@@ -216,7 +236,7 @@ extern "C" __global__ void skinny_wgrad(const T* __restrict__ dy, const T* __res
                 #pragma unroll
                 for (int u = 0; u < V; ++u) xv[u] = u == 0 ? (A)1 : (A)0;
             }
-            const T* d = dy + b * N;
+            const T* d = DY_ROW(b);
             #pragma unroll
             for (int j = 0; j < N; ++j) {
                 const A dj = (A)d[j];
@@ -302,7 +322,7 @@ def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1, "SPB": 1,
+    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1, "SPB": 1, "STAGE_DY": 0,
                **{k: int(v) for k, v in flags.items()}}
     # 4 rows' loads in flight per thread where that measured faster (H200, batch 8192 x
     # 4096, 10 classes: float16 wgrad 69 -> 58 us, float32 dgrad 87 -> 66 us; the other two
@@ -391,10 +411,36 @@ def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=N
     return y, (buf.T if buf is not None else None)
 
 
-def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
+#: Shared memory a kernel may declare without opting in (static + dynamic), bytes.
+_SMEM_LIMIT = 48 * 1024
+#: dy's rows go through shared memory where the block's whole shared memory stays within
+#: this. Measured on the H200 (graph replays, ``benchmarks/skinny_sweep.py``,
+#: ``skinny_sweep_staging.json``): staged faster at 18-28 KB a block (784-30-10's first
+#: weight gradient 6.9 -> 5.6 us; at batch 8192 x 4096 x 10 the float16 weight gradient
+#: 56.9 -> 51.6, the input gradients 62.3 -> 48.1 in float16 and 65.1 -> 53.6 in float32),
+#: slower at 41 KB (the float32 weight gradient there, 46.7 -> 51.4: fewer blocks per SM),
+#: within 0.1 us at the small ones.
+STAGE_MAX_BLOCK_BYTES = 32 * 1024
+
+
+def stage_bytes(rows: int, n: int, dtype, static_bytes: int, stage=None) -> int:
+    """Dynamic shared memory for a block's ``rows`` rows of dy (STAGE_DY), or 0 for none:
+    staged where the block's shared memory, the kernel's static ``static_bytes`` included,
+    stays within ``STAGE_MAX_BLOCK_BYTES`` (or as ``stage`` says, for benchmarks)."""
+    size = rows * n * np.dtype(dtype).itemsize
+    if stage is None:
+        stage = static_bytes + size <= STAGE_MAX_BLOCK_BYTES
+    if stage and static_bytes + size > _SMEM_LIMIT:
+        raise ValueError(f"skinny kernels: {rows} rows of dy ({size} bytes) do not fit in "
+                         f"shared memory beside {static_bytes} bytes")
+    return size if stage else 0
+
+
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None, stage=None):
     """``(dx, dbias)``: ``dy @ w`` for C-contiguous dy (B, N), w (N, F), N <= 32, masked by
     relu_aux ``aux`` (column n at byte ``n * ld``) when given, and its column sums.
-    ``rpt`` (rows per thread) overrides the launch shape, for benchmarks."""
+    ``rpt`` (rows per thread) and ``stage`` (dy rows through shared memory) override the
+    launch shape, for benchmarks."""
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
@@ -408,11 +454,15 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None):
             db.fill(0)
         return dx, db
     if features:
-        kern = _kernel("skinny_dgrad", dy.dtype, n, DRELU=aux is not None, BGRAD=bgrad, V=v)
+        red = (8 if bgrad else 1) * (32 * v + 1) * np.dtype(_acc(dy.dtype)).itemsize
+        dyn = stage_bytes(min(8 * rpt, batch), n, dy.dtype, red, stage)
+        kern = _kernel("skinny_dgrad", dy.dtype, n, DRELU=aux is not None, BGRAD=bgrad, V=v,
+                       STAGE_DY=dyn > 0)
         kern((-(-features // (32 * v)), chunks), (32, 8),
              (dy, w, aux if aux is not None else np.uintp(0), dx,
               part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
-              np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
+              np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)),
+             shared_mem=dyn)
         if part is not None:
             sum_chunks(part, db, None, 1, features, features)
     return dx, db
@@ -425,10 +475,11 @@ def outputs_per_round(n, v, dtype, limit=WGRAD_SMEM_BYTES):
     return max(1, min(n, limit // per_output))
 
 
-def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
+def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None, stage=None):
     """``(dw, dbias)``: ``dy.T @ x`` for C-contiguous dy (B, N), N <= 32, x (B, F), and
-    ``dy.sum(0)`` when ``bgrad``. ``rows`` (rows per chunk, a multiple of 8) and
-    ``per_round`` override the launch shape, for benchmarks."""
+    ``dy.sum(0)`` when ``bgrad``. ``rows`` (rows per chunk, a multiple of 8),
+    ``per_round`` and ``stage`` (dy rows through shared memory) override the launch shape,
+    for benchmarks."""
     batch, n = dy.shape
     features = x.shape[1]
     fc = features + (1 if bgrad else 0)
@@ -447,11 +498,14 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None):
     if per_round is not None and not 1 <= per_round <= most:
         raise ValueError(f"skinny wgrad: per_round={per_round} is outside 1..{most} for {n} "
                          f"outputs and V={v} (48 KB of shared memory)")
-    kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v,
-                   R=per_round or outputs_per_round(n, v, dy.dtype))
+    r = per_round or outputs_per_round(n, v, dy.dtype)
+    red = 8 * r * (32 * v + 1) * np.dtype(_acc(dy.dtype)).itemsize
+    dyn = stage_bytes(min(rows, batch), n, dy.dtype, red, stage)
+    kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v, R=r, STAGE_DY=dyn > 0)
     kern((-(-fc // (32 * v)), chunks), (32, 8),
          (dy, x, part if part is not None else np.uintp(0), dw,
-          db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)))
+          db if bgrad else np.uintp(0), np.int64(batch), np.int64(features), np.int64(rows)),
+         shared_mem=dyn)
     if part is not None:
         sum_chunks(part, dw, db, n, features, fc)
     return dw, db
