@@ -283,16 +283,25 @@ def test_shuffled_order_is_the_key_permutation():
     assert not np.array_equal(other, order)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("start", [0, 1, 5, 10, 11])
-def test_start_batch_resumes_bit_for_bit(start):
+def test_start_batch_resumes_bit_for_bit(start, drop_last, monkeypatch):
+    """Gathered once per epoch (the default) or batch by batch (data sets over
+    EPOCH_GATHER_MAX_BYTES): the same batches, from any start."""
+    import fuseflow.data._batches as B
+
     x, y = labelled(105)
     k = random.fold_in(random.key(0), 3)
-    full = list(ffd.batches(x, y, 10, key=k))
-    resumed = list(ffd.batches(x, y, 10, key=k, start_batch=start))
-    assert len(resumed) == len(full) - start
-    for (a, b), (c, d) in zip(full[start:], resumed):
-        np.testing.assert_array_equal(a, c)
-        np.testing.assert_array_equal(b, d)
+    full = list(ffd.batches(x, y, 10, key=k, drop_last=drop_last))
+    start = min(start, len(full))  # 10 batches with drop_last, 11 without
+    for limit in (B.EPOCH_GATHER_MAX_BYTES, 0):
+        monkeypatch.setattr(B, "EPOCH_GATHER_MAX_BYTES", limit)
+        resumed = list(ffd.batches(x, y, 10, key=k, start_batch=start, drop_last=drop_last))
+        assert len(resumed) == len(full) - start
+        for (a, b), (c, d) in zip(full[start:], resumed):
+            np.testing.assert_array_equal(a, c)
+            np.testing.assert_array_equal(b, d)
+            assert c.flags.c_contiguous  # the compiled step's fast path takes it as is
 
 
 @pytest.mark.parametrize("call, message", [
@@ -325,3 +334,30 @@ def test_batches_on_cupy_arrays_match_numpy():
         assert isinstance(c, cp.ndarray) and isinstance(d, cp.ndarray)
         np.testing.assert_array_equal(a, c.get())
         np.testing.assert_array_equal(b, d.get())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_device_batches_cover_the_epoch_in_the_device_order(drop_last, monkeypatch):
+    """device_batches: every row once per epoch in the order CuPy draws from the key, the
+    same whether the epoch is gathered at once or batch by batch."""
+    cp = pytest.importorskip("cupy")
+    import fuseflow.data._batches as B
+    import fuseflow.data._device as D
+
+    if not cp.is_available():
+        pytest.skip("no CUDA device")
+    x, y = labelled(53)
+    x, y = cp.asarray(x), cp.asarray(y)
+    k = random.key(4)
+    runs = []
+    for limit in (B.EPOCH_GATHER_MAX_BYTES, 0):
+        monkeypatch.setattr(D, "EPOCH_GATHER_MAX_BYTES", limit)
+        out = list(ffd.device_batches(x, y, 8, key=k, drop_last=drop_last))
+        assert len(out) == ffd.num_batches(53, 8, drop_last)
+        for xb, yb in out:
+            np.testing.assert_array_equal(xb[:, 0].get(), yb.get())
+        runs.append(np.concatenate([yb.get() for _, yb in out]))
+    np.testing.assert_array_equal(runs[0], runs[1])
+    seen = runs[0]
+    assert len(set(seen.tolist())) == len(seen) == (48 if drop_last else 53)

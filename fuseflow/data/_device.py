@@ -3,14 +3,15 @@
 ``batches`` draws each epoch's order on the host (bit-identical across backends, which is
 what resuming and the CPU/GPU equivalence tests need) and copies it to the device once per
 epoch. ``device_batches`` draws the order on the device instead (CuPy's generator seeded
-from the key), for the fastest loop on a GPU: each batch is a gather from the resident
-arrays, nothing crosses the bus.
+from the key), for the fastest loop on a GPU: the epoch's rows are gathered from the
+resident arrays once (up to ``EPOCH_GATHER_MAX_BYTES``) and each batch is a slice; nothing
+crosses the bus.
 """
 
 from __future__ import annotations
 
 from fuseflow._namespace import namespace
-from fuseflow.data._batches import num_batches
+from fuseflow.data._batches import EPOCH_GATHER_MAX_BYTES, num_batches
 
 __all__ = ["device_batches"]
 
@@ -23,6 +24,14 @@ def device_batches(x, y, batch_size: int, *, key, drop_last: bool = True):
     xp = namespace(x)
     seed = (int(key[0]) << 32 | int(key[1])) % (2 ** 63)
     perm = xp.random.RandomState(seed).permutation(n)
-    for i in range(num_batches(n, batch_size, drop_last)):
-        idx = perm[i * batch_size:(i + 1) * batch_size]
-        yield x[idx], y[idx]
+    total = num_batches(n, batch_size, drop_last)
+    whole = x.nbytes + y.nbytes <= EPOCH_GATHER_MAX_BYTES
+    if whole:  # one gather for the epoch, then each batch a contiguous slice
+        perm = perm[:total * batch_size]
+        x, y = x[perm], y[perm]
+    for i in range(total):
+        rows = slice(i * batch_size, (i + 1) * batch_size)
+        if whole:
+            yield x[rows], y[rows]
+        else:
+            yield x[perm[rows]], y[perm[rows]]

@@ -110,9 +110,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         state = state._replace(params=comm.broadcast(state.params))
     else:
         comm = None
-    step_fn = make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype, comm=comm)
+    step_fn = _summing(make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype,
+                                 comm=comm))
     if compiled:
-        step_fn = _keyless(compile_step(step_fn))
+        step_fn = _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
     history = start_metrics(out_dir, state.epoch) if out_dir is not None else []
     saved, saved_epoch, final = None, state.epoch, None
     try:
@@ -141,10 +142,26 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     return FitResult(state=state, history=history, test=final, checkpoint=saved)
 
 
+def _summing(step_fn):
+    """``step(params, opt_state, sums, x, y, key=None) -> (params, opt_state, sums,
+    metrics)``: the step, then the epoch's running float64 sums of loss and accuracy times
+    the batch size, returned like the params. Compiled, they are added inside the graph: the
+    loop then runs no array operation of its own per step (on a GPU each would cost more
+    host time than a short step's whole GPU time)."""
+    def step(params, opt_state, sums, x, y, key=None):
+        params, opt_state, metrics = step_fn(params, opt_state, x, y, key=key)
+        loss = metrics["loss"]
+        xp = namespace(loss)
+        acc = metrics.get("accuracy", xp.zeros((), dtype=loss.dtype))
+        return params, opt_state, sums + xp.stack([loss, acc]).astype(sums.dtype) * len(x), \
+            metrics
+    return step
+
+
 def _keyless(compiled_step):
     """A compiled step takes positional arrays only; its model draws no random numbers."""
-    def step(params, opt_state, x, y, key=None):
-        return compiled_step(params, opt_state, x, y)
+    def step(params, opt_state, sums, x, y, key=None):
+        return compiled_step(params, opt_state, sums, x, y)
     step.takes_key = False  # the loop skips deriving a key per step (host time)
     return step
 
@@ -155,7 +172,8 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
     todo = min(len(x), steps_per_epoch * batch_size) - start * batch_size
     order_key = random.fold_in(state.data_key, epoch)
     takes_key = getattr(step_fn, "takes_key", True)
-    loss_sum = acc_sum = seen = 0
+    sums = namespace(tree.leaves(state.params)[0]).zeros(2, dtype=np.float64)  # loss, acc
+    seen = 0
     has_acc = False
     bar = tqdm(total=todo, desc=f"epoch {epoch + 1}/{epochs}", unit="sample", unit_scale=True,
                leave=False, disable=None if progress else True, dynamic_ncols=True)
@@ -166,15 +184,12 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
             if comm is not None:  # every rank sees the global batch and takes its share
                 xb, yb = comm.shard(xb, yb)
             key = random.fold_in(state.key, state.step) if takes_key else None
-            params, opt_state, metrics = step_fn(state.params, state.opt_state, xb, yb, key=key)
+            params, opt_state, sums, metrics = step_fn(state.params, state.opt_state, sums,
+                                                       xb, yb, key=key)
             state = state._replace(params=params, opt_state=opt_state, step=state.step + 1,
                                    batch_in_epoch=state.batch_in_epoch + 1)
             n = len(xb)
-            f64 = namespace(metrics["loss"]).float64
-            loss_sum = loss_sum + metrics["loss"].astype(f64) * n
-            if "accuracy" in metrics:
-                has_acc = True
-                acc_sum = acc_sum + metrics["accuracy"].astype(f64) * n
+            has_acc = has_acc or "accuracy" in metrics
             seen += n
             if on_step is not None:
                 on_step(state, metrics)
@@ -184,16 +199,18 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
             if not bar.disable and state.batch_in_epoch % log_every == 0:
                 bar.set_postfix({k: f"{float(v):.4f}" for k, v in metrics.items()},
                                 refresh=False)
+        # reading the sums waits for the device: the epoch's timing is honest
+        loss_sum, acc_sum = (float(v) for v in sums.tolist())
         if comm is not None:  # the epoch's means over every rank's shard
-            loss_sum, acc_sum = (comm.allreduce_mean(np.array([float(loss_sum), float(acc_sum)]))
+            loss_sum, acc_sum = (comm.allreduce_mean(np.array([loss_sum, acc_sum]))
                                  * comm.size)
             seen *= comm.size
-        train_loss = float(loss_sum) / seen  # waits for the device: the timing is honest
+        train_loss = loss_sum / seen
         seconds = time.perf_counter() - t0
     finally:
         bar.close()
     record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss,
-              "train_acc": float(acc_sum) / seen if has_acc else None,
+              "train_acc": acc_sum / seen if has_acc else None,
               "test_loss": None, "test_acc": None, "seconds": seconds,
               "samples_per_s": seen / seconds if seconds > 0 else None}
     return state._replace(epoch=epoch + 1, batch_in_epoch=0), record
