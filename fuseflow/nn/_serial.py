@@ -135,7 +135,7 @@ class Serial(Layer):
         if release_residuals and not isinstance(residuals, list):
             raise TypeError("Serial.backward: release_residuals=True needs residuals as a list "
                             "that the caller owns (list(residuals)), not a tuple")
-        with backend.of(dy, where=repr(self)).overlapping_wgrad():
+        with backend.of(dy, where="Serial.backward").overlapping_wgrad():
             return self._backward_stages(params, residuals, dy, need_input_grad,
                                          release_residuals)
 
