@@ -119,16 +119,17 @@ def test_compiled_step_overlapped_equals_one_stream(opt_name, monkeypatch):
 
 @gpu
 @pytest.mark.parametrize("case, expected", [("float32", 3), ("tf32", 0), ("float16", 0),
-                                            ("over_max_macs", 1)])
+                                            ("over_max_bytes", 1)])
 def test_auto_overlaps_small_full_float32_weight_gradients(case, expected, monkeypatch):
-    """"auto": full float32 only (TF32 steps measured slower overlapped), and only up to
-    ``overlap_max_macs`` (here set between the output layer's and the hidden layers')."""
+    """"auto": full float32 only (TF32 steps measured slower overlapped), and only inputs
+    of up to ``overlap_max_bytes`` (here set between the output layer's 522 KB and the
+    hidden layers' 1 MB and more)."""
     cp = _cuda()
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "overlap_wgrad", "auto")
     monkeypatch.setattr(be, "tf32", case == "tf32")
-    if case == "over_max_macs":
-        monkeypatch.setattr(be, "overlap_max_macs", 256 * 10 * 512)
+    if case == "over_max_bytes":
+        monkeypatch.setattr(be, "overlap_max_bytes", 600 * 1024)
     dtype = np.float16 if case == "float16" else np.float32
     model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
     _, params = model.init(ff.random.key(1), (784,))

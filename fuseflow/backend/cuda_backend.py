@@ -163,12 +163,14 @@ class CudaBackend(Backend):
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
         #: dense layers) run on a second stream beside the input-gradient chain
         #: (``_cuda_overlap``), FUSEFLOW_OVERLAP_WGRAD: "auto" (default) those in full
-        #: float32 of at most ``overlap_max_macs`` multiply-adds, True all, False none.
-        #: Measured on the H200 (docs/benchmarks.md): full-float32 steps of the small and
-        #: medium models 4-8% faster; TF32 medium steps 3-4% slower (their tensor-core
-        #: kernels already fill the GPU, and two of them slow each other down more).
+        #: float32 whose inputs (kept alive until the join) are at most
+        #: ``overlap_max_bytes``, True all, False none. Measured on the H200
+        #: (docs/benchmarks.md): full-float32 steps of the small and medium models 4-8%
+        #: faster; TF32 medium steps 3-4% slower (their tensor-core kernels already fill the
+        #: GPU, and two of them slow each other down more); the batch-8192 step no faster,
+        #: its compiled pool 0.96x -> 1.15x of what must be alive (a 134 MB input kept).
         self.overlap_wgrad = env_choice("FUSEFLOW_OVERLAP_WGRAD", AUTOTUNE_MODES, "auto")
-        self.overlap_max_macs = env_int("FUSEFLOW_OVERLAP_MAX_MACS", 2 ** 32)
+        self.overlap_max_bytes = env_int("FUSEFLOW_OVERLAP_MAX_BYTES", 2 ** 24)
         self._local = threading.local()  # .overlap: this thread's open OverlapScope
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
@@ -664,8 +666,7 @@ class CudaBackend(Backend):
         scope = getattr(self._local, "overlap", None)
         mode = self.overlap_wgrad
         if mode == "auto" and not (dy.dtype == np.float32 and not self.tf32 and
-                                   dy.shape[0] * dy.shape[1] * x.shape[1]
-                                   <= self.overlap_max_macs):
+                                   dy.nbytes + x.nbytes <= self.overlap_max_bytes):
             scope = None
         return self._linear_wgrad(dy, x, spec, scope)
 
