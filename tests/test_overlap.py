@@ -59,8 +59,12 @@ MODELS = {
     # a Dense subclass reading its grads in its backward stays on the main stream
     "subclass": (lambda: nn.Serial(nn.Dense(512, "relu"), DoubledGrads(512, "relu"),
                                    nn.Dense(10)), 300, 128),
+    # ... while the Dense above it, of the same shape, runs its weight gradient on the side
+    # stream at the same time: the two must not share a plan (and its workspace)
+    "shared_shape": (lambda: nn.Serial(nn.Dense(512, "relu"), DoubledGrads(512, "relu"),
+                                       nn.Dense(512, "relu"), nn.Dense(10)), 512, 1024),
 }
-OVERLAPPED = {"mlp": 3, "wide": 4, "nested": 1 + 2, "subclass": 2}
+OVERLAPPED = {"mlp": 3, "wide": 4, "nested": 1 + 2, "subclass": 2, "shared_shape": 3}
 
 
 @gpu

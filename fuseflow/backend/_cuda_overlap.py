@@ -18,7 +18,13 @@ fork, that is after everything the main stream had issued, including the block's
 One side stream per (device, main stream, host thread), made on first use and kept: a graph
 captured on a stream keeps its side nodes' per-stream resources (the arrival counters of
 ``_cuda_tickets``) to itself, as ``ff.compile`` gives every graph a capture stream of its
-own.
+own. (So every compiled signature and every training thread leaves one stream behind; a
+stream costs little, and a graph may replay for as long as its step lives.)
+
+A plan's cuBLASLt workspace is shared by every execution of that plan, so the backend keys
+the side stream's weight-gradient plans apart from the main stream's ("wgrad/side"): a
+layer whose weight gradient stays on the main stream (a Dense subclass, a custom layer)
+never runs the plan of a same-shaped overlapped one at the same time.
 """
 
 from __future__ import annotations
@@ -65,11 +71,16 @@ class OverlapScope:
         return side
 
     def join(self):
-        """Every forked-from stream waits for its side stream; the kept inputs are let go."""
-        try:
-            for device, main, side in self._forks.values():
+        """Every forked-from stream waits for its side stream (each one tried, the first
+        error raised after); the kept inputs are let go once all have been joined."""
+        error = None
+        for device, main, side in self._forks.values():
+            try:
                 with cupy.cuda.Device(device):
                     main.wait_event(_event_on(side))
-        finally:
-            self._forks.clear()
-            self._keep.clear()
+            except Exception as e:  # noqa: BLE001 - join the others, then raise it
+                error = error or e
+        self._forks.clear()
+        if error is not None:
+            raise error  # the inputs stay kept: a stream that did not join may still read
+        self._keep.clear()

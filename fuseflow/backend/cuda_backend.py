@@ -643,7 +643,7 @@ class CudaBackend(Backend):
                 return self._wgrad_impl(dy, x, spec)
             with scope.fork(dy, x):  # the side stream, current inside
                 self._counters["overlapped_wgrad"] += 1
-                return self._wgrad_impl(dy, x, spec)
+                return self._wgrad_impl(dy, x, spec, stage="wgrad/side")
 
         return self._guard(op, run, {"dy": dy, "x": x}, outputs)
 
@@ -670,7 +670,10 @@ class CudaBackend(Backend):
             scope = None
         return self._linear_wgrad(dy, x, spec, scope)
 
-    def _wgrad_impl(self, dy, x, spec):
+    def _wgrad_impl(self, dy, x, spec, stage="wgrad"):
+        """``stage`` names the plan-cache entries: a plan's cuBLASLt workspace must not be
+        used by two streams at once, so weight gradients on a side stream ("wgrad/side")
+        never share a plan with those on the main stream."""
         if self._skinny("wgrad", dy.shape[1], None):
             return S.wgrad(dy, x, bgrad=spec.bias)
         if not spec.bias and self._own_gemm(dy.dtype) and \
@@ -678,11 +681,11 @@ class CudaBackend(Backend):
             self._counters["own_gemm"] += 1
             return G.wgrad(dy, x), None
         if spec.bias:
-            res = self._matmul("wgrad", "BGRADB", x.T, dy, {})
+            res = self._matmul(stage, "BGRADB", x.T, dy, {})
             if res is not None:
                 d, auxd = res
                 return self._contig("dw", d.T), auxd["bgradb"]
-        d, _ = self._matmul("wgrad", None, x.T, dy, {})
+        d, _ = self._matmul(stage, None, x.T, dy, {})
         return self._contig("dw", d.T), (self._sum_rows(dy) if spec.bias else None)
 
     # ---- activations -----------------------------------------------------------------------

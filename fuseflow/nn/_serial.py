@@ -129,7 +129,8 @@ class Serial(Layer):
         """``release_residuals=True`` (the caller hands over a list it owns, e.g.
         ``value_and_grad``): each stage's entries are set to None as it runs and a dense
         stage drops its saved input once its weight gradient is done, so saved activations
-        are freed as the backward goes down (the input gradient reuses their memory)."""
+        are freed as the backward goes down (the input gradient reuses their memory; an
+        input whose weight gradient runs on the side stream is freed at the join)."""
         self._check_tree(params, "params")
         self._check_tree(residuals, "residuals")
         if release_residuals and not isinstance(residuals, list):

@@ -41,7 +41,9 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
     ``release_input=True`` (the residuals dict is the caller's to consume) removes the saved
     input from it once the weight gradient is done, so that its memory can hold ``dx``.
     ``overlap_wgrad=True`` (the caller reads the grads only after its
-    ``overlapping_wgrad()`` scope ends) lets the weight gradient overlap the input gradient.
+    ``overlapping_wgrad()`` scope ends) lets the weight gradient overlap the input gradient;
+    the backend then keeps the input alive until the scope ends, not just until the weight
+    gradient is issued.
     """
     w, has_bias = params["w"], "b" in params
     x = residuals.pop("x") if release_input else residuals["x"]
