@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The 2026-12-03 evening session's verification call: every GPU test, the command line's
+# The 2026-12-03 third session's verification call (pytest needed more than its first
+# 240 s limit; now 300): every GPU test, the command line's
 # training runs (float32 and float16, per-epoch samples/s in metrics.jsonl), fuseflow's
 # peers numbers for all models with time to 98%, JAX's small and medium models in the same
 # call, and the kernel profile of each benchmark step. Results: $OUT/results-s6.tgz.
 set -uo pipefail
 TAG=s6
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=12 run pytest_gpu 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
+TAILN=12 run pytest_gpu 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
 TAILN=8 run train_cuda_fp32 60 python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
 TAILN=8 run train_cuda_fp16 60 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
 cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
