@@ -343,7 +343,6 @@ def test_device_batches_cover_the_epoch_in_the_device_order(drop_last, monkeypat
     same whether the epoch is gathered at once or batch by batch."""
     cp = pytest.importorskip("cupy")
     import fuseflow.data._batches as B
-    import fuseflow.data._device as D
 
     if not cp.is_available():
         pytest.skip("no CUDA device")
@@ -352,7 +351,7 @@ def test_device_batches_cover_the_epoch_in_the_device_order(drop_last, monkeypat
     k = random.key(4)
     runs = []
     for limit in (B.EPOCH_GATHER_MAX_BYTES, 0):
-        monkeypatch.setattr(D, "EPOCH_GATHER_MAX_BYTES", limit)
+        monkeypatch.setattr(B, "EPOCH_GATHER_MAX_BYTES", limit)
         out = list(ffd.device_batches(x, y, 8, key=k, drop_last=drop_last))
         assert len(out) == ffd.num_batches(53, 8, drop_last)
         for xb, yb in out:

@@ -62,16 +62,24 @@ def batches(x, y, batch_size: int, *, key=None, shuffle: bool = True,
 
 
 def _generate(x, y, batch_size, order, start_batch, total):
-    if order is not None:  # each array is indexed by a copy of the order on its own device
-        order = order[start_batch * batch_size: total * batch_size]
-        x_order, y_order = namespace(x).asarray(order), namespace(y).asarray(order)
-        if x.nbytes + y.nbytes <= EPOCH_GATHER_MAX_BYTES:
-            x, y = x[x_order], y[y_order]  # the rest of the epoch, in order
-            order = None
-        start_batch, total = 0, total - start_batch
-    for i in range(start_batch, total):
-        rows = slice(i * batch_size, (i + 1) * batch_size)
-        if order is None:
+    if order is None:
+        for i in range(start_batch, total):
+            rows = slice(i * batch_size, (i + 1) * batch_size)
             yield x[rows], y[rows]
-        else:
-            yield x[x_order[rows]], y[y_order[rows]]
+        return
+    order = order[start_batch * batch_size: total * batch_size]
+    # each array is indexed by a copy of the order on its own device
+    yield from in_order(x, y, namespace(x).asarray(order), namespace(y).asarray(order),
+                        batch_size)
+
+
+def in_order(x, y, x_order, y_order, batch_size):
+    """Batches of ``batch_size`` rows of x and y taken in ``x_order``/``y_order`` (the same
+    indices, each on its array's device): the rows gathered once, then sliced, when the data
+    set is at most ``EPOCH_GATHER_MAX_BYTES``; else gathered batch by batch."""
+    whole = x.nbytes + y.nbytes <= EPOCH_GATHER_MAX_BYTES
+    if whole:
+        x, y = x[x_order], y[y_order]
+    for start in range(0, len(x_order), batch_size):
+        rows = slice(start, start + batch_size)
+        yield (x[rows], y[rows]) if whole else (x[x_order[rows]], y[y_order[rows]])

@@ -11,7 +11,7 @@ crosses the bus.
 from __future__ import annotations
 
 from fuseflow._namespace import namespace
-from fuseflow.data._batches import EPOCH_GATHER_MAX_BYTES, num_batches
+from fuseflow.data._batches import in_order, num_batches
 
 __all__ = ["device_batches"]
 
@@ -24,14 +24,5 @@ def device_batches(x, y, batch_size: int, *, key, drop_last: bool = True):
     xp = namespace(x)
     seed = (int(key[0]) << 32 | int(key[1])) % (2 ** 63)
     perm = xp.random.RandomState(seed).permutation(n)
-    total = num_batches(n, batch_size, drop_last)
-    whole = x.nbytes + y.nbytes <= EPOCH_GATHER_MAX_BYTES
-    if whole:  # one gather for the epoch, then each batch a contiguous slice
-        perm = perm[:total * batch_size]
-        x, y = x[perm], y[perm]
-    for i in range(total):
-        rows = slice(i * batch_size, (i + 1) * batch_size)
-        if whole:
-            yield x[rows], y[rows]
-        else:
-            yield x[perm[rows]], y[perm[rows]]
+    perm = perm[:num_batches(n, batch_size, drop_last) * batch_size]
+    yield from in_order(x, y, perm, perm, batch_size)
