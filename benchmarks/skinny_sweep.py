@@ -97,7 +97,7 @@ def skinny_rows(cp, S):
                 for stage in (None, False) if default else (None,):
                     us = graph_us(lambda r=r, pr=pr, st=stage: S.wgrad(
                         dy, x, bgrad=True, rows=r, per_round=pr, stage=st))
-                    red = 8 * pr * (32 * v + 1) * 4
+                    red = S.wgrad_shared_bytes(v, dtype, pr)
                     rows.append({**base, "kernel": "wgrad", "rows_per_chunk": r,
                                  "chunks": -(-batch // r), "per_round": pr, "V": v, "us": us,
                                  "dy_staged": stage is None and
@@ -122,7 +122,7 @@ def skinny_rows(cp, S):
             for stage in (None, False) if rpt == default_rpt else (None,):
                 us = graph_us(lambda rpt=rpt, st=stage: S.dgrad(
                     dy, w, aux, aux.shape[0], bgrad=True, rpt=rpt, stage=st))
-                red = 8 * (32 * v + 1) * 4
+                red = S.dgrad_shared_bytes(v, dtype, bgrad=True)
                 rows.append({**base, "kernel": "dgrad", "rows_per_thread": rpt,
                              "chunks": max(1, -(-batch // (8 * rpt))), "V": v, "us": us,
                              "dy_staged": stage is None and

@@ -420,8 +420,8 @@ def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, ve
         check_close(f"dbx rpt={rpt}", dbx, dbx_ref, dtype, rng.seed)
         dx2, dbx2 = S.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rpt=rpt)
         assert (host(dx2) == host(dx)).all() and (host(dbx2) == host(dbx)).all()
-        red = 8 * (32 * v + 1) * np.dtype(S._acc(np.dtype(dtype))).itemsize  # as dgrad's
-        staged += S.stage_bytes(min(8 * rpt, batch), fout, dtype, red) > 0
+        staged += S.stage_bytes(min(8 * rpt, batch), fout, dtype,
+                                S.dgrad_shared_bytes(v, dtype, bgrad=True)) > 0
     assert staged  # the shared-memory path ran
     with pytest.raises(ValueError, match="do not fit in shared memory"):
         S.stage_bytes(10 ** 4, fout, dtype, 0, stage=True)

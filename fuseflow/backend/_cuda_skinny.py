@@ -423,6 +423,16 @@ _SMEM_LIMIT = 48 * 1024
 STAGE_MAX_BLOCK_BYTES = 32 * 1024
 
 
+def dgrad_shared_bytes(v: int, dtype, bgrad: bool) -> int:
+    """The input gradient's static shared memory: its ``red`` array of bias-gradient sums."""
+    return (8 if bgrad else 1) * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
+
+
+def wgrad_shared_bytes(v: int, dtype, per_round: int) -> int:
+    """The weight gradient's static shared memory: 8 row groups x R outputs of sums."""
+    return 8 * per_round * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
+
+
 def stage_bytes(rows: int, n: int, dtype, static_bytes: int, stage=None) -> int:
     """Dynamic shared memory for a block's ``rows`` rows of dy (STAGE_DY), or 0 for none:
     staged where the block's shared memory, the kernel's static ``static_bytes`` included,
@@ -454,8 +464,8 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None, stage=None):
             db.fill(0)
         return dx, db
     if features:
-        red = (8 if bgrad else 1) * (32 * v + 1) * np.dtype(_acc(dy.dtype)).itemsize
-        dyn = stage_bytes(min(8 * rpt, batch), n, dy.dtype, red, stage)
+        dyn = stage_bytes(min(8 * rpt, batch), n, dy.dtype,
+                          dgrad_shared_bytes(v, dy.dtype, bgrad), stage)
         kern = _kernel("skinny_dgrad", dy.dtype, n, DRELU=aux is not None, BGRAD=bgrad, V=v,
                        STAGE_DY=dyn > 0)
         kern((-(-features // (32 * v)), chunks), (32, 8),
@@ -471,8 +481,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None, stage=None):
 def outputs_per_round(n, v, dtype, limit=WGRAD_SMEM_BYTES):
     """R of the weight gradient's block sums: as many as ``limit`` bytes of shared memory
     hold (``WGRAD_SMEM_BYTES``; 48 KB is the most a kernel may declare)."""
-    per_output = 8 * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
-    return max(1, min(n, limit // per_output))
+    return max(1, min(n, limit // wgrad_shared_bytes(v, dtype, 1)))
 
 
 def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None, stage=None):
@@ -499,8 +508,7 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None, stage=None):
         raise ValueError(f"skinny wgrad: per_round={per_round} is outside 1..{most} for {n} "
                          f"outputs and V={v} (48 KB of shared memory)")
     r = per_round or outputs_per_round(n, v, dy.dtype)
-    red = 8 * r * (32 * v + 1) * np.dtype(_acc(dy.dtype)).itemsize
-    dyn = stage_bytes(min(rows, batch), n, dy.dtype, red, stage)
+    dyn = stage_bytes(min(rows, batch), n, dy.dtype, wgrad_shared_bytes(v, dy.dtype, r), stage)
     kern = _kernel("skinny_wgrad", dy.dtype, n, BGRADB=bgrad, V=v, R=r, STAGE_DY=dyn > 0)
     kern((-(-fc // (32 * v)), chunks), (32, 8),
          (dy, x, part if part is not None else np.uintp(0), dw,
