@@ -53,7 +53,7 @@ def metadata(*libs):
             "versions": versions("numpy", "fuseflow", *libs),
             # the settings a run was made under (FUSEFLOW_OVERLAP_WGRAD=0, ...)
             "settings": {k: v for k, v in sorted(os.environ.items())
-                         if k.startswith("FUSEFLOW_") and k != "FUSEFLOW_DATA"}}
+                         if k.startswith("FUSEFLOW_")}}
 
 
 def write_json(path, payload):

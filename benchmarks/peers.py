@@ -505,7 +505,6 @@ def main():
                   **metadata("cupy", "nvmath", "jax", "optax", "torch"),
                   **globals()["worker_" + args.worker](args)}
         tag = f"_{args.tag}" if args.tag else ""
-        result["env"] = {k: v for k, v in os.environ.items() if k.startswith("FUSEFLOW_")}
         write_json(os.path.join(args.out, f"peers_{args.worker}{tag}.json"), result)
         return
     for w in args.workers.split(","):
