@@ -152,7 +152,7 @@ def _summing(step_fn):
         params, opt_state, metrics = step_fn(params, opt_state, x, y, key=key)
         loss = metrics["loss"]
         xp = namespace(loss)
-        acc = metrics.get("accuracy", xp.zeros((), dtype=loss.dtype))
+        acc = metrics["accuracy"] if "accuracy" in metrics else xp.zeros((), loss.dtype)
         return params, opt_state, sums + xp.stack([loss, acc]).astype(sums.dtype) * len(x), \
             metrics
     return step
