@@ -34,15 +34,14 @@ import threading
 import cupy
 
 _SIDE_STREAMS: dict = {}
-_LOCK = threading.Lock()
 
 
 def _side_stream(device: int, main) -> cupy.cuda.Stream:
+    # the key holds the calling thread: no other thread ever makes this entry (no lock)
     key = (device, main.ptr, threading.get_ident())
     side = _SIDE_STREAMS.get(key)
     if side is None:
-        with _LOCK:
-            side = _SIDE_STREAMS.setdefault(key, cupy.cuda.Stream(non_blocking=True))
+        side = _SIDE_STREAMS[key] = cupy.cuda.Stream(non_blocking=True)
     return side
 
 
