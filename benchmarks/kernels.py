@@ -9,7 +9,9 @@ Times (CUDA events around each call, median of ``--repeat``; cupyx.profiler.benc
   cuBLASLt for reference;
 - the multi-tensor Adam update over 784-4096-4096-10's params (float32) for several grid
   caps (``_cuda_fused.BLOCKS_PER_SM``);
-- the params (+ batch) cast to float16 and the finiteness check of float32 grads.
+- the finiteness check of float32 grads, and mixed precision's kernels (params + batch
+  cast to float16, finiteness of scaled float16 grads, Adam from them) with 4 elements per
+  thread against 16 bytes per access of the 16-bit arrays (``_cuda_fused.VECTOR_BYTES``).
 Each row carries the bytes it must move and the resulting GB/s. JSON out.
 """
 
@@ -92,11 +94,6 @@ def multi_tensor_rows(cp, F, repeat):
         print(json.dumps(rows[-1]), flush=True)
     F.BLOCKS_PER_SM = default
     x = cp.random.default_rng(2).standard_normal((8192, 784), dtype=np.float32)
-    for name, leaves in (("params cast", params), ("params + batch cast", [*params, x])):
-        k = sum(a.size for a in leaves)
-        us = median_us(lambda: F.multi_tensor_cast(leaves, np.float16), repeat)
-        rows.append({"kernel": name, "elements": k, "us": us, "GB/s": 6 * k / us / 1e3})
-        print(json.dumps(rows[-1]), flush=True)
     us = median_us(lambda: x.astype(np.float16), repeat)
     rows.append({"kernel": "batch cast (CuPy astype)", "elements": x.size, "us": us,
                  "GB/s": 6 * x.size / us / 1e3})
@@ -104,6 +101,31 @@ def multi_tensor_rows(cp, F, repeat):
     rows.append({"kernel": "all_finite float32 grads", "elements": n, "us": us,
                  "GB/s": 4 * n / us / 1e3})
     print(json.dumps(rows[-1]), flush=True)
+    # mixed precision's kernels, 4 elements per thread (vector_bytes 8) against 16 bytes
+    # per access of the 16-bit arrays (8 elements)
+    g16 = [g.astype(np.float16) for g in grads]
+    inv = cp.asarray(1 / 1024, dtype=cp.float32)
+    default = F.VECTOR_BYTES
+    for vb in (8, 16):
+        F.VECTOR_BYTES = vb
+        for name, leaves in (("params cast", params), ("params + batch cast", [*params, x])):
+            k = sum(a.size for a in leaves)
+            us = median_us(lambda: F.multi_tensor_cast(leaves, np.float16), repeat)
+            rows.append({"kernel": name, "vector_bytes": vb, "elements": k, "us": us,
+                         "GB/s": 6 * k / us / 1e3})
+            print(json.dumps(rows[-1]), flush=True)
+        us = median_us(lambda: F.multi_tensor_all_finite(g16, scale=inv), repeat)
+        rows.append({"kernel": "all_finite float16 grads, scaled", "vector_bytes": vb,
+                     "elements": n, "us": us, "GB/s": 2 * n / us / 1e3})
+        print(json.dumps(rows[-1]), flush=True)
+        ok = cp.ones((), dtype=cp.bool_)
+        us = median_us(lambda: F.multi_tensor_update(
+            "adam", params, g16, [m, v], step_const=-1e-3, count=count, b1=0.9, b2=0.999,
+            eps=1e-8, in_place=True, finite=ok, grad_scale=inv), repeat)
+        rows.append({"kernel": "adam update, float16 grads, scaled", "vector_bytes": vb,
+                     "elements": n, "us": us, "GB/s": (6 * 4 + 2) * n / us / 1e3})
+        print(json.dumps(rows[-1]), flush=True)
+    F.VECTOR_BYTES = default
     return rows
 
 

@@ -37,13 +37,16 @@ WORKERS = ("fuseflow", "jax", "torch", "hand_nvmath")
 
 
 SELECTED = list(MODELS)
+#: precisions to run (``--precisions``); "16bit" stands for each framework's low precision
+PRECISIONS = ["fp32", "tf32", "16bit"]
 
 
 def configs(low_precision):
     for model in SELECTED:
         for opt in ("sgd", "adam"):
             for prec in ("fp32", "tf32") + ((low_precision,) if model.endswith("4096-10") else ()):
-                yield model, opt, prec
+                if (prec if prec in ("fp32", "tf32") else "16bit") in PRECISIONS:
+                    yield model, opt, prec
 
 
 def median_step_us(step, sync, steps, repeats):
@@ -493,6 +496,8 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. autotune)")
     ap.add_argument("--no-mnist", action="store_true", help="skip the time-to-98%% runs")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help="comma-separated subset of fp32,tf32,16bit")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--torch-compile-models", default="784-1024-1024-10",
                     help="models (comma-separated, or 'all') timed with torch.compile, fp32 only: "
@@ -500,6 +505,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     SELECTED[:] = [m for m in args.models.split(",") if m in MODELS]
+    PRECISIONS[:] = [p for p in args.precisions.split(",") if p in PRECISIONS]
     if args.worker:
         result = {"benchmark": "peers", "framework": args.worker,
                   **metadata("cupy", "nvmath", "jax", "optax", "torch"),
@@ -511,6 +517,8 @@ def main():
         cmd = [sys.executable, __file__, "--worker", w, "--out", args.out]
         cmd += ["--quick"] * args.quick + ["--no-torch-compile"] * args.no_torch_compile
         cmd += ["--torch-compile-models", args.torch_compile_models]
+        cmd += ["--models", args.models, "--precisions", args.precisions]
+        cmd += ["--no-mnist"] * args.no_mnist
         cmd += ["--data-dir", args.data_dir] if args.data_dir else []
         print("==", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=False)

@@ -37,11 +37,15 @@ def _check_batch(name, outputs, targets):
                         "the same batch (x[i:j] with y[i:j]).")
 
 
-def softmax_cross_entropy(logits, labels, *, check=True):
+def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_dtype=None):
     """Mean cross-entropy of softmax(logits) against integer class labels.
 
     ``check=False`` skips the label range check (which reads the labels back from the GPU;
-    it is skipped by itself while a compiled step is captured).
+    it is skipped by itself while a compiled step is captured). ``grad_scale`` (a 0-d
+    float32 array) and ``grad_dtype``: the gradient comes back as
+    ``(g * grad_scale).astype(grad_dtype)``, g being the float32 gradient of
+    ``logits.astype(float32)``; ``ff.mixed_precision`` asks for its scaled 16-bit loss
+    gradient this way, which on the GPU is the same kernel launch as the loss.
     """
     _check_batch("softmax_cross_entropy", logits, labels)
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
@@ -56,7 +60,7 @@ def softmax_cross_entropy(logits, labels, *, check=True):
                             f"{classes} logits, got values in [{lo}, {hi}]. Fix: give the last "
                             "Dense as many features as there are classes.")
     return backend.of(logits, labels, where="softmax_cross_entropy").softmax_cross_entropy(
-        logits, labels)
+        logits, labels, grad_scale, grad_dtype)
 
 
 def mse(outputs, targets):

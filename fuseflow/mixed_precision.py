@@ -25,6 +25,7 @@ does this).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -66,6 +67,7 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
     (for ``update_and_apply_scaled``, or ``unscale``).
     """
     cd = _compute_dtype(compute_dtype)
+    scales_grad = _takes_grad_scale(loss_fn)
 
     def f(params, x, y, *, loss_scale=1.0, key=None):
         leaves, treedef = tree.flatten(params)
@@ -76,17 +78,31 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
         x_low = cast[-1] if with_x else x.astype(cd, copy=False)
         out, residuals = model.forward(low, x_low, key=key, train=True)
         xp = namespace(out)
-        loss, dout = loss_fn(out.astype(xp.float32), y)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
+        if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled 16-bit grad
+            loss, dlow = loss_fn(out, y, grad_scale=scale, grad_dtype=cd)
+        else:
+            loss, dout = loss_fn(out.astype(xp.float32), y)
+            dlow = (dout * scale).astype(cd)
         owned = _own_residuals(model, residuals)
         del residuals  # a Serial backward frees each layer's saved arrays once used
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
-            grads, _ = _backward(model, low, owned, (dout * scale).astype(cd),
-                                 need_input_grad=False)
+            grads, _ = _backward(model, low, owned, dlow, need_input_grad=False)
         if unscaled:
             grads = unscale(grads, params, scale)
         return ((loss, out) if with_outputs else loss), grads
     return f
+
+
+def _takes_grad_scale(loss_fn) -> bool:
+    """The loss can return its gradient scaled and cast (``grad_scale``, ``grad_dtype``
+    keywords, as ``ff.losses.softmax_cross_entropy``): then it computes the float32 loss
+    from 16-bit outputs itself, and no separate cast, multiply and cast run."""
+    try:
+        params = inspect.signature(loss_fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "grad_scale" in params and "grad_dtype" in params
 
 
 def unscale(grads, params, loss_scale):

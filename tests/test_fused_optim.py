@@ -202,31 +202,43 @@ def test_loss_scaled_update_skips_overflowing_steps_on_numpy():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vector_bytes", [8, 16])
 @pytest.mark.parametrize("src", [np.float16, np.float32, np.float64])
-def test_multi_tensor_cast_and_all_finite_match_per_leaf_ops(src):
+def test_multi_tensor_cast_and_all_finite_match_per_leaf_ops(src, vector_bytes, monkeypatch):
     """Mixed precision's one-launch helpers: the casts (scaled ones in float32, bit for bit
-    like ``g.astype(float32) * inv``) and the finiteness flag with an inf or nan anywhere."""
+    like ``g.astype(float32) * inv``) and the finiteness flag with an inf or nan anywhere:
+    in a full vector, in a tensor's partial last vector, in a misaligned tensor (scalar
+    path); with 4 elements per thread (vector_bytes=8) and 16 bytes per access."""
     if not ff.backend.cuda_available():
         pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
     import cupy
 
+    from fuseflow.backend import _cuda_fused
+
+    monkeypatch.setattr(_cuda_fused, "VECTOR_BYTES", vector_bytes)
     rng = np.random.default_rng()
     leaves = [cupy.asarray((rng.standard_normal(s) * 100).astype(src))
-              for s in [(7, 5), (7,), (3, 4, 2), (1000, 33)]]
-    for dst in (np.float16, np.float32):
-        got = ff.backend.multi_tensor_cast(leaves, dst)
-        for g, a in zip(got, leaves):
-            assert g.dtype == dst and g.shape == a.shape
-            np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(a).astype(dst))
-    inv = cupy.asarray(1 / 1024, dtype=cupy.float32)
-    for g, a in zip(ff.backend.multi_tensor_cast(leaves, np.float32, inv), leaves):
-        np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(a.astype(np.float32) * inv))
-    assert bool(ff.backend.all_finite(leaves))
-    for bad in (np.inf, -np.inf, np.nan):
-        for k in range(len(leaves)):
-            broken = [a.copy() for a in leaves]
-            broken[k].ravel()[rng.integers(broken[k].size)] = bad
-            assert not bool(ff.backend.all_finite(broken)), (bad, k)
+              for s in [(7, 5), (7,), (3, 4, 2), (1000, 33), (64,)]]
+    misaligned = [cupy.asarray((rng.standard_normal(4099) * 100).astype(src))[1:]]
+    for group in (leaves, misaligned, leaves + misaligned):
+        for dst in (np.float16, np.float32):
+            got = ff.backend.multi_tensor_cast(group, dst)
+            for g, a in zip(got, group):
+                assert g.dtype == dst and g.shape == a.shape
+                np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(a).astype(dst))
+        inv = cupy.asarray(1 / 1024, dtype=cupy.float32)
+        for g, a in zip(ff.backend.multi_tensor_cast(group, np.float32, inv), group):
+            np.testing.assert_array_equal(cupy.asnumpy(g),
+                                          cupy.asnumpy(a.astype(np.float32) * inv))
+        assert bool(ff.backend.all_finite(group))
+        for bad in (np.inf, -np.inf, np.nan):
+            for k in range(len(group)):
+                flat = group[k].reshape(-1)  # a view: the misaligned one stays misaligned
+                for at in (0, flat.size - 1, int(rng.integers(flat.size))):
+                    kept = flat[at].copy()
+                    flat[at] = bad
+                    assert not bool(ff.backend.all_finite(group)), (bad, k, at)
+                    flat[at] = kept
 
 
 def scaled_run(xp, opt, steps=20, overflow_at=(3, 11), scaled=True):

@@ -311,6 +311,64 @@ def test_fused_softmax_xent_matches_numpy(nb, rng, dtype, batch, classes):
         check_close("dlogits", grad, grad_ref, dtype, rng.seed)
 
 
+@pytest.mark.parametrize("batch", [7, 1025])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=lambda d: np.dtype(d).name)
+def test_scaled_softmax_xent_equals_the_unfused_composition(nb, rng, dtype, batch):
+    """Mixed precision's loss gradient from the loss kernel itself (grad_scale, grad_dtype):
+    bit for bit the float32 kernel's gradient of the float32-cast logits, times the scale
+    in float32, cast to the 16-bit dtype (the three launches it replaces); the NumPy
+    reference computes that composition too."""
+    import cupy
+
+    cb = CudaBackend(tf32=False)
+    logits = normal(rng, (batch, 10), dtype, 3.0)
+    labels = rng.integers(0, 10, batch).astype(np.int64)
+    scale = cupy.asarray(2.0 ** 13, dtype=cupy.float32)
+    loss32, g32 = cb.softmax_cross_entropy(dev(logits).astype(np.float32), dev(labels))
+    want = (g32 * scale).astype(np.float16)
+    loss, got = cb.softmax_cross_entropy(dev(logits), dev(labels), scale, np.float16)
+    assert got.dtype == np.float16 and got.shape == logits.shape
+    np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
+    assert float(loss) == float(loss32)
+    loss_ref, g_ref = nb.softmax_cross_entropy(logits, labels, np.float32(2.0 ** 13),
+                                               np.float16)
+    assert g_ref.dtype == np.float16
+    check_close("scaled dlogits", got, g_ref, np.float16, rng.seed)
+
+
+def test_mixed_precision_loss_gradient_in_the_loss_kernel(rng):
+    """``ff.mixed_precision.value_and_grad`` with softmax_cross_entropy asks the loss for
+    its scaled float16 gradient (one launch); a loss without those keywords runs the cast,
+    multiply and cast. Same loss and same grads, bit for bit."""
+    import cupy
+
+    import fuseflow as ff
+    from fuseflow import mixed_precision as mp
+
+    model = ff.nn.Serial(ff.nn.Dense(64, activation="relu"), ff.nn.Dense(10))
+    _, params = model.init(ff.random.key(3), (20,))
+    params = ff.device_put(params, "cuda")
+    x = dev(normal(rng, (300, 20), np.float32))
+    y = dev(rng.integers(0, 10, 300).astype(np.int64))
+    scale = cupy.asarray(2.0 ** 12, dtype=cupy.float32)
+
+    def plain(logits, labels):
+        return ff.losses.softmax_cross_entropy(logits, labels)
+
+    assert mp._takes_grad_scale(ff.losses.softmax_cross_entropy)
+    assert not mp._takes_grad_scale(plain)
+    be = ff.backend.get("cuda")
+    be.reset_stats()
+    fused = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, unscaled=False)
+    loss_a, grads_a = fused(params, x, y, loss_scale=scale)
+    loss_b, grads_b = mp.value_and_grad(model, plain, unscaled=False)(params, x, y,
+                                                                       loss_scale=scale)
+    assert float(loss_a) == float(loss_b)
+    for a, b in zip(ff.tree.leaves(grads_a), ff.tree.leaves(grads_b)):
+        assert a.dtype == np.float16
+        np.testing.assert_array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
+
+
 def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
     """Forward/wgrad with <= 32 outputs and dgrad with <= 32 gradient columns run the skinny
     kernels (counted); GELU and wider layers run cuBLASLt. A 40-unit ReLU layer (cuBLASLt)

@@ -89,6 +89,9 @@ def _generated_sources(monkeypatch):
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)
+                if dt != np.float64:  # mixed precision's scaled 16-bit / float32 gradient
+                    F._xent_kernel(dt, np.dtype(labels), classes,
+                                   np.dtype(np.float32 if dt == np.float16 else np.float16))
         ct, wt = F._CTYPES[dt], ("double" if dt == np.float64 else "float")
         for kind, aligned, count in itertools.product(("sgd", "momentum", "adam"),
                                                       (True, False), (1, 6, 14)):
@@ -96,13 +99,15 @@ def _generated_sources(monkeypatch):
             decays = tuple(i % 2 == 0 for i in range(count))
             F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum", aligned)
             if dt == np.float32:  # mixed precision: scaled 16-bit grads of float32 params
-                F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
-                                       aligned, "__half", True)
+                for width in (4, 8):
+                    F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
+                                           aligned, "__half", True, width)
         for dst in map(np.dtype, (np.float16, np.float32, np.float64)):
             for scaled in (False, True):
-                F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True)
+                F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True,
+                               F.vector_width(dt, dst))
         for scaled in (False, True):
-            F._finite_kernel(ct, tuple(range(3, 17)), True, scaled)
+            F._finite_kernel(ct, tuple(range(3, 17)), True, scaled, F.vector_width(dt))
     F._next_loss_scale_kernel()
     for (ak, bk), warps, split in itertools.product(((1, 1), (1, 0), (0, 0)),
                                                     ((2, 2), (4, 1)), (0, 1)):

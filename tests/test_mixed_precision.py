@@ -68,3 +68,20 @@ def test_scale_grows_after_good_steps_and_training_converges():
     assert all(p.dtype == np.float32 for p in ff.tree.leaves(params))
     assert losses[-1] < 0.05
     assert losses[0] > 2.0
+
+
+def test_loss_gradient_scaled_by_the_loss_equals_the_composition():
+    """softmax_cross_entropy's grad_scale/grad_dtype (what mixed precision asks for) on
+    NumPy: the float32 gradient of the float32-cast logits, times the scale, cast."""
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((9, 10)) * 3).astype(np.float16)
+    y = rng.integers(0, 10, 9)
+    scale = np.asarray(2.0 ** 12, dtype=np.float32)
+    loss32, g32 = ff.losses.softmax_cross_entropy(logits.astype(np.float32), y)
+    loss, g = ff.losses.softmax_cross_entropy(logits, y, grad_scale=scale,
+                                              grad_dtype=np.float16)
+    assert g.dtype == np.float16 and float(loss) == float(loss32)
+    np.testing.assert_array_equal(g, (g32 * scale).astype(np.float16))
+    from fuseflow.train._labels import unchecked_cross_entropy  # what fit and the CLI use
+
+    assert mp._takes_grad_scale(unchecked_cross_entropy)  # through the partial

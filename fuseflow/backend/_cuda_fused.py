@@ -21,6 +21,8 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow.backend._env import env_int
+
 _CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
            np.dtype(np.float64): "double"}
 _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
@@ -33,6 +35,10 @@ _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
 # is a warp-shuffle reduction plus one pass over the warps' sums (one barrier, not log2(n)).
 _XENT = r"""
 #define FULL 0xffffffffu
+// the gradient times the loss scale, rounded once (never contracted into an FMA)
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+#define GRAD(x) ((D)(gscale ? mul_rn((ACC)(x), (ACC)gscale[0]) : (ACC)(x)))
 __device__ __forceinline__ ACC warp_sum(ACC v) {
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
@@ -41,14 +47,14 @@ __device__ __forceinline__ ACC warp_sum(ACC v) {
 
 extern "C" __global__ void __launch_bounds__(XENT_THREADS) xent(const T* logits,
                                 const L* labels, int n, int c,
-                                T* dlogits, ACC* loss) {
+                                D* dlogits, ACC* loss, const float* gscale) {
     __shared__ ACC partial[32];
     ACC acc = 0;
     const ACC inv_n = (ACC)1 / (ACC)n;
     const int stride = gridDim.x == 1 ? blockDim.x : n;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const T* z = logits + (long long)i * c;
-        T* d = dlogits + (long long)i * c;
+        D* d = dlogits + (long long)i * c;
         const int y = (int)labels[i];
 #if C > 0
         ACC e[C];
@@ -68,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(XENT_THREADS) xent(const T* logits,
         const ACC r = (ACC)1 / s;
         #pragma unroll
         for (int j = 0; j < C; ++j)
-            d[j] = (T)((e[j] * r - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
+            d[j] = GRAD((e[j] * r - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
 #else
         ACC m = (ACC)z[0];
         for (int j = 1; j < c; ++j) m = max(m, (ACC)z[j]);
@@ -76,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(XENT_THREADS) xent(const T* logits,
         for (int j = 0; j < c; ++j) s += exp((ACC)z[j] - m);
         acc += log(s) - ((ACC)z[y] - m);
         for (int j = 0; j < c; ++j)
-            d[j] = (T)((exp((ACC)z[j] - m) / s - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
+            d[j] = GRAD((exp((ACC)z[j] - m) / s - (j == y ? (ACC)1 : (ACC)0)) * inv_n);
 #endif
     }
     acc = warp_sum(acc);  // blockDim.x is a multiple of 32 (the host launches 32 to 256)
@@ -105,9 +111,10 @@ XENT_THREADS = 256
 
 
 @functools.cache
-def _xent_kernel(dtype, label_dtype, classes=0):
+def _xent_kernel(dtype, label_dtype, classes=0, grad_dtype=None):
     acc = "double" if dtype == np.float64 else "float"
     head = (f"#include <cuda_fp16.h>\ntypedef {_CTYPES[dtype]} T; "
+            f"typedef {_CTYPES[grad_dtype or dtype]} D; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
             f"#define C {classes if classes <= MAX_STATIC_CLASSES else 0}\n"
             f"#define XENT_THREADS {XENT_THREADS}\n")
@@ -115,68 +122,91 @@ def _xent_kernel(dtype, label_dtype, classes=0):
     return module.get_function("xent"), module.get_function("xent_sum")
 
 
-def softmax_xent(logits, labels):
-    """``(mean loss, dlogits)`` of softmax cross-entropy in one kernel launch."""
+def softmax_xent(logits, labels, grad_scale=None, grad_dtype=None):
+    """``(mean loss, dlogits)`` of softmax cross-entropy in one kernel launch.
+
+    ``grad_scale`` (a 0-d float32 device array) and ``grad_dtype``: dlogits comes back as
+    ``(dlogits * grad_scale).astype(grad_dtype)``, the product rounded once in the
+    accumulation precision (mixed precision's scaled 16-bit loss gradient, formed here
+    instead of by two more launches)."""
     n, c = logits.shape
     logits = cupy.ascontiguousarray(logits)
     labels = cupy.ascontiguousarray(labels)
     acc = cupy.float64 if logits.dtype == cupy.float64 else cupy.float32
-    dlogits = cupy.empty_like(logits)
+    grad_dtype = np.dtype(grad_dtype or logits.dtype)
+    dlogits = cupy.empty(logits.shape, dtype=grad_dtype)
     loss = cupy.empty((), dtype=acc)
     xent, xent_sum = _xent_kernel(logits.dtype, labels.dtype,
-                                  c if c <= MAX_STATIC_CLASSES else 0)
+                                  c if c <= MAX_STATIC_CLASSES else 0,
+                                  None if grad_dtype == logits.dtype else grad_dtype)
+    gscale = grad_scale if grad_scale is not None else np.uintp(0)
     if n <= 1024:
         threads = min(XENT_THREADS, max(32, 1 << (max(n, 1) - 1).bit_length()))
-        xent((1,), (threads,), (logits, labels, np.int32(n), np.int32(c), dlogits, loss))
+        xent((1,), (threads,), (logits, labels, np.int32(n), np.int32(c), dlogits, loss,
+                                gscale))
     else:
         blocks = -(-n // XENT_THREADS)
         partial = cupy.empty(blocks, dtype=acc)
         xent((blocks,), (XENT_THREADS,),
-             (logits, labels, np.int32(n), np.int32(c), dlogits, partial))
+             (logits, labels, np.int32(n), np.int32(c), dlogits, partial, gscale))
         xent_sum((1,), (32,), (partial, np.int32(blocks), np.int32(n), loss))
     return loss, dlogits
 
 
 # ---- multi-tensor kernels: one launch over many tensors -------------------------------------
-# Each thread handles 4 consecutive elements of one tensor ("a quad") with 4-wide vector loads
-# and stores where every pointer is aligned to 4 elements (CuPy's allocations are); a
-# tensor's last partial quad, or a misaligned tensor, takes the scalar path. Tensor k owns
-# quads [Q_k, Q_k + ceil(n_k / 4)) of one flat index space (compile-time offsets), which a
-# grid-stride loop walks.
+# Each thread handles W consecutive elements of one tensor ("a vector", W = 4 or 8) with
+# W-wide loads and stores where every pointer is aligned to W elements (CuPy's allocations
+# are); a tensor's last partial vector, or a misaligned tensor, takes the scalar path.
+# Tensor k owns vectors [Q_k, Q_k + ceil(n_k / W)) of one flat index space (compile-time
+# offsets), which a grid-stride loop walks.
 _VEC_HEAD = r"""
 #include <cuda_fp16.h>
-template <typename X> struct alignas(4 * sizeof(X)) ffv4 { X v[4]; };
-template <typename X> __device__ __forceinline__ ffv4<X> ld4(const X* p) {
-    return *reinterpret_cast<const ffv4<X>*>(p);
+template <typename X, int N> struct alignas(N * sizeof(X)) ffv { X v[N]; };
+template <typename X, int N> __device__ __forceinline__ ffv<X, N> ldv(const X* p) {
+    return *reinterpret_cast<const ffv<X, N>*>(p);
 }
-template <typename X> __device__ __forceinline__ void st4(X* p, const ffv4<X>& x) {
-    *reinterpret_cast<ffv4<X>*>(p) = x;
+template <typename X, int N> __device__ __forceinline__ void stv(X* p, const ffv<X, N>& x) {
+    *reinterpret_cast<ffv<X, N>*>(p) = x;
 }
 """
 
+#: Bytes a multi-tensor kernel aims to move per access of its narrowest array: a thread
+#: takes ``max(4, VECTOR_BYTES // itemsize)`` elements, so 16-bit arrays (mixed precision's
+#: gradients and params) are read 8 at a time, 16 bytes, as float32 ones are 4 at a time.
+#: ``FUSEFLOW_VECTOR_BYTES=8``: always 4 elements, the earlier form (for side-by-sides).
+VECTOR_BYTES = 16 if env_int("FUSEFLOW_VECTOR_BYTES", 16) >= 16 else 8
+
+
+def vector_width(*dtypes) -> int:
+    """Elements per thread of a multi-tensor kernel over arrays of these dtypes."""
+    return max(4, VECTOR_BYTES // min(np.dtype(d).itemsize for d in dtypes))
+
 
 def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue=""):
-    """A grid-stride kernel over the quads of several tensors.
+    """A grid-stride kernel over the W-element vectors of several tensors.
 
     ``arrays(k)``: [(pointer name, element type, is_output)] of tensor k. ``element(k)``:
     the statements for one element j (scalar loads/stores included). The vector path loads
-    each input as ``ffv4``, runs ``element``'s arithmetic on ``<name>_v.v[u]`` (the generator
-    rewrites ``ptr[j]`` accesses), and stores the outputs as ``ffv4``.
+    each input as ``ffv``, runs ``element``'s arithmetic on ``<name>_v.v[u]`` (the generator
+    rewrites ``ptr[j]`` accesses), and stores the outputs as ``ffv``. ``vector``: the
+    tensors' "sizes", whether every pointer is "aligned" to W elements, and "width" W.
     """
-    sizes = vector["sizes"]
+    sizes, w = vector["sizes"], vector.get("width", 4)
     branches, q0 = [], 0
     for k, n in enumerate(sizes):
-        nq, full = -(-n // 4), (n // 4 if vector["aligned"] else 0)
+        nq, full = -(-n // w), (n // w if vector["aligned"] else 0)
         arrs = arrays(k)
-        loads = " ".join(f"ffv4<{t}> {a}_v = ld4({a} + 4 * q);" for a, t, out in arrs if not out)
-        decl = " ".join(f"ffv4<{t}> {a}_v;" for a, t, out in arrs if out)
+        loads = " ".join(f"ffv<{t}, {w}> {a}_v = ldv<{t}, {w}>({a} + {w} * q);"
+                         for a, t, out in arrs if not out)
+        decl = " ".join(f"ffv<{t}, {w}> {a}_v;" for a, t, out in arrs if out)
         body = element(k)
         for a, _, _ in arrs:
             body = body.replace(f"{a}[j]", f"{a}_v.v[u]")
-        stores = " ".join(f"st4({a} + 4 * q, {a}_v);" for a, _, out in arrs if out)
-        vec = (f"{loads} {decl}\n        #pragma unroll\n        for (int u = 0; u < 4; ++u) "
+        stores = " ".join(f"stv<{t}, {w}>({a} + {w} * q, {a}_v);" for a, t, out in arrs if out)
+        vec = (f"{loads} {decl}\n        #pragma unroll\n        for (int u = 0; u < {w}; ++u) "
                f"{{ {body} }}\n        {stores}")
-        scalar = f"for (long long j = 4 * q; j < 4 * q + 4 && j < {n}LL; ++j) {{ {element(k)} }}"
+        scalar = (f"for (long long j = {w} * q; j < {w} * q + {w} && j < {n}LL; ++j) "
+                  f"{{ {element(k)} }}")
         branches.append(f"if (i < {q0 + nq}LL) {{ long long q = i - {q0}LL;\n"
                         f"      if (q < {full}LL) {{ {vec} }}\n      else {{ {scalar} }} }}")
         q0 += nq
@@ -188,8 +218,8 @@ def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue=""):
     return cupy.RawKernel(src, name), q0
 
 
-def _aligned(arrays):
-    return all(a.data.ptr % (4 * a.itemsize) == 0 for a in arrays)
+def _aligned(arrays, width=4):
+    return all(a.data.ptr % (width * a.itemsize) == 0 for a in arrays)
 
 
 #: grid size cap of the multi-tensor kernels, in blocks of 256 per SM (132 SMs on H100/H200).
@@ -219,7 +249,7 @@ _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 
 @functools.cache
 def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, gtype=None,
-                         scaled=False):
+                         scaled=False, width=4):
     """``gtype``: the grads' element type when it differs from the params' (16-bit grads of
     float32 params); ``scaled``: each gradient is ``(W)g * grad_scale[0]`` (mixed
     precision's unscaling, folded into the update: the same float32 product)."""
@@ -272,7 +302,7 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
                 "  const W gs = gscale_ptr ? (W)gscale_ptr[0] : (W)1;\n")
     types = f"typedef {ctype} T; typedef {gtype or ctype} G; typedef {wtype} W;\n"
     return _quad_kernel("update", types, args, arrays, element,
-                        {"sizes": sizes, "aligned": aligned}, prologue)
+                        {"sizes": sizes, "aligned": aligned, "width": width}, prologue)
 
 
 def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
@@ -302,9 +332,10 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     new_states = states if in_place else [[cupy.empty_like(s) for s in group] for group in states]
     every = [*params, *grads, *new_params, *(a for g in (*states, *new_states) for a in g)]
     gtype = _CTYPES[grads[0].dtype] if grads[0].dtype != dtype else None
+    width = vector_width(dtype, grads[0].dtype)
     kern, quads = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays,
-                                       bool(nesterov), _aligned(every), gtype,
-                                       grad_scale is not None)
+                                       bool(nesterov), _aligned(every, width), gtype,
+                                       grad_scale is not None, width)
     args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
@@ -361,7 +392,7 @@ def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor, b
 
 
 @functools.cache
-def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned):
+def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned, width=4):
     args = ["long long total", "const float* scale_ptr"]
     for k in range(len(sizes)):
         args += [f"const S* s{k}", f"D* d{k}"]
@@ -372,7 +403,7 @@ def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned):
 
     return _quad_kernel("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args,
                         lambda k: [(f"s{k}", "S", False), (f"d{k}", "D", True)], element,
-                        {"sizes": sizes, "aligned": aligned},
+                        {"sizes": sizes, "aligned": aligned, "width": width},
                         "  const float sc = scale_ptr ? scale_ptr[0] : 1.0f;\n")
 
 
@@ -384,8 +415,9 @@ def multi_tensor_cast(leaves, dtype, scale=None):
     sizes = tuple(int(a.size) for a in leaves)
     out = [cupy.empty(a.shape, dtype=dtype) for a in leaves]
     if sum(sizes):
+        width = vector_width(leaves[0].dtype, dtype)
         kern, quads = _cast_kernel(_CTYPES[leaves[0].dtype], _CTYPES[dtype], sizes,
-                                   scale is not None, _aligned([*leaves, *out]))
+                                   scale is not None, _aligned([*leaves, *out], width), width)
         args = [scale if scale is not None else np.uintp(0)]
         for a, o in zip(leaves, out):
             args += [a, o]
@@ -394,7 +426,7 @@ def multi_tensor_cast(leaves, dtype, scale=None):
 
 
 @functools.cache
-def _finite_kernel(ctype, sizes, aligned, scaled=False):
+def _finite_kernel(ctype, sizes, aligned, scaled=False, width=4):
     args = ["long long total", "bool* ok", "const float* scale_ptr"] + \
         [f"const T* s{k}" for k in range(len(sizes))]
     # scaled: the float32 product of the unscaling (as the update kernel forms it)
@@ -403,7 +435,7 @@ def _finite_kernel(ctype, sizes, aligned, scaled=False):
     return _quad_kernel("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args,
                         lambda k: [(f"s{k}", "T", False)],
                         lambda k: f"if (!isfinite({value.format(k=k)})) ok[0] = false;",
-                        {"sizes": sizes, "aligned": aligned},
+                        {"sizes": sizes, "aligned": aligned, "width": width},
                         "  const W sc = scale_ptr ? (W)scale_ptr[0] : (W)1;\n")
 
 
@@ -414,7 +446,8 @@ def multi_tensor_all_finite(leaves, scale=None):
     ok = cupy.ones((), dtype=cupy.bool_)
     sizes = tuple(int(a.size) for a in leaves)
     if sum(sizes):
-        kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves),
-                                     scale is not None)
+        width = vector_width(leaves[0].dtype)
+        kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves, width),
+                                     scale is not None, width)
         _launch(kern, quads, [ok, scale if scale is not None else np.uintp(0), *leaves])
     return ok

@@ -115,16 +115,29 @@ class Backend:
         return self._sum_rows(dy)
 
     # ---- loss ------------------------------------------------------------------------------
-    def softmax_cross_entropy(self, logits, labels):
+    def softmax_cross_entropy(self, logits, labels, grad_scale=None, grad_dtype=None):
         """``(mean loss, dlogits)`` for integer labels; the loss is a 0-d array.
 
         One fused kernel on the GPU. Half-precision logits are reduced in float32; dlogits
         comes back in the logits' dtype. Labels are assumed valid (``fuseflow.losses`` checks).
+        ``grad_scale`` (a 0-d float32 array) and ``grad_dtype``: dlogits comes back as
+        ``(dlogits_f32 * grad_scale).astype(grad_dtype)``, the float32 gradient of
+        float32-cast logits (mixed precision's scaled loss gradient, in the same kernel).
         """
         self.calls["softmax_cross_entropy"] += 1
-        return self._softmax_cross_entropy(logits, labels)
+        if grad_scale is None and grad_dtype is None:
+            return self._softmax_cross_entropy(logits, labels)
+        return self._softmax_cross_entropy(logits, labels, grad_scale, grad_dtype)
 
-    def _softmax_cross_entropy(self, logits, labels):
+    def _softmax_cross_entropy(self, logits, labels, grad_scale=None, grad_dtype=None):
+        if grad_scale is not None or grad_dtype is not None:  # the unfused composition
+            xp = self.xp
+            if logits.dtype == xp.float16:
+                logits = logits.astype(xp.float32)
+            loss, grad = self._softmax_cross_entropy(logits, labels)
+            if grad_scale is not None:
+                grad = grad * xp.asarray(grad_scale, dtype=xp.float32)
+            return loss, grad.astype(grad_dtype or grad.dtype, copy=False)
         xp = self.xp
         z = logits.astype(xp.float32) if logits.dtype == xp.float16 else logits
         z = z - z.max(axis=1, keepdims=True)

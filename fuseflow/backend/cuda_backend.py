@@ -724,12 +724,23 @@ class CudaBackend(Backend):
         return self._guard(op, lambda: kern(dy, aux, ld), {"dy": dy},
                            lambda: [("dx", dy.shape, dy.dtype)])
 
-    def _softmax_cross_entropy(self, logits, labels):
-        """Value and gradient in one kernel launch (``_cuda_fused.softmax_xent``)."""
+    def _softmax_cross_entropy(self, logits, labels, grad_scale=None, grad_dtype=None):
+        """Value and gradient in one kernel launch (``_cuda_fused.softmax_xent``), the loss
+        scaling and the gradient's cast included where asked for."""
         from fuseflow.backend._cuda_fused import softmax_xent
 
         self._check_device("softmax_cross_entropy", logits=logits, labels=labels)
-        return softmax_xent(logits, labels)
+        if grad_scale is None and grad_dtype is None:
+            return softmax_xent(logits, labels)
+        if logits.dtype == cupy.float64 or not (
+                grad_scale is None or (isinstance(grad_scale, cupy.ndarray)
+                                       and grad_scale.dtype == cupy.float32)):
+            return super()._softmax_cross_entropy(logits, labels, grad_scale, grad_dtype)
+        # float16 logits are reduced in float32 either way: the gradient is then the one of
+        # their float32 copy (the kernel's accumulators), scaled and cast once
+        return softmax_xent(logits, labels, grad_scale,
+                            grad_dtype or (cupy.float32 if logits.dtype == cupy.float16
+                                           else logits.dtype))
 
     def _sum_rows(self, a):
         self._check_device("bias_grad", a=a)
