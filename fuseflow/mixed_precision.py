@@ -79,14 +79,14 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
         out, residuals = model.forward(low, x_low, key=key, train=True)
         xp = namespace(out)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
-        if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled 16-bit grad
-            loss, dlow = loss_fn(out, y, grad_scale=scale, grad_dtype=cd)
-        else:
-            loss, dout = loss_fn(out.astype(xp.float32), y)
-            dlow = (dout * scale).astype(cd)
         owned = _own_residuals(model, residuals)
         del residuals  # a Serial backward frees each layer's saved arrays once used
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
+            if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled 16-bit grad
+                loss, dlow = loss_fn(out, y, grad_scale=scale, grad_dtype=cd)
+            else:
+                loss, dout = loss_fn(out.astype(xp.float32), y)
+                dlow = (dout * scale).astype(cd)
             grads, _ = _backward(model, low, owned, dlow, need_input_grad=False)
         if unscaled:
             grads = unscale(grads, params, scale)
