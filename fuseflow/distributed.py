@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import numpy as np
 
@@ -154,6 +155,9 @@ def _abort_on_uncaught_exception(comm):
         sys.stderr.write(f"fuseflow.distributed: rank {comm.Get_rank()} failed; aborting all "
                          f"{comm.Get_size()} ranks\n")
         sys.stderr.flush()
+        # the launcher forwards each rank's stderr through a pipe and stops reading it once
+        # the abort kills the job: give it a moment so these last lines are not lost
+        time.sleep(0.5)
         comm.Abort(1)
 
     sys.excepthook = hook
