@@ -2,6 +2,8 @@
 #   run NAME SECONDS CMD...   (CMD's output in $res/NAME.log, its tail printed; afterwards
 #                              $res is packed into $OUT/results-$TAG.tgz, so a call stopped
 #                              by its time limit still returns every finished step)
+#   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
+#                              in /tmp/r32, /tmp/r16; their metrics.jsonl copied to $res)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 res=/tmp/ffres-$TAG; rm -rf "$res"; mkdir -p "$res"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
@@ -9,4 +11,9 @@ export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.
 run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
   tail -n "${TAILN:-6}" "$res/$name.log"; tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
+cli_runs() { local limit=$1
+  TAILN=8 run train_cuda_fp32 "$limit" python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
+  TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
+  cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
+  tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1

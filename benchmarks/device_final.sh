@@ -10,10 +10,8 @@ TAG=${PART:-main}
 source "$(dirname "$0")/_device_lib.sh"
 if [ "$TAG" = main ]; then
   TAILN=12 run pytest_gpu 240 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
-  run train_cuda_fp32 90 python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
-  run train_cuda_fp16 90 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
+  cli_runs 90
   run eval_cuda_fp32 60 python3 -m fuseflow eval /tmp/r32/last.safetensors --backend cuda --data-dir .devdata/mnist
-  cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
   TAILN=20 run peers_fuseflow 150 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist
   TAILN=20 run peers_jax 240 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist
   TAILN=3 run profile_fuseflow 90 python3 benchmarks/profile_step.py --framework fuseflow --out "$res"

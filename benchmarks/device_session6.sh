@@ -8,9 +8,7 @@ set -uo pipefail
 TAG=s6
 source "$(dirname "$0")/_device_lib.sh"
 TAILN=12 run pytest_gpu 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
-TAILN=8 run train_cuda_fp32 60 python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
-TAILN=8 run train_cuda_fp16 60 python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
-cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
+cli_runs 60
 TAILN=20 run peers_fuseflow 120 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist
 TAILN=10 run peers_jax 80 python3 benchmarks/peers.py --worker jax --out "$res" --no-mnist --models 784-30-10,784-1024-1024-10
 TAILN=3 run profile_fuseflow 60 python3 benchmarks/profile_step.py --framework fuseflow --out "$res"

@@ -125,8 +125,6 @@ class Backend:
         float32-cast logits (mixed precision's scaled loss gradient, in the same kernel).
         """
         self.calls["softmax_cross_entropy"] += 1
-        if grad_scale is None and grad_dtype is None:
-            return self._softmax_cross_entropy(logits, labels)
         return self._softmax_cross_entropy(logits, labels, grad_scale, grad_dtype)
 
     def _softmax_cross_entropy(self, logits, labels, grad_scale=None, grad_dtype=None):
