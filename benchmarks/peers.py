@@ -81,13 +81,16 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     params = ff.device_put(params, "cuda")
     opt = getattr(ff.optim, opt_name)(LR[opt_name])
     if prec == "fp16":
-        opt = ff.mixed_precision.dynamic_loss_scaling(opt)
+        # the update kernel keeps the float16 params (PEERS_COMPUTE_COPY=0: cast each step)
+        copy = os.environ.get("PEERS_COMPUTE_COPY", "1") != "0"
+        opt = ff.mixed_precision.dynamic_loss_scaling(
+            opt, compute_dtype="float16" if copy else None)
         # the scaled 16-bit grads go straight into the update, which unscales them
         grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
                                                     unscaled=False)
 
         def step(p, s, x, y):
-            loss, g = grad_fn(p, x, y, loss_scale=s.scale)
+            loss, g = grad_fn(p, x, y, loss_scale=s.scale, compute_params=s.compute_params)
             p, s = ff.mixed_precision.update_and_apply_scaled(opt, g, s, p)
             return p, s, loss
     else:

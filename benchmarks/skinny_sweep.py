@@ -15,7 +15,12 @@ Swept, in the shapes of the benchmark steps (784-30-10 and 784-1024-1024-10 at b
 - the forward (bias, ReLU, mask) of the short batches: samples per block;
 - mixed precision's update of the large model's params: the float32-gradient path
   (unscaling cast, finiteness check, Adam) against the scaled 16-bit path (finiteness
-  check and Adam reading the float16 gradients).
+  check and Adam reading the float16 gradients);
+- the tensor-core forms (``_cuda_skinny_tc``) of the float16 output layer of
+  784-4096-4096-10 at batch 8192 against the SIMT kernels' default launch and (forward)
+  cuBLASLt: rows per chunk of the gradients; and the step's ReLU-gradient pass
+  (``_cuda_epilogs.drelu``) with 1 and ``DRELU_UNROLL`` rows' loads in flight per thread
+  (``--only tc`` runs just these).
 The default launch shape of each kernel is marked. JSON out.
 """
 
@@ -132,6 +137,50 @@ def skinny_rows(cp, S):
     return rows
 
 
+def tc_rows(cp, S, TC):
+    """The float16 output layer of 784-4096-4096-10 at batch 8192: tensor-core kernels
+    (rows per chunk swept) beside the SIMT kernels and cuBLASLt's forward."""
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    batch, n, feat, dtype = 8192, 10, 4096, np.float16
+    rng = cp.random.default_rng(2)
+    x = cp.maximum(rng.standard_normal((batch, feat), dtype=np.float32), 0).astype(dtype)
+    dy = rng.standard_normal((batch, n), dtype=np.float32).astype(dtype)
+    w = (rng.standard_normal((n, feat), dtype=np.float32) * feat ** -0.5).astype(dtype)
+    b = rng.standard_normal((n,), dtype=np.float32).astype(dtype)
+    aux = cp.asfortranarray(rng.integers(0, 256, size=(feat // 8, batch), dtype=np.uint8))
+    base = {"shape": "784-4096-4096-10 layer 3", "batch": batch, "n": n, "features": feat,
+            "dtype": "float16"}
+    rows = []
+
+    def add(kernel, form, fn, **extra):
+        rows.append({**base, "kernel": kernel, "form": form, **extra, "us": graph_us(fn)})
+        print(json.dumps(rows[-1]), flush=True)
+
+    add("wgrad", "simt", lambda: S.wgrad(dy, x, bgrad=True), default=False)
+    add("dgrad", "simt", lambda: S.dgrad(dy, w, aux, aux.shape[0], bgrad=True), default=False)
+    for r in (64, 128, 256, 512):
+        add("wgrad", "tc", lambda r=r: TC.wgrad(dy, x, bgrad=True, rows=r), rows_per_chunk=r,
+            default=r == TC.ROWS_PER_CHUNK)
+    for r in (64, 128, 256, 512):
+        add("dgrad", "tc", lambda r=r: TC.dgrad(dy, w, aux, aux.shape[0], bgrad=True, rows=r),
+            rows_per_chunk=r, default=r == TC.ROWS_PER_CHUNK)
+    from fuseflow.backend import _cuda_epilogs as E
+
+    dx = cp.maximum(rng.standard_normal((batch, feat), dtype=np.float32), 0).astype(dtype)
+    default_unroll = E.DRELU_UNROLL
+    for unroll in (1, default_unroll):  # the layer-1 mask pass of the same step
+        E.DRELU_UNROLL = unroll
+        add("drelu", "own", lambda: E.drelu(dx, aux, aux.shape[0], bgrad=True),
+            rows_unrolled=unroll, default=unroll == default_unroll)
+    E.DRELU_UNROLL = default_unroll
+    cb = CudaBackend(tf32=False)
+    for form, on in (("cublaslt", False), ("tc", True)):
+        cb.skinny_tc = on
+        add("forward", form, lambda: cb.linear(x, w, b, "BIAS"), default=on)
+    return rows
+
+
 def mixed_update_rows(cp, F):
     """The large model's Adam step from float16 gradients scaled by 1024."""
     sizes = [784, 4096, 4096, 10]
@@ -171,14 +220,19 @@ def mixed_update_rows(cp, F):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", choices=["tc"], help="only the tensor-core comparison")
     args = ap.parse_args()
     import cupy as cp
 
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_skinny as S
+    from fuseflow.backend import _cuda_skinny_tc as TC
 
-    rows = skinny_rows(cp, S) + mixed_update_rows(cp, F)
-    write_json(os.path.join(args.out, "skinny_sweep.json"),
+    rows = tc_rows(cp, S, TC)
+    if args.only is None:
+        rows += skinny_rows(cp, S) + mixed_update_rows(cp, F)
+    name = "skinny_sweep_tc.json" if args.only else "skinny_sweep.json"
+    write_json(os.path.join(args.out, name),
                {"benchmark": "skinny_sweep", **metadata("cupy", "nvmath"), "rows": rows,
                 "note": f"median GPU time per call: {CALLS} calls in one CUDA graph"})
 

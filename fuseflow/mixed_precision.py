@@ -20,6 +20,13 @@ A training step can leave the gradients scaled and in 16 bits (``unscaled=False`
 ``update_and_apply_scaled`` divide them inside the finiteness check and the optimizer's
 kernel: on the GPU the float32 gradients are then never written (``ff.train.make_step``
 does this).
+
+``dynamic_loss_scaling(opt, compute_dtype="float16")`` also keeps the compute copy of the
+params in its state (``compute_params``, equal to ``params.astype(float16)`` after every
+update): the fused update kernel writes it beside the float32 params, and
+``value_and_grad(...)(..., compute_params=state.compute_params)`` uses it instead of
+casting the params again at the start of the next step (on the GPU: one fewer read of the
+float32 params per step).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import numpy as np
 from fuseflow import backend, tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward, _own_residuals
-from fuseflow.optim import GradientTransformation
+from fuseflow.optim import GradientTransformation, apply_updates
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -59,23 +66,30 @@ def _compute_dtype(dtype):
 
 def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=False,
                    unscaled=True):
-    """``f(params, x, y, *, loss_scale=1.0, key=None) -> (loss, grads)`` in 16-bit compute.
+    """``f(params, x, y, *, loss_scale=1.0, key=None, compute_params=None) -> (loss, grads)``
+    in 16-bit compute.
 
     ``grads`` are float32, unscaled, and may hold inf/nan after an overflow (the
     ``dynamic_loss_scaling`` optimizer wrapper skips such steps). ``unscaled=False``: the
     grads as the backward made them, in the compute dtype and multiplied by ``loss_scale``
-    (for ``update_and_apply_scaled``, or ``unscale``).
+    (for ``update_and_apply_scaled``, or ``unscale``). ``compute_params``: the params
+    already cast to the compute dtype (``DynamicScaleState.compute_params``); the forward
+    then runs on them and only the batch is cast.
     """
     cd = _compute_dtype(compute_dtype)
     scales_grad = _takes_grad_scale(loss_fn)
 
-    def f(params, x, y, *, loss_scale=1.0, key=None):
+    def f(params, x, y, *, loss_scale=1.0, key=None, compute_params=None):
         leaves, treedef = tree.flatten(params)
-        # the batch joins the params' cast (one launch on the GPU) where that launch takes it
-        with_x = x.dtype != cd and backend.fusable([*leaves, x])
-        cast = backend.multi_tensor_cast([*leaves, x] if with_x else leaves, cd)
-        low = tree.unflatten(treedef, cast[:len(leaves)])
-        x_low = cast[-1] if with_x else x.astype(cd, copy=False)
+        if compute_params is not None:
+            low = _checked_compute_params(compute_params, treedef, leaves, cd)
+            x_low = x.astype(cd, copy=False)
+        else:
+            # the batch joins the params' cast (one launch on the GPU) where it can
+            with_x = x.dtype != cd and backend.fusable([*leaves, x])
+            cast = backend.multi_tensor_cast([*leaves, x] if with_x else leaves, cd)
+            low = tree.unflatten(treedef, cast[:len(leaves)])
+            x_low = cast[-1] if with_x else x.astype(cd, copy=False)
         out, residuals = model.forward(low, x_low, key=key, train=True)
         xp = namespace(out)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
@@ -92,6 +106,19 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
             grads = unscale(grads, params, scale)
         return ((loss, out) if with_outputs else loss), grads
     return f
+
+
+def _checked_compute_params(compute_params, treedef, leaves, cd):
+    got, got_def = tree.flatten(compute_params)
+    if got_def != treedef or any(g.dtype != cd or g.shape != p.shape
+                                 for g, p in zip(got, leaves)):
+        raise ValueError(
+            f"mixed precision value_and_grad: compute_params must be the params cast to "
+            f"{cd.name} (same structure and shapes), got structure {got_def} with dtypes "
+            f"{sorted({g.dtype.name for g in got})} for params {treedef}. Fix: pass "
+            f"opt_state.compute_params of ff.mixed_precision.dynamic_loss_scaling(opt, "
+            f"compute_dtype='{cd.name}'), or leave compute_params out.")
+    return compute_params
 
 
 def _takes_grad_scale(loss_fn) -> bool:
@@ -156,19 +183,29 @@ class DynamicScaleState(NamedTuple):
     scale: Any        # 0-d float32: the current loss scale
     good_steps: Any   # 0-d int32: finite steps since the last change
     inner: Any        # the wrapped optimizer's state
+    #: the params cast to the compute dtype, kept current by every update (or None)
+    compute_params: Any = None
 
 
 def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
-                         growth_factor=2.0, backoff_factor=0.5, min_scale=1.0):
-    """Wrap ``optimizer``: skip non-finite steps and adapt the loss scale (see module doc)."""
+                         growth_factor=2.0, backoff_factor=0.5, min_scale=1.0, *,
+                         compute_dtype=None):
+    """Wrap ``optimizer``: skip non-finite steps and adapt the loss scale (see module doc).
+    ``compute_dtype`` (e.g. "float16"): also keep ``compute_params``, the params in that
+    dtype, rewritten by each update (by the fused update kernel itself on the GPU)."""
     if not isinstance(optimizer, GradientTransformation):
         raise TypeError("dynamic_loss_scaling: expected an optimizer such as ff.optim.adam(1e-3), "
                         f"got {type(optimizer).__name__}")
+    cd = None if compute_dtype is None else _compute_dtype(compute_dtype)
+
+    def cast(params):
+        return tree.unflatten(tree.structure(params),
+                              backend.multi_tensor_cast(tree.leaves(params), cd))
 
     def init(params):
         xp = namespace(tree.leaves(params)[0])
         return DynamicScaleState(xp.asarray(init_scale, xp.float32), xp.zeros((), xp.int32),
-                                 optimizer.init(params))
+                                 optimizer.init(params), None if cd is None else cast(params))
 
     def next_scale(state, finite):
         rule = (growth_interval, growth_factor, backoff_factor, min_scale)
@@ -189,13 +226,20 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                         xp.where(finite, n, o).astype(o.dtype, copy=False), new, old)
 
     def update(grads, state, params=None):
+        if state.compute_params is not None and params is None:
+            raise TypeError("dynamic_loss_scaling(compute_dtype=...): update needs the params "
+                            "to keep compute_params current. Fix: call "
+                            "opt.update(grads, state, params).")
         xp = namespace(state.scale)
         finite = all_finite(grads)
         safe = tree.map(lambda g: xp.where(finite, g, 0).astype(g.dtype), grads)
         updates, inner = optimizer.update(safe, state.inner, params)
         updates = tree.map(lambda u: xp.where(finite, u, 0).astype(u.dtype), updates)
+        low = None
+        if state.compute_params is not None:  # the params these updates give, cast
+            low = cast(apply_updates(params, updates))
         return updates, DynamicScaleState(*next_scale(state, finite),
-                                          keep_if_not(finite, inner, state.inner))
+                                          keep_if_not(finite, inner, state.inner), low)
 
     def fused_apply(grads, state, params, grad_scale=None):
         """``update_and_apply``'s one-kernel path: the inner optimizer's fused kernel with a
@@ -206,12 +250,13 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
             return backend.all_finite(tree.leaves(grads), scale=grad_scale)
 
         out = fused_update(optimizer, grads, state.inner, params, finite=finite,
-                           grad_scale=grad_scale)
+                           grad_scale=grad_scale, low=state.compute_params)
         if out is None:
             return None
-        new_params, inner = out
+        new_params, inner, *low = out
         return new_params, DynamicScaleState(*next_scale(state, finite()),
-                                             keep_if_not(finite(), inner, state.inner))
+                                             keep_if_not(finite(), inner, state.inner),
+                                             low[0] if low else None)
 
     update.fused_apply = fused_apply
     return GradientTransformation(init, update)

@@ -210,3 +210,32 @@ def test_host_sync_inside_a_compiled_step_is_a_clear_error():
     params, state = ff.device_put((params, state), "cuda")
     with pytest.raises(Exception, match="must not read GPU values on the host"):
         ff.compile(bad_step)(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
+
+
+@gpu
+def test_compiled_float16_step_with_the_update_kernels_compute_copy():
+    """make_step in float16 with dynamic_loss_scaling(compute_dtype="float16"): the forward
+    runs on the float16 params the update kernel wrote (the graph has no cast of the
+    params); losses and params are those of the step that casts every time, bit for bit,
+    the compiled step matches the eager one, and compute_params stays params.astype(float16)."""
+    cp = _cuda()
+    model = nn.Serial(nn.Dense(256, "relu"), nn.Dense(128, "relu"), nn.Dense(10))
+    _, params = model.init(ff.random.key(1), (784,))
+    rng = np.random.default_rng(1)
+    xs = cp.asarray(rng.random((10, 64, 784), dtype=np.float32))
+    ys = cp.asarray(rng.integers(0, 10, (10, 64)))
+    runs = {}
+    for copy in (False, True):
+        opt = ff.mixed_precision.dynamic_loss_scaling(
+            ff.optim.adam(1e-3), compute_dtype="float16" if copy else None)
+        step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                                  compute_dtype="float16")
+        p, s = ff.device_put((params, opt.init(params)), "cuda")
+        compiled = ff.compile(step)
+        runs[copy] = run_side_by_side(step, compiled, p, s, xs, ys, 50)
+        eager, graphed, pe, pc = runs[copy]
+        np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+        assert eager[-1] < eager[0]
+    assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
+    for a, b in zip(ff.tree.leaves(runs[True][3]), ff.tree.leaves(runs[False][3])):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))

@@ -366,3 +366,52 @@ def test_loss_scale_kernel_matches_the_numpy_rule():
                 case = (scale, good, finite)
                 assert cupy.asnumpy(got.scale).tobytes() == np.asarray(ref.scale).tobytes(), case
                 assert int(got.good_steps) == int(ref.good_steps), case
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("where", ["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compute_copy_is_the_cast_params_after_every_update(name, where):
+    """dynamic_loss_scaling(compute_dtype="float16") keeps compute_params equal to
+    params.astype(float16), bit for bit, through two overflows (skipped steps): on NumPy
+    the wrapper's update casts the applied params, on the GPU the update kernel writes the
+    copy itself (no cast launch after init). Params and state match the run without it."""
+    from fuseflow import mixed_precision as mp
+
+    if where == "cuda" and not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    xp = np
+    if where == "cuda":
+        import cupy as xp
+
+        be = ff.backend.get("cuda")
+        be.reset_stats()
+
+    def opt(copy):
+        return mp.dynamic_loss_scaling(OPTIMIZERS[name](), init_scale=64.0, growth_interval=4,
+                                       compute_dtype="float16" if copy else None)
+
+    def host(a):
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        for scaled in (True, False):
+            a = scaled_run(xp, opt(True), scaled=scaled)
+            if where == "cuda" and scaled:  # the init's cast only: the kernel writes the copy
+                assert be.calls["multi_tensor_cast"] == 1
+            b = scaled_run(xp, opt(False), scaled=scaled)
+            assert b[1].compute_params is None
+            for p, low in zip(ff.tree.leaves(a[0]), ff.tree.leaves(a[1].compute_params)):
+                assert low.dtype == np.float16 and low.shape == p.shape
+                np.testing.assert_array_equal(host(low), host(p).astype(np.float16))
+            state_a = a[1]._replace(compute_params=None)
+            for x, y in zip(ff.tree.leaves((a[0], state_a)), ff.tree.leaves((b[0], b[1]))):
+                np.testing.assert_array_equal(host(x), host(y))
+    # opt.update + apply_updates (float32 grads) keeps it current too; it needs the params
+    params, target = problem(xp)
+    o = opt(True)
+    p, s = run(o, params, target, fused=False, steps=7, overflow_at=(2,))
+    for x, low in zip(ff.tree.leaves(p), ff.tree.leaves(s.compute_params)):
+        np.testing.assert_array_equal(host(low), host(x).astype(np.float16))
+    grads = ff.tree.map(quadratic_grads, params, target)
+    with pytest.raises(TypeError, match="needs the params"):
+        o.update(grads, o.init(params))

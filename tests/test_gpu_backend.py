@@ -520,6 +520,96 @@ def test_skinny_vector_columns_at_the_benchmark_shape(nb, rng):
         check_close(name, got, ref, np.float16, rng.seed)
 
 
+# (batch, in, out) of the tensor-core skinny kernels: the benchmark's output layer, a
+# width that leaves whole warps idle (320 = 5 x 64), partial row tiles and chunks, one
+# output, 16 outputs (no padding), a batch shorter than one row tile
+TC_SHAPES = [(8192, 4096, 10), (1000, 320, 16), (300, 192, 1), (257, 2048, 7), (9, 64, 3)]
+
+
+@pytest.mark.parametrize("shape", TC_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_skinny_tc_kernels_are_exact_on_integers(nb, rng, shape):
+    """The tensor-core forward, weight and input gradients (mask, both bias gradients) on
+    small integers, whose products and float32 sums are exact: equal to NumPy's float32
+    results rounded to float16, bit for bit, at every rows-per-chunk (one chunk writes
+    directly, several go through the second pass). Any slip in a fragment or feature
+    mapping moves whole values."""
+    from fuseflow.backend import _cuda_skinny_tc as TC
+
+    cb = CudaBackend(tf32=False)
+    batch, fin, fout = shape
+    f16, f32 = np.float16, np.float32
+    h, aux = cb.activation(dev(ints(rng, (batch, fin), f16)), "relu")
+    aux = cupy.asfortranarray(aux)
+    w, b = ints(rng, (fout, fin), f16), ints(rng, (fout,), f16)
+    dy = ints(rng, (batch, fout), f16)
+    hh, w32, dy32 = host(h).astype(f32), w.astype(f32), dy.astype(f32)
+    y_ref = (hh @ w32.T + b.astype(f32)).astype(f16)
+    dw_ref, db_ref = (x.astype(f16) for x in nb.linear_wgrad(dy32, hh, "BGRADB"))
+    dx_ref, _ = nb.linear_dgrad(dy32, w32, "DRELU_BGRAD", host(aux))
+    dx_ref = dx_ref.astype(f16)
+    dbx_ref = dx_ref.astype(f32).sum(0).astype(f16)  # the sums of the float16 dx
+    for got, ref in ((TC.forward(h, dev(w), dev(b))[0], y_ref),
+                     (TC.forward(h, dev(w), None)[0], (hh @ w32.T).astype(f16))):
+        np.testing.assert_array_equal(host(got), ref, err_msg=f"y (seed {rng.seed})")
+    # a relu_aux whose columns are not 8-byte aligned (the kernel then reads a copy)
+    odd = cupy.zeros((aux.shape[0] + 3, batch), dtype=np.uint8, order="F")
+    odd[:aux.shape[0]] = aux
+    for rows in (16, 48, 256, TC.MAX_ROWS_PER_CHUNK):  # small batches: one chunk at 512
+        dw, db = TC.wgrad(dev(dy), h, bgrad=True, rows=rows)
+        if rows == 48:
+            dx, dbx = TC.dgrad(dev(dy), dev(w), odd[:aux.shape[0]], odd.shape[0], bgrad=True,
+                               rows=rows)
+        else:
+            dx, dbx = TC.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rows=rows)
+        for name, got, ref in (("dw", dw, dw_ref), ("db", db, db_ref), ("dx", dx, dx_ref),
+                               ("dbx", dbx, dbx_ref)):
+            np.testing.assert_array_equal(host(got), ref,
+                                          err_msg=f"{name} rows={rows} (seed {rng.seed})")
+    # without the mask and the bias gradients
+    dw, db = TC.wgrad(dev(dy), h, bgrad=False, rows=64)
+    dx, dbx = TC.dgrad(dev(dy), dev(w), None, 0, bgrad=False, rows=64)
+    assert db is None and dbx is None
+    np.testing.assert_array_equal(host(dw), dw_ref)
+    np.testing.assert_array_equal(host(dx), (dy32 @ w32).astype(f16))
+    for rows in (24, 528):
+        with pytest.raises(ValueError, match="multiple of 16 from 16 to 512"):
+            TC.wgrad(dev(dy), h, bgrad=True, rows=rows)
+
+
+def test_skinny_tc_kernels_run_where_supported(nb, rng):
+    """The backend takes the tensor-core kernels for the float16 output layer of the large
+    model (forward, both gradients; they agree with NumPy on random data), and the SIMT
+    kernels or cuBLASLt where they do not apply: float32, 17 outputs, a width that is not
+    a multiple of 64, a batch under ``MIN_ELEMENTS``, FUSEFLOW_SKINNY_TC off."""
+    cb = CudaBackend(tf32=False)
+    f16, f32 = np.float16, np.float32
+    h, aux = cb.activation(dev(normal(rng, (8192, 512), f16)), "relu")
+    w = normal(rng, (10, 512), f16, 512 ** -0.5)
+    b, dy = normal(rng, (10,), f16), normal(rng, (8192, 10), f16)
+    n0 = cb.stats()["skinny_tc"]
+    y, _ = cb.linear(h, dev(w), dev(b), "BIAS")
+    dw, db = cb.linear_wgrad(dev(dy), h, "BGRADB")
+    dx, dbx = cb.linear_dgrad(dev(dy), dev(w), "DRELU_BGRAD", aux)
+    assert cb.stats()["skinny_tc"] == n0 + 3
+    hh = host(h).astype(f32)
+    y_ref, _ = nb.linear(hh, w.astype(f32), b.astype(f32), "BIAS")
+    dw_ref, db_ref = nb.linear_wgrad(dy.astype(f32), hh, "BGRADB")
+    dx_ref, dbx_ref = nb.linear_dgrad(dy.astype(f32), w.astype(f32), "DRELU_BGRAD", host(aux))
+    for name, got, ref in (("y", y, y_ref), ("dw", dw, dw_ref), ("db", db, db_ref),
+                           ("dx", dx, dx_ref), ("dbx", dbx, dbx_ref)):
+        check_close(name, got, ref, f16, rng.seed, tol={f16: 3e-3})
+    for dt, batch, fin, fout in ((f32, 8192, 512, 10), (f16, 8192, 512, 17),
+                                 (f16, 8192, 520, 10), (f16, 256, 512, 10)):
+        hx = dev(normal(rng, (batch, fin), dt))
+        dyx = dev(normal(rng, (batch, fout), dt))
+        cb.linear_wgrad(dyx, hx, "BGRADB")
+        cb.linear_dgrad(dyx, dev(normal(rng, (fout, fin), dt)), "DEFAULT")
+        assert cb.stats()["skinny_tc"] == n0 + 3, (dt, batch, fin, fout)
+    cb.skinny_tc = False
+    cb.linear_wgrad(dev(dy), h, "BGRADB")
+    assert cb.stats()["skinny_tc"] == n0 + 3
+
+
 # ---- fused chains: forward aux straight into the backward ------------------------------------
 @pytest.mark.parametrize("features", [8, 13, 37, 1000])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])

@@ -59,12 +59,13 @@ def _generated_sources(monkeypatch):
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_gemm as G
     from fuseflow.backend import _cuda_skinny as S
+    from fuseflow.backend import _cuda_skinny_tc as TC
 
     _Recorder.sources = []
-    for mod in (E, F, G, S):
+    for mod in (E, F, G, S, TC):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
-    caches = (S._kernel, E._kernel, G._kernel, F._xent_kernel, F._multi_tensor_kernel,
+    caches = (S._kernel, TC._kernel, E._kernel, G._kernel, F._xent_kernel, F._multi_tensor_kernel,
               F._cast_kernel, F._finite_kernel, F._next_loss_scale_kernel)
     for cache in caches:
         cache.cache_clear()
@@ -84,8 +85,8 @@ def _generated_sources(monkeypatch):
         S._kernel("sum_chunks", dt, 1)
         for hb, ha, r in itertools.product((False, True), repeat=3):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
-        for b in (False, True):
-            E._kernel("drelu", dt, BGRAD=b)
+        for b, u in itertools.product((False, True), (1, E.DRELU_UNROLL)):
+            E._kernel("drelu", dt, BGRAD=b, UNROLL=u)
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)
@@ -102,6 +103,9 @@ def _generated_sources(monkeypatch):
                 for width in (4, 8):
                     F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
                                            aligned, "__half", True, width)
+                    # ... writing the float16 compute copy of the new params as well
+                    F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
+                                           aligned, "__half", True, width, "__half")
         for dst in map(np.dtype, (np.float16, np.float32, np.float64)):
             for scaled in (False, True):
                 F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True,
@@ -109,6 +113,13 @@ def _generated_sources(monkeypatch):
         for scaled in (False, True):
             F._finite_kernel(ct, tuple(range(3, 17)), True, scaled, F.vector_width(dt))
     F._next_loss_scale_kernel()
+    for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
+        for hb in (False, True):
+            TC._kernel("tc_forward", n, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)
+        for b, rows in itertools.product((False, True), (16, 48, TC.MAX_ROWS_PER_CHUNK)):
+            TC._kernel("tc_wgrad", n, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
+            for d in (False, True):
+                TC._kernel("tc_dgrad", n, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS, RPC=rows)
     for (ak, bk), warps, split in itertools.product(((1, 1), (1, 0), (0, 0)),
                                                     ((2, 2), (4, 1)), (0, 1)):
         for flags in ({}, {"HAS_BIAS": 1}, {"HAS_BIAS": 1, "RELU": 1, "AUX_OUT": 1},

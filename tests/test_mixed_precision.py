@@ -1,6 +1,7 @@
 """float16 compute with float32 master weights and dynamic loss scaling (NumPy backend)."""
 
 import numpy as np
+import pytest
 
 import fuseflow as ff
 from fuseflow import mixed_precision as mp
@@ -85,3 +86,26 @@ def test_loss_gradient_scaled_by_the_loss_equals_the_composition():
     from fuseflow.train._labels import unchecked_cross_entropy  # what fit and the CLI use
 
     assert mp._takes_grad_scale(unchecked_cross_entropy)  # through the partial
+
+
+def test_compute_params_give_the_same_loss_and_grads_and_are_checked():
+    """value_and_grad(..., compute_params=the cast params) is the cast it skips; a copy of
+    another dtype or structure is refused with the fix in the message."""
+    model, params, x, y = setup()
+    f = mp.value_and_grad(model, ff.losses.softmax_cross_entropy)
+    low = ff.tree.map(lambda p: p.astype(np.float16), params)
+    loss_a, g_a = f(params, x, y, loss_scale=np.float32(64))
+    loss_b, g_b = f(params, x, y, loss_scale=np.float32(64), compute_params=low)
+    assert float(loss_a) == float(loss_b)
+    for a, b in zip(ff.tree.leaves(g_a), ff.tree.leaves(g_b)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="compute_params must be the params cast to float16"):
+        f(params, x, y, compute_params=params)           # float32
+    with pytest.raises(ValueError, match="compute_dtype='float16'"):
+        f(params, x, y, compute_params=low[:1])           # another structure
+    opt = mp.dynamic_loss_scaling(ff.optim.sgd(0.1), compute_dtype="float16")
+    state = opt.init(params)
+    for a, b in zip(ff.tree.leaves(state.compute_params), ff.tree.leaves(low)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="compute dtype must be one of"):
+        mp.dynamic_loss_scaling(ff.optim.sgd(0.1), compute_dtype="int8")

@@ -206,20 +206,23 @@ def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor,
 
 
 def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=None,
-                        **hyper):
+                        low=None, **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
     None where no fused kernel applies (NumPy arrays): the caller then runs the reference.
 
     ``finite``: a 0-d bool device array, or a function returning one, called only when the
     kernel runs (where False, nothing changes). ``grad_scale``: a 0-d float32 device array
     each gradient is multiplied by after its cast to the params' dtype; the grads may then
-    be of another float dtype (the scaled 16-bit gradients of mixed precision).
+    be of another float dtype (the scaled 16-bit gradients of mixed precision). ``low``: a
+    lower-precision copy of the params that the kernel rewrites from the new params (it
+    then returns ``(params, states, low)``).
     """
     own = list(params) + [s for group in states for s in group]
     grads = list(grads)
     same = grad_scale is None
     if len(params) > 32 or not fusable(own, max_leaves=len(own)) or own[0].dtype.itemsize < 4 \
             or not fusable(grads, max_leaves=len(grads)) \
+            or (low is not None and not (len(low) == len(params) and fusable(low, len(low)))) \
             or (same and grads[0].dtype != own[0].dtype) \
             or not (same or (is_cupy(grad_scale) and own[0].dtype == np.float32)):
         return None
@@ -228,4 +231,4 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
     get("cuda").calls["multi_tensor_update/" + kind + ("" if same else "/scaled")] += 1
     return _cuda_fused.multi_tensor_update(
         kind, params, grads, states, finite=finite() if callable(finite) else finite,
-        grad_scale=grad_scale, **hyper)
+        grad_scale=grad_scale, low=low, **hyper)

@@ -62,7 +62,8 @@ extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bi
 
 # Block (32, 8), grid (ceil(F / 256), chunks): thread (tx, ty) takes the 8 features of aux
 # byte j = blockIdx.x * 32 + tx over rows r0 + ty, r0 + ty + 8, ... of its chunk of
-# 8 * rpt rows; the 8 row groups' column sums are added in shared memory.
+# 8 * rpt rows, UNROLL rows at a time; the 8 row groups' column sums are added in shared
+# memory (each thread's sums run in row order whatever UNROLL is: the same results).
 _DRELU = r"""
 extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __restrict__ aux,
         A* __restrict__ part, T* __restrict__ db, long long B, long long F, long long ld,
@@ -75,15 +76,29 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
     #pragma unroll
     for (int u = 0; u < 8; ++u) cs[u] = (A)0;
     if (8 * j < F) {
-        for (long long b = r0 + threadIdx.y; b < r1; b += 8) {
-            T8 t = *reinterpret_cast<const T8*>(dx + b * F + 8 * j);
-            const unsigned int bits = (unsigned int)aux[b * ld + j];
+        // UNROLL rows' loads first, then their stores: that many loads in flight per thread
+        for (long long b0 = r0 + threadIdx.y; b0 < r1; b0 += 8 * UNROLL) {
+            T8 t[UNROLL];
+            unsigned int bits[UNROLL];
             #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                if (!((bits >> u) & 1u)) t.v[u] = (T)(A)0;
-                if (BGRAD) cs[u] += (A)t.v[u];
+            for (int k = 0; k < UNROLL; ++k) {
+                const long long b = b0 + 8 * k;
+                if (b < r1) {
+                    t[k] = *reinterpret_cast<const T8*>(dx + b * F + 8 * j);
+                    bits[k] = (unsigned int)aux[b * ld + j];
+                }
             }
-            *reinterpret_cast<T8*>(dx + b * F + 8 * j) = t;
+            #pragma unroll
+            for (int k = 0; k < UNROLL; ++k) {
+                const long long b = b0 + 8 * k;
+                if (b >= r1) break;
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (!((bits[k] >> u) & 1u)) t[k].v[u] = (T)(A)0;
+                    if (BGRAD) cs[u] += (A)t[k].v[u];
+                }
+                *reinterpret_cast<T8*>(dx + b * F + 8 * j) = t[k];
+            }
         }
     }
     if (BGRAD) {
@@ -136,6 +151,10 @@ def bias_relu(y, bias, *, relu: bool, aux_rows: int | None):
     return y, (buf.T if buf is not None else None)
 
 
+#: Rows whose loads a ``drelu`` thread issues before it stores any (one per row before).
+DRELU_UNROLL = 4
+
+
 def drelu(dx, aux, ld: int, *, bgrad: bool):
     """In place: ``dx *= relu'(aux)`` for a C-contiguous (B, F) ``dx`` (aux column n at
     byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result."""
@@ -149,7 +168,7 @@ def drelu(dx, aux, ld: int, *, bgrad: bool):
         if bgrad:
             db.fill(0)
         return dx, db
-    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad)
+    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL)
     kern((-(-features // 256), chunks), (32, 8),
          (dx, aux, part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
           np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))

@@ -249,10 +249,12 @@ _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 
 @functools.cache
 def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, gtype=None,
-                         scaled=False, width=4):
+                         scaled=False, width=4, ltype=None):
     """``gtype``: the grads' element type when it differs from the params' (16-bit grads of
     float32 params); ``scaled``: each gradient is ``(W)g * grad_scale[0]`` (mixed
-    precision's unscaling, folded into the update: the same float32 product)."""
+    precision's unscaling, folded into the update: the same float32 product); ``ltype``:
+    also store each new param cast to this type (mixed precision's compute copy, the cast
+    the next step would otherwise make)."""
     states = _STATE[kind]
     args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
             "const int* count_ptr", "int* new_count_ptr", "const int* sched_ptr",
@@ -263,11 +265,14 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
         args += [f"const T* p{k}", f"T* P{k}", f"const G* g{k}"]
         for st in states:
             args += [f"const T* {st}{k}", f"T* {st.upper()}{k}"]
+        if ltype:
+            args += [f"L* L{k}"]
 
     def arrays(k):
         return ([(f"p{k}", "T", False), (f"g{k}", "G", False)]
                 + [(f"{st}{k}", "T", False) for st in states]
-                + [(f"P{k}", "T", True)] + [(f"{st.upper()}{k}", "T", True) for st in states])
+                + [(f"P{k}", "T", True)] + [(f"{st.upper()}{k}", "T", True) for st in states]
+                + ([(f"L{k}", "L", True)] if ltype else []))
 
     def element(k):
         # __fmul_rn: never contracted into an FMA with the update's next addition, so the
@@ -279,6 +284,8 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
         # A skipped step (non-finite gradients under loss scaling) stores the old values.
         stores = [f"{o}{k}[j] = (T)(ok ? {o}_ : {o.lower()});"
                   for o in ["P"] + [st.upper() for st in states]]
+        if ltype:  # the stored param, cast: what casting the new params gives
+            stores.append(f"L{k}[j] = (L)(T)(ok ? P_ : p);")
         return " ".join(loads + [body] + stores)
 
     prologue = (f"  const bool nesterov = {'true' if nesterov else 'false'};\n"
@@ -301,6 +308,8 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
                 "  W c1 = (W)1 - pow(b1, t_); W c2 = (W)1 - pow(b2, t_);\n"
                 "  const W gs = gscale_ptr ? (W)gscale_ptr[0] : (W)1;\n")
     types = f"typedef {ctype} T; typedef {gtype or ctype} G; typedef {wtype} W;\n"
+    if ltype:
+        types += f"typedef {ltype} L;\n"
     return _quad_kernel("update", types, args, arrays, element,
                         {"sizes": sizes, "aligned": aligned, "width": width}, prologue)
 
@@ -309,8 +318,9 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
                         count=None, b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None,
                         decay=0.0, nesterov=False, in_place=False, finite=None,
                         grad_scale=None, new_count=None, sched_count=None,
-                        new_sched_count=None, step_table=None):
-    """One launch that updates every tensor; returns ``(new_params, new_states)``.
+                        new_sched_count=None, step_table=None, low=None):
+    """One launch that updates every tensor; returns ``(new_params, new_states)``, and
+    ``new_low`` third when ``low`` is given.
 
     ``states`` is a list (one per state kind: m and v for adam, the trace for momentum) of
     lists of tensors like ``params``. ``step`` is a 0-d float32 device array (or None to use
@@ -322,6 +332,8 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     the kernel writes the incremented one there (and uses it). ``step_table``: the step
     sizes of a schedule for counts 0..len-1 (the last one holds from then on), indexed by
     ``sched_count``; the kernel writes ``sched_count + 1`` to ``new_sched_count``.
+    ``low``: a lower-precision copy of every param (mixed precision's compute params); the
+    kernel also stores each new param cast to it (into ``low`` itself when ``in_place``).
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -330,12 +342,15 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     decays = tuple(bool(d) for d in (decays or [False] * len(params)))
     new_params = params if in_place else [cupy.empty_like(p) for p in params]
     new_states = states if in_place else [[cupy.empty_like(s) for s in group] for group in states]
-    every = [*params, *grads, *new_params, *(a for g in (*states, *new_states) for a in g)]
+    new_low = None if low is None else low if in_place else [cupy.empty_like(a) for a in low]
+    every = [*params, *grads, *new_params, *(a for g in (*states, *new_states) for a in g),
+             *(new_low or [])]
     gtype = _CTYPES[grads[0].dtype] if grads[0].dtype != dtype else None
-    width = vector_width(dtype, grads[0].dtype)
+    width = vector_width(dtype, grads[0].dtype, *([low[0].dtype] if low else []))
     kern, quads = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays,
                                        bool(nesterov), _aligned(every, width), gtype,
-                                       grad_scale is not None, width)
+                                       grad_scale is not None, width,
+                                       _CTYPES[low[0].dtype] if low else None)
     args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
@@ -350,8 +365,10 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
         args += [params[k], new_params[k], grads[k]]
         for group, new_group in zip(states, new_states):
             args += [group[k], new_group[k]]
+        if new_low is not None:
+            args.append(new_low[k])
     _launch(kern, quads, args)
-    return new_params, new_states
+    return (new_params, new_states) if low is None else (new_params, new_states, new_low)
 
 
 # ---- multi-tensor casts, finiteness and the loss scale (mixed precision) -------------------

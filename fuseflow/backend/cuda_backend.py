@@ -57,6 +57,7 @@ from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_skinny as S
+from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int
 from fuseflow.backend.base import Backend, BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
@@ -146,6 +147,10 @@ class CudaBackend(Backend):
         #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
         self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
                               .replace(" ", "").split(","))
+        #: float16 ones with at most 16 on the small side and long batches run their
+        #: tensor-core forms (``_cuda_skinny_tc``; the forward too, instead of cuBLASLt),
+        #: FUSEFLOW_SKINNY_TC=0 keeps the SIMT kernels.
+        self.skinny_tc = env_choice("FUSEFLOW_SKINNY_TC", {"1": True, "0": False}, True)
         #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
         #: fuseflow's in-place ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in full float32 from ``own_epilog_min`` batch x features on, where cuBLASLt
@@ -192,6 +197,7 @@ class CudaBackend(Backend):
             "fallbacks": dict(self._fallbacks),
             "split_bias_grad": self._counters["split_bias_grad"],
             "skinny": self._counters["skinny"],
+            "skinny_tc": self._counters["skinny_tc"],
             "own_epilog": self._counters["own_epilog"],
             "own_gemm": self._counters["own_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
@@ -487,6 +493,13 @@ class CudaBackend(Backend):
             return True
         return False
 
+    def _skinny_tc(self, op, supported):
+        """The tensor-core skinny form of ``op`` (see __init__), where ``supported``."""
+        if self.skinny_tc and self.skinny_max > 0 and op in self.skinny_ops and supported:
+            self._counters["skinny_tc"] += 1
+            return True
+        return False
+
     def _own_gemm(self, dtype):
         """Full float32 (no TF32) with the own matmul on (see __init__)."""
         return dtype == np.float32 and not self.tf32 and self.own_gemm_max_macs > 0
@@ -509,6 +522,9 @@ class CudaBackend(Backend):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
+        if not spec.aux and self._skinny_tc("forward", TC.forward_supported(
+                x, w, bias, spec.activation)):
+            return TC.forward(x, w, self._prep_bias(bias) if spec.bias else None)
         if spec.activation in (None, "relu") and self._own_gemm(x.dtype):
             b = self._prep_bias(bias) if spec.bias else None
             if G.forward_supported(x, w, b, self.own_gemm_max_macs):
@@ -573,6 +589,10 @@ class CudaBackend(Backend):
 
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
+        if spec.activation in (None, "relu") and self._skinny_tc(
+                "dgrad", TC.grad_supported(dy, w)):
+            aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
+            return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if self._skinny("dgrad", w.shape[0], spec.activation):
             aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
             return S.dgrad(dy, w, aux, ld, bgrad=spec.bias)
@@ -674,6 +694,8 @@ class CudaBackend(Backend):
         """``stage`` names the plan-cache entries: a plan's cuBLASLt workspace must not be
         used by two streams at once, so weight gradients on a side stream ("wgrad/side")
         never share a plan with those on the main stream."""
+        if self._skinny_tc("wgrad", TC.grad_supported(dy, x)):
+            return TC.wgrad(dy, x, bgrad=spec.bias)
         if self._skinny("wgrad", dy.shape[1], None):
             return S.wgrad(dy, x, bgrad=spec.bias)
         if not spec.bias and self._own_gemm(dy.dtype) and \

@@ -50,29 +50,35 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
 
 
 def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=False,
-                 grad_scale=None):
+                 grad_scale=None, low=None):
     """The fused step of a named optimizer, or None when it has no fused form here.
 
     ``finite`` (a 0-d bool device array, or a function returning one that is called only if
     the kernel runs) makes the kernel keep every tensor unchanged when False; the caller
     then handles the step counts (see ``dynamic_loss_scaling``). ``grad_scale`` (a 0-d
     float32 device array): the gradients are ``grads.astype(float32) * grad_scale``, formed
-    inside the kernel (mixed precision's scaled 16-bit gradients); GPU only.
+    inside the kernel (mixed precision's scaled 16-bit gradients); GPU only. ``low``: a
+    lower-precision copy of ``params`` (same structure) that the kernel rewrites from the
+    new params; the result is then ``(new_params, new_opt_state, new_low)``; GPU only.
     """
     spec = getattr(opt.update, "fused_spec", None)
     return None if spec is None else _fused(spec, grads, opt_state, params, finite,
-                                            donate_grads, grad_scale)
+                                            donate_grads, grad_scale, low)
 
 
-def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_scale=None):
+def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_scale=None,
+           low=None):
     kind, lr = spec["kind"], spec["lr"]
     p_leaves, treedef = tree.flatten(params)
     g_leaves = tree.leaves(grads)
     if not p_leaves or tree.structure(grads) != treedef:
         return None
     on_host = not any(is_cupy(p) for p in p_leaves)
-    if on_host and (finite is not None or grad_scale is not None):
+    low_leaves = None if low is None else tree.leaves(low)
+    if on_host and (finite is not None or grad_scale is not None or low is not None):
         return None  # loss scaling on the host: the reference path handles the skip
+    if low is not None and tree.structure(low) != treedef:
+        return None
     *core, sched = state
     hyper = {}
     # the kernel reads and writes the counts through pointers: only for device counters
@@ -111,11 +117,11 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         res = _host_update(kind, p_leaves, g_leaves, groups, donate_grads, **hyper)
     else:
         res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
-                                          grad_scale=grad_scale,
+                                          grad_scale=grad_scale, low=low_leaves,
                                           in_place=not host_sync_allowed(), **hyper)
     if res is None:
         return None
-    new_p, new_groups = res
+    new_p, new_groups = res[:2]
     new_params = tree.unflatten(treedef, new_p)
     if kind == "adam":
         mu_def = tree.structure(first.mu)
@@ -123,6 +129,8 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
                               nu=tree.unflatten(mu_def, new_groups[1]))
     elif kind == "momentum":
         core[0] = type(first)(trace=tree.unflatten(tree.structure(first.trace), new_groups[0]))
+    if low is not None:
+        return new_params, (*core, new_sched), tree.unflatten(treedef, res[2])
     return new_params, (*core, new_sched)
 
 

@@ -26,7 +26,8 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     The update is ``ff.optim.update_and_apply`` (one fused kernel on the GPU for the named
     optimizers). ``compute_dtype="float16"`` is mixed precision: float32 params, 16-bit
     forward and backward, and an ``optimizer`` wrapped in
-    ``ff.mixed_precision.dynamic_loss_scaling`` (its state carries the loss scale).
+    ``ff.mixed_precision.dynamic_loss_scaling`` (its state carries the loss scale, and with
+    ``compute_dtype`` the float16 copy of the params that the step computes with).
     ``comm`` (a ``ff.distributed.Communicator``): x and y are this rank's shard, and the
     gradients are averaged over the ranks (one collective) before the update.
     """
@@ -48,7 +49,9 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
                     f"make_step(compute_dtype={np.dtype(compute_dtype).name!r}): the optimizer "
                     f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
                     "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
-            (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale)
+            (loss, outputs), grads = grad_fn(
+                params, x, y, key=key, loss_scale=scale,
+                compute_params=getattr(opt_state, "compute_params", None))
         else:
             (loss, outputs), grads = grad_fn(params, x, y, key=key)
         if comm is not None:

@@ -1,0 +1,435 @@
+"""Tensor-core forms of the skinny float16 matmuls (``_cuda_skinny``): the output layer.
+
+The float16 output layer of 784-4096-4096-10 at batch 8192 is memory-bound: each of its
+three matmuls reads or writes the 67 MB activation once. The SIMT skinny kernels spend
+80 fp32 FMAs per 16 bytes there and reach about 1.5 TB/s (wgrad 47 us, dgrad 42 us on the
+H200), cuBLASLt's forward 34 us; JAX's Triton fusions do each in about 18 us. Here each
+runs ``mma.sync.m16n8k16`` (float16 in, float32 accumulate) with the small side (at most
+16) padded to 16, so the arithmetic is off the critical path and the kernels stream.
+
+Fragment layouts are PTX's for m16n8k16 (g = lane / 4, t = lane % 4): A holds (row g or
+g + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9), B (rows 2t, 2t + 1 and 2t + 8, 2t + 9,
+column g), D (rows g, g + 8, columns 2t, 2t + 1). Two freedoms make every global access a
+16-byte vector:
+
+- the reduction index may be permuted, as long as A and B use the same permutation: the
+  four logical columns 2t, 2t + 1, 2t + 8, 2t + 9 of a k16 step are four adjacent elements
+  in memory (``forward``: a thread's 16-byte load feeds two k16 steps; ``wgrad``: four
+  adjacent batch rows);
+- the output columns of the eight n8 tiles a warp runs may be any 64 features, as long as
+  B and D agree: tile j's column n is feature ``8n + j`` (``wgrad``) or a mapping that
+  gives each thread 2 x 8 adjacent features of a row to store (``dgrad``).
+
+- ``forward``: ``y = x @ w.T + bias`` (no activation: the output layer); a block of 8
+  warps takes 16 rows, its warps split the inputs and add their sums in shared memory.
+- ``wgrad``: ``dw = dy.T @ x`` and the bias gradient ``dy.sum(0)``; a warp takes 64
+  features of a chunk of rows; chunks go through ``_cuda_skinny.sum_chunks``.
+- ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` and its column sums (the lower layer's bias
+  gradient); dy and the chunk's mask bytes are staged in shared memory.
+
+Sums run in float32 in a fixed order: results are deterministic, but their last bits
+differ from the SIMT kernels' (the tensor cores add in their own order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy
+import numpy as np
+
+from fuseflow.backend import _cuda_skinny as S
+
+MAX_N = 16           # the small side, padded to one m16/k16 tile
+#: From this many batch x features elements on (like ``_cuda_skinny.VECTOR_MIN_ELEMENTS``):
+#: shorter problems are latency-bound and keep the SIMT kernels' many small blocks.
+MIN_ELEMENTS = 2 ** 21
+FORWARD_WARPS = 8    # forward: warps per block, splitting the inputs
+GRAD_WARPS = 4       # wgrad/dgrad: warps per block, 64 features each
+#: Rows of a wgrad/dgrad block (a multiple of 16); batch 8192 then gives 32 chunks, 512
+#: blocks of 4 warps over 4096 features.
+ROWS_PER_CHUNK = 256
+#: A chunk's rows of dy (and of the mask bytes) sit in static shared memory: at most 48 KB.
+MAX_ROWS_PER_CHUNK = 512
+
+_COMMON = r"""
+#include <cuda_fp16.h>
+typedef __half T;
+#define N {N}
+
+// d += a @ b over one m16n8k16 tile, float16 in, float32 accumulate
+__device__ __forceinline__ void mma16816(float* d, const unsigned* a, unsigned b0,
+                                         unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// the 16-byte vector at p as four words (zero where !ok)
+__device__ __forceinline__ void load16(unsigned* r, const T* p, bool ok) {
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (ok) v = *reinterpret_cast<const uint4*>(p);
+    r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+}
+
+// half j of the 8-half vector p (low) beside half j of q (high), as one word
+__device__ __forceinline__ unsigned pair(const unsigned* p, const unsigned* q, int j) {
+    return __byte_perm(p[j >> 1], q[j >> 1], (j & 1) ? 0x7632 : 0x5410);
+}
+"""
+
+# Block: FORWARD_WARPS warps, 16 rows r0..r0+15. Warp w takes the 32-input chunks w, w + W,
+# ...; thread (g, t) loads 8 adjacent inputs 8t..8t+7 of rows g and g + 8 and of w's rows
+# g and 8 + g; the first four are k16 step one (logical columns 2t, 2t+1, 2t+8, 2t+9), the
+# last four step two.
+_FORWARD = r"""
+extern "C" __global__ void tc_forward(const T* __restrict__ x, const T* __restrict__ w,
+        const T* __restrict__ bias, T* __restrict__ y, long long B, long long K) {
+    __shared__ float red[WARPS][16][17];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long r0 = (long long)blockIdx.x * 16;
+    const bool ok0 = r0 + g < B, ok1 = r0 + g + 8 < B;
+    const T* x0 = x + (r0 + g) * K;
+    const T* x1 = x0 + 8 * K;
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    #pragma unroll 4
+    for (long long kb = (long long)warp * 32; kb < K; kb += WARPS * 32) {
+        const long long k = kb + 8 * t;
+        const bool in = k < K;  // K % 8 == 0: a vector is all in or all out
+        unsigned a0[4], a1[4], w0[4], w1[4];
+        load16(a0, x0 + k, in && ok0);
+        load16(a1, x1 + k, in && ok1);
+        load16(w0, w + (long long)g * K + k, in && g < N);
+        load16(w1, w + (long long)(8 + g) * K + k, in && 8 + g < N);
+        #pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            const unsigned a[4] = {a0[2 * s], a1[2 * s], a0[2 * s + 1], a1[2 * s + 1]};
+            mma16816(acc[0], a, w0[2 * s], w0[2 * s + 1]);
+            mma16816(acc[1], a, w1[2 * s], w1[2 * s + 1]);
+        }
+    }
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        red[warp][g][8 * j + 2 * t] = acc[j][0];
+        red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+        red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+        red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 16; i += blockDim.x) {
+        const int row = i >> 4, col = i & 15;
+        if (col >= N || r0 + row >= B) continue;
+        float s = 0.f;
+        #pragma unroll
+        for (int v = 0; v < WARPS; ++v) s += red[v][row][col];
+        if (HAS_BIAS) s += __half2float(bias[col]);
+        y[(r0 + row) * N + col] = __float2half_rn(s);
+    }
+}
+"""
+
+# Block: GRAD_WARPS warps, warp v takes features fb = (blockIdx.x * GRAD_WARPS + v) * 64 ..
+# fb + 63 of rows r0..r1 (a chunk). Tile j's column n is feature fb + 8n + j. dy goes
+# through shared memory transposed (dyT[class][row], classes >= N and rows >= B zero), so
+# a thread's A words (classes g, g + 8; rows 4t..4t+3 of the k16 step, logical columns 2t,
+# 2t+1, 2t+8, 2t+9) are two 8-byte loads. Column F of the result (BGRADB) is dy.sum(0).
+_WGRAD = r"""
+extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
+        float* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B,
+        long long F) {
+    const int pitch = RPC + 16;  // halves: 8-byte aligned rows, no bank conflicts
+    __shared__ __align__(16) T dyT[16 * (RPC + 16)];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long r0 = (long long)blockIdx.y * RPC;
+    const long long nrows = (B - r0 < RPC) ? B - r0 : RPC;
+    const long long FC = F + (BGRADB ? 1 : 0);
+    // a fixed trip count, unrolled: every thread's loads are in flight at once
+    #pragma unroll
+    for (int i = 0; i < 16 * RPC / (32 * WARPS); ++i) {
+        const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
+        dyT[c * pitch + r] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
+    }
+    __syncthreads();
+    if (BGRADB && blockIdx.x == 0 && threadIdx.x < 8 * 16) {
+        // 8 threads per class (16 classes), rows strided by 8, then a shuffle tree
+        const int c = threadIdx.x >> 3, q = threadIdx.x & 7;
+        float s = 0.f;
+        for (long long r = q; r < nrows; r += 8) s += __half2float(dyT[c * pitch + r]);
+        #pragma unroll
+        for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (q == 0 && c < N) {
+            if (gridDim.y == 1) db[c] = __float2half_rn(s);
+            else part[((long long)blockIdx.y * N + c) * FC + F] = s;
+        }
+    }
+    const long long fb = ((long long)blockIdx.x * WARPS + warp) * 64;
+    if (fb >= F) return;  // whole warps; F % 64 == 0
+    float acc[8][4];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    const T* xp = x + fb + 8 * g;
+    #pragma unroll 2
+    for (long long kb = 0; kb < nrows; kb += 16) {
+        const long long r = kb + 4 * t;
+        unsigned v0[4], v1[4], v2[4], v3[4];
+        load16(v0, xp + (r0 + r) * F, r < nrows);
+        load16(v1, xp + (r0 + r + 1) * F, r + 1 < nrows);
+        load16(v2, xp + (r0 + r + 2) * F, r + 2 < nrows);
+        load16(v3, xp + (r0 + r + 3) * F, r + 3 < nrows);
+        const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * pitch + r);
+        const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * pitch + r);
+        const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
+    }
+    // thread (g, t): classes g and g + 8 at features fb + 16t + j (c0) and fb + 16t + 8 + j
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int c = g + 8 * h;
+        if (c >= N) continue;
+        const long long f = fb + 16 * t;
+        if (gridDim.y == 1) {
+            unsigned o[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                o[j / 2] = __byte_perm(__half_as_ushort(__float2half_rn(acc[j][2 * h])),
+                                       __half_as_ushort(__float2half_rn(acc[j + 1][2 * h])),
+                                       0x5410);
+                o[4 + j / 2] = __byte_perm(
+                    __half_as_ushort(__float2half_rn(acc[j][2 * h + 1])),
+                    __half_as_ushort(__float2half_rn(acc[j + 1][2 * h + 1])), 0x5410);
+            }
+            *reinterpret_cast<uint4*>(dw + c * F + f) = make_uint4(o[0], o[1], o[2], o[3]);
+            *reinterpret_cast<uint4*>(dw + c * F + f + 8) = make_uint4(o[4], o[5], o[6], o[7]);
+        } else {
+            float* p = part + ((long long)blockIdx.y * N + c) * FC + f;
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                p[j] = acc[j][2 * h];
+                p[8 + j] = acc[j][2 * h + 1];
+            }
+        }
+    }
+}
+"""
+
+# Block: GRAD_WARPS warps, warp v takes features fb = (blockIdx.x * GRAD_WARPS + v) * 64 ..
+# of rows r0..r1. Tile j's column n is feature fb + 32 (n & 1) + 8 (n >> 1) + j, so thread
+# (g, t) ends up with features fb + 8t + j (D column 2t) and fb + 32 + 8t + j (column 2t+1)
+# of rows g and g + 8: two 16-byte stores a row, four threads writing 128 adjacent bytes.
+# B (w at classes 2t, 2t+1, 2t+8, 2t+9) stays in registers; dy (padded to 16 classes) and
+# the chunk's relu_aux bytes of the block's features are staged in shared memory.
+_DGRAD = r"""
+extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restrict__ w,
+        const unsigned char* __restrict__ aux, T* __restrict__ dx, float* __restrict__ part,
+        T* __restrict__ db, long long B, long long F, long long ld) {
+    __shared__ __align__(16) T dys[RPC * 16];                        // [rows][16]
+    __shared__ __align__(16) unsigned char ms[DRELU ? RPC * WARPS * 8 : 16];  // [rows][bytes]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long r0 = (long long)blockIdx.y * RPC;
+    const long long nrows = (B - r0 < RPC) ? B - r0 : RPC;
+    const long long fb0 = (long long)blockIdx.x * WARPS * 64;
+    // fixed trip counts, unrolled: every thread's loads are in flight at once
+    #pragma unroll
+    for (int i = 0; i < RPC * 16 / (32 * WARPS); ++i) {
+        const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
+        dys[e] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
+    }
+    if (DRELU) {  // the mask bytes of the block's features, 8 at a time (ld % 8 == 0)
+        const long long nb = (F - fb0) / 8 < WARPS * 8 ? (F - fb0) / 8 : WARPS * 8;
+        #pragma unroll
+        for (int k = 0; k < (RPC + 31) / 32; ++k) {
+            const int e = threadIdx.x + k * 32 * WARPS, r = e / WARPS, i = e - r * WARPS;
+            if (r >= RPC) break;
+            uint2 v = make_uint2(0u, 0u);
+            if (r < nrows && 8 * i < nb)
+                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * i);
+            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * i) = v;
+        }
+    }
+    __syncthreads();
+    const long long fb = fb0 + (long long)warp * 64;
+    if (fb >= F) return;  // whole warps; F % 64 == 0
+    // B words: classes (2t, 2t+1) and (2t+8, 2t+9) at this thread's column g of each tile
+    unsigned b[8][2];
+    {
+        const T* wp = w + fb + 32 * (g & 1) + 8 * (g >> 1);
+        unsigned c0[4], c1[4], c2[4], c3[4];
+        load16(c0, wp + (long long)(2 * t) * F, 2 * t < N);
+        load16(c1, wp + (long long)(2 * t + 1) * F, 2 * t + 1 < N);
+        load16(c2, wp + (long long)(2 * t + 8) * F, 2 * t + 8 < N);
+        load16(c3, wp + (long long)(2 * t + 9) * F, 2 * t + 9 < N);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
+    }
+    float colsum[16];
+    #pragma unroll
+    for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
+    const int mbyte = warp * 8 + t;  // mask byte of features fb + 8t.. (+4: fb + 32 + 8t..)
+    #pragma unroll 2
+    for (long long kb = 0; kb < nrows; kb += 16) {
+        const T* d0 = dys + (kb + g) * 16;
+        const T* d1 = d0 + 8 * 16;
+        const unsigned a[4] = {*reinterpret_cast<const unsigned*>(d0 + 2 * t),
+                               *reinterpret_cast<const unsigned*>(d1 + 2 * t),
+                               *reinterpret_cast<const unsigned*>(d0 + 2 * t + 8),
+                               *reinterpret_cast<const unsigned*>(d1 + 2 * t + 8)};
+        float acc[8][4];
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+            mma16816(acc[j], a, b[j][0], b[j][1]);
+        }
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {        // rows g and g + 8
+            const long long r = kb + g + 8 * h;
+            if (r >= nrows) continue;
+            #pragma unroll
+            for (int s = 0; s < 2; ++s) {    // features fb + 8t + j, fb + 32 + 8t + j
+                const unsigned bits = DRELU ? ms[r * (WARPS * 8) + mbyte + 4 * s] : 0xffu;
+                unsigned o[4];
+                #pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    __half lo = __float2half_rn(acc[j][2 * h + s]);
+                    __half hi = __float2half_rn(acc[j + 1][2 * h + s]);
+                    if (DRELU && !((bits >> j) & 1u)) lo = __float2half(0.f);
+                    if (DRELU && !((bits >> (j + 1)) & 1u)) hi = __float2half(0.f);
+                    if (BGRAD) {
+                        colsum[8 * s + j] += __half2float(lo);
+                        colsum[8 * s + j + 1] += __half2float(hi);
+                    }
+                    o[j / 2] = __byte_perm(__half_as_ushort(lo), __half_as_ushort(hi), 0x5410);
+                }
+                *reinterpret_cast<uint4*>(dx + (r0 + r) * F + fb + 32 * s + 8 * t) =
+                    make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
+    }
+    if (BGRAD) {
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float v = colsum[i];
+            #pragma unroll
+            for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            colsum[i] = v;
+        }
+        if (g == 0) {
+            #pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const long long f = fb + 32 * (i >> 3) + 8 * t + (i & 7);
+                if (gridDim.y == 1) db[f] = __float2half_rn(colsum[i]);
+                else part[(long long)blockIdx.y * F + f] = colsum[i];
+            }
+        }
+    }
+}
+"""
+
+
+@functools.cache
+def _kernel(name, n, **flags):
+    src = {"tc_forward": _FORWARD, "tc_wgrad": _WGRAD, "tc_dgrad": _DGRAD}[name]
+    head = _COMMON.replace("{N}", str(n))
+    head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
+    return cupy.RawKernel(head + src, name)
+
+
+def _aligned(*arrays):
+    return all(a.data.ptr % 16 == 0 for a in arrays)
+
+
+def forward_supported(x, w, bias, activation) -> bool:
+    """float16, at most 16 outputs, no activation, inputs a multiple of 8, 16-byte aligned
+    x and w, and at least ``MIN_ELEMENTS`` batch x inputs."""
+    return (x.dtype == np.float16 and activation is None and 0 < w.shape[0] <= MAX_N
+            and x.shape[1] % 8 == 0 and x.shape[0] * x.shape[1] >= MIN_ELEMENTS
+            and _aligned(x, w))
+
+
+def grad_supported(dy, big) -> bool:
+    """wgrad (``big`` = x) and dgrad (``big`` = w): float16, at most 16 gradient columns, a
+    multiple of 64 features, 16-byte aligned, at least ``MIN_ELEMENTS`` batch x features."""
+    return (dy.dtype == np.float16 and 0 < dy.shape[1] <= MAX_N and big.shape[1] % 64 == 0
+            and dy.shape[0] * big.shape[1] >= MIN_ELEMENTS and _aligned(big))
+
+
+def forward(x, w, bias):
+    """``y = x @ w.T + bias`` for C-contiguous float16 x (B, K), w (N, K), N <= 16."""
+    batch, k = x.shape
+    n = w.shape[0]
+    y = cupy.empty((batch, n), dtype=x.dtype)
+    if batch:
+        kern = _kernel("tc_forward", n, HAS_BIAS=bias is not None, WARPS=FORWARD_WARPS)
+        kern((-(-batch // 16),), (32 * FORWARD_WARPS,),
+             (x, w, bias if bias is not None else np.uintp(0), y, np.int64(batch),
+              np.int64(k)))
+    return y, None
+
+
+def _chunks(batch, rows):
+    rows = rows or ROWS_PER_CHUNK
+    if rows % 16 or not 16 <= rows <= MAX_ROWS_PER_CHUNK:
+        raise ValueError(f"tensor-core skinny kernels: rows per chunk must be a multiple of "
+                         f"16 from 16 to {MAX_ROWS_PER_CHUNK}, got {rows}")
+    return rows, max(1, -(-batch // rows))
+
+
+def wgrad(dy, x, *, bgrad: bool, rows=None):
+    """``(dw, dbias)``: ``dy.T @ x`` for C-contiguous float16 dy (B, N), N <= 16, x (B, F),
+    F % 64 == 0, and ``dy.sum(0)`` when ``bgrad``. ``rows``: rows per chunk (benchmarks)."""
+    batch, n = dy.shape
+    features = x.shape[1]
+    fc = features + (1 if bgrad else 0)
+    dw = cupy.empty((n, features), dtype=dy.dtype)
+    db = cupy.empty(n, dtype=dy.dtype) if bgrad else None
+    if not batch:
+        dw.fill(0)
+        if bgrad:
+            db.fill(0)
+        return dw, db
+    rows, chunks = _chunks(batch, rows)
+    part = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
+    kern = _kernel("tc_wgrad", n, BGRADB=bgrad, WARPS=GRAD_WARPS, RPC=rows)
+    kern((-(-features // (64 * GRAD_WARPS)), chunks), (32 * GRAD_WARPS,),
+         (dy, x, part if part is not None else np.uintp(0), dw,
+          db if bgrad else np.uintp(0), np.int64(batch), np.int64(features)))
+    if part is not None:
+        S.sum_chunks(part, dw, db, n, features, fc)
+    return dw, db
+
+
+def _aux_copy(aux, ld, batch):
+    """relu_aux (column b at byte ``b * ld``) copied with its columns 8-byte aligned."""
+    rows = aux.shape[0]
+    padded = cupy.zeros((batch, -(-rows // 8) * 8), dtype=np.uint8)
+    padded[:, :rows] = cupy.lib.stride_tricks.as_strided(aux, (batch, rows), (ld, 1))
+    return padded.T, padded.shape[1]
+
+
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None):
+    """``(dx, dbias)``: ``dy @ w`` for C-contiguous float16 dy (B, N), N <= 16, w (N, F),
+    F % 64 == 0, masked by relu_aux ``aux`` (column b at byte ``b * ld``) when given, and
+    its column sums when ``bgrad``. ``rows``: rows per chunk (benchmarks)."""
+    batch, n = dy.shape
+    features = w.shape[1]
+    dx = cupy.empty((batch, features), dtype=dy.dtype)
+    db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
+    if not batch:
+        if bgrad:
+            db.fill(0)
+        return dx, db
+    rows, chunks = _chunks(batch, rows)
+    if aux is not None and (ld % 8 or aux.data.ptr % 8):  # the kernel reads 8 bytes at a time
+        aux, ld = _aux_copy(aux, ld, batch)
+    part = cupy.empty((chunks, features), dtype=np.float32) if bgrad and chunks > 1 else None
+    kern = _kernel("tc_dgrad", n, DRELU=aux is not None, BGRAD=bgrad, WARPS=GRAD_WARPS,
+                   RPC=rows)
+    kern((-(-features // (64 * GRAD_WARPS)), chunks), (32 * GRAD_WARPS,),
+         (dy, w, aux if aux is not None else np.uintp(0), dx,
+          part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
+          np.int64(batch), np.int64(features), np.int64(ld)))
+    if part is not None:
+        S.sum_chunks(part, db, None, 1, features, features)
+    return dx, db
