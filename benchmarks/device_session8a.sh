@@ -4,7 +4,8 @@
 # compute copy written by the update kernel: their GPU tests (TESTS: a -k expression over
 # the backend tests); the kernels alone (skinny_sweep.py --only tc); the large model's
 # 16-bit steps with FUSEFLOW_SKINNY_TC and PEERS_COMPUTE_COPY off/on alternating (two
-# rounds); the profiled 16-bit Adam step. Results: $OUT/results-s8a.tgz.
+# rounds); the profiled 16-bit Adam step; then (PEERS=1, the default) fuseflow and JAX
+# on every model with time to 98%, as in call 22. Results: $OUT/results-s8a.tgz.
 set -uo pipefail
 TAG=s8a
 source "$(dirname "$0")/_device_lib.sh"
@@ -22,3 +23,8 @@ for r in 1 2; do
 done
 TAILN=3 run profile_fuseflow 60 python3 benchmarks/profile_step.py --framework fuseflow --out "$res" \
   --configs 784-4096-4096-10:adam:16bit --tag s8a
+# fuseflow and JAX, every model and precision, time to 98%, one process each (as call 22)
+[ "${PEERS:-1}" = 1 ] && {
+  TAILN=20 run peers_fuseflow 160 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist --tag s8a
+  TAILN=20 run peers_jax 260 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist --tag s8a
+}

@@ -46,9 +46,11 @@ MAX_N = 16           # the small side, padded to one m16/k16 tile
 MIN_ELEMENTS = 2 ** 21
 FORWARD_WARPS = 8    # forward: warps per block, splitting the inputs
 GRAD_WARPS = 4       # wgrad/dgrad: warps per block, 64 features each
-#: Rows of a wgrad/dgrad block (a multiple of 16); batch 8192 then gives 32 chunks, 512
-#: blocks of 4 warps over 4096 features.
-ROWS_PER_CHUNK = 256
+#: Rows of a wgrad/dgrad block (a multiple of 16). Measured on the H200 at batch 8192 x
+#: 4096 x 10 (graph replays, ``benchmarks/skinny_sweep.py --only tc``,
+#: ``session8_skinny_sweep_tc.json``): wgrad 78.2 / 50.8 / 37.5 / 35.6 us and dgrad 45.6 /
+#: 52.6 / 47.8 / 37.8 us at 64 / 128 / 256 / 512 rows (SIMT kernels: 50.2 and 46.2).
+ROWS_PER_CHUNK = 512
 #: A chunk's rows of dy (and of the mask bytes) sit in static shared memory: at most 48 KB.
 MAX_ROWS_PER_CHUNK = 512
 
