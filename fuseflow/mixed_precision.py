@@ -26,7 +26,10 @@ params in its state (``compute_params``, equal to ``params.astype(float16)`` aft
 update): the fused update kernel writes it beside the float32 params, and
 ``value_and_grad(...)(..., compute_params=state.compute_params)`` uses it instead of
 casting the params again at the start of the next step (on the GPU: one fewer read of the
-float32 params per step).
+float32 params per step). The copy follows the params through this optimizer's updates
+only: the wrapper must be the outermost transform (its updates are the ones applied), and
+params changed any other way (loaded weights, averaging) need
+``refresh_compute_params(state, params)``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
     "DynamicScaleState",
     "all_finite",
     "dynamic_loss_scaling",
+    "refresh_compute_params",
     "unscale",
     "update_and_apply_scaled",
     "value_and_grad",
@@ -188,6 +192,17 @@ class DynamicScaleState(NamedTuple):
     inner: Any        # the wrapped optimizer's state
     #: the params cast to the compute dtype, kept current by every update (or None)
     compute_params: Any = None
+
+
+def refresh_compute_params(state, params):
+    """``state`` with its compute copy re-cast from ``params``: after params were changed
+    outside the optimizer (loaded, averaged, edited), whose updates alone keep it current."""
+    if getattr(state, "compute_params", None) is None:
+        raise TypeError("refresh_compute_params: the state keeps no compute copy. Fix: "
+                        "ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype='float16').")
+    cd = tree.leaves(state.compute_params)[0].dtype
+    low = backend.multi_tensor_cast(tree.leaves(params), cd)
+    return state._replace(compute_params=tree.unflatten(tree.structure(params), low))
 
 
 def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,

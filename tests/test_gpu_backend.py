@@ -574,6 +574,8 @@ def test_skinny_tc_kernels_are_exact_on_integers(nb, rng, shape):
     for rows in (24, 528):
         with pytest.raises(ValueError, match="multiple of 16 from 16 to 512"):
             TC.wgrad(dev(dy), h, bgrad=True, rows=rows)
+    with pytest.raises(ValueError, match="more than the grid's 65535"):
+        TC._chunks(16 * 65536, 16)
 
 
 def test_skinny_tc_kernels_run_where_supported(nb, rng):

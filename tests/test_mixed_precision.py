@@ -109,3 +109,26 @@ def test_compute_params_give_the_same_loss_and_grads_and_are_checked():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="compute dtype must be one of"):
         mp.dynamic_loss_scaling(ff.optim.sgd(0.1), compute_dtype="int8")
+
+
+def test_refresh_compute_params_and_make_step_dtype_check():
+    """Params changed outside the optimizer get a fresh copy from refresh_compute_params;
+    make_step refuses a copy in another dtype than it computes in, with the fix."""
+    model, params, x, y = setup()
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-3), compute_dtype="float16")
+    state = opt.init(params)
+    edited = ff.tree.map(lambda p: p * 0.5, params)
+    fresh = mp.refresh_compute_params(state, edited)
+    for p, low in zip(ff.tree.leaves(edited), ff.tree.leaves(fresh.compute_params)):
+        np.testing.assert_array_equal(low, p.astype(np.float16))
+    with pytest.raises(TypeError, match="keeps no compute copy"):
+        mp.refresh_compute_params(mp.dynamic_loss_scaling(ff.optim.sgd(0.1)).init(params),
+                                  params)
+    step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                              compute_dtype="float16")
+    p2, s2, metrics = step(params, state, x, y)  # runs on the copy, keeps it current
+    for p, low in zip(ff.tree.leaves(p2), ff.tree.leaves(s2.compute_params)):
+        np.testing.assert_array_equal(low, p.astype(np.float16))
+    wide = mp.dynamic_loss_scaling(ff.optim.adam(1e-3), compute_dtype="float32")
+    with pytest.raises(TypeError, match="keeps its compute copy in float32"):
+        step(params, wide.init(params), x, y)

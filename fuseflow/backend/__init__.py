@@ -222,7 +222,9 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
     same = grad_scale is None
     if len(params) > 32 or not fusable(own, max_leaves=len(own)) or own[0].dtype.itemsize < 4 \
             or not fusable(grads, max_leaves=len(grads)) \
-            or (low is not None and not (len(low) == len(params) and fusable(low, len(low)))) \
+            or (low is not None and not (len(low) == len(params) and fusable(low, len(low))
+                                         and all(a.shape == p.shape
+                                                 for a, p in zip(low, params)))) \
             or (same and grads[0].dtype != own[0].dtype) \
             or not (same or (is_cupy(grad_scale) and own[0].dtype == np.float32)):
         return None

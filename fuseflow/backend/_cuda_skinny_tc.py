@@ -2,8 +2,9 @@
 
 The float16 output layer of 784-4096-4096-10 at batch 8192 is memory-bound: each of its
 three matmuls reads or writes the 67 MB activation once. The SIMT skinny kernels spend
-80 fp32 FMAs per 16 bytes there and reach about 1.5 TB/s (wgrad 47 us, dgrad 42 us on the
-H200), cuBLASLt's forward 34 us; JAX's Triton fusions do each in about 18 us. Here each
+80 fp32 FMAs per 16 bytes there and reach about 1.5 TB/s (in the profiled step on the
+H200: wgrad 47 us, dgrad 42 us, cuBLASLt's forward 34 us); JAX's Triton fusions do each
+in about 18 us (``profile_jax.json``). Here each
 runs ``mma.sync.m16n8k16`` (float16 in, float32 accumulate) with the small side (at most
 16) padded to 16, so the arithmetic is off the critical path and the kernels stream.
 
@@ -55,6 +56,7 @@ GRAD_WARPS = 4       # wgrad/dgrad: warps per block, 64 features each
 ROWS_PER_CHUNK = 512
 #: A chunk's rows of dy (and of the mask bytes) sit in static shared memory: at most 48 KB.
 MAX_ROWS_PER_CHUNK = 512
+MAX_CHUNKS = 65535   # chunks are the grid's y dimension
 
 _COMMON = r"""
 #include <cuda_fp16.h>
@@ -142,7 +144,9 @@ _WGRAD = r"""
 extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
         float* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B,
         long long F) {
-    const int pitch = RPC + 16;  // halves: 8-byte aligned rows, no bank conflicts
+    static_assert(WARPS >= 4, "the bias sums below take 8 threads for each of 16 classes");
+    // halves: rows 8-byte aligned, and the A-fragment loads free of bank conflicts
+    const int pitch = RPC + 16;
     __shared__ __align__(16) T dyT[16 * (RPC + 16)];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const long long r0 = (long long)blockIdx.y * RPC;
@@ -354,9 +358,11 @@ def forward_supported(x, w, bias, activation) -> bool:
 
 def grad_supported(dy, big) -> bool:
     """wgrad (``big`` = x) and dgrad (``big`` = w): float16, at most 16 gradient columns, a
-    multiple of 64 features, 16-byte aligned, at least ``MIN_ELEMENTS`` batch x features."""
+    multiple of 64 features, 16-byte aligned, at least ``MIN_ELEMENTS`` batch x features,
+    and at most ``MAX_CHUNKS`` chunks of rows (a grid dimension)."""
     return (dy.dtype == np.float16 and 0 < dy.shape[1] <= MAX_N and big.shape[1] % 64 == 0
-            and dy.shape[0] * big.shape[1] >= MIN_ELEMENTS and _aligned(big))
+            and MIN_ELEMENTS <= dy.shape[0] * big.shape[1]
+            and dy.shape[0] <= MAX_CHUNKS * ROWS_PER_CHUNK and _aligned(big))
 
 
 def forward(x, w, bias):
@@ -377,7 +383,12 @@ def _chunks(batch, rows):
     if rows % 16 or not 16 <= rows <= MAX_ROWS_PER_CHUNK:
         raise ValueError(f"tensor-core skinny kernels: rows per chunk must be a multiple of "
                          f"16 from 16 to {MAX_ROWS_PER_CHUNK}, got {rows}")
-    return rows, max(1, -(-batch // rows))
+    chunks = max(1, -(-batch // rows))
+    if chunks > MAX_CHUNKS:
+        raise ValueError(f"tensor-core skinny kernels: {batch} rows make {chunks} chunks of "
+                         f"{rows}, more than the grid's {MAX_CHUNKS}. Fix: more rows per "
+                         f"chunk, or the SIMT kernels (_cuda_skinny)")
+    return rows, chunks
 
 
 def wgrad(dy, x, *, bgrad: bool, rows=None):

@@ -493,9 +493,10 @@ class CudaBackend(Backend):
             return True
         return False
 
-    def _skinny_tc(self, op, supported):
-        """The tensor-core skinny form of ``op`` (see __init__), where ``supported``."""
-        if self.skinny_tc and self.skinny_max > 0 and op in self.skinny_ops and supported:
+    def _skinny_tc(self, op, n, supported):
+        """The tensor-core skinny form of ``op`` with small side ``n`` (see __init__), where
+        ``supported``."""
+        if self.skinny_tc and 0 < n <= self.skinny_max and op in self.skinny_ops and supported:
             self._counters["skinny_tc"] += 1
             return True
         return False
@@ -522,7 +523,7 @@ class CudaBackend(Backend):
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
-        if not spec.aux and self._skinny_tc("forward", TC.forward_supported(
+        if not spec.aux and self._skinny_tc("forward", out, TC.forward_supported(
                 x, w, bias, spec.activation)):
             return TC.forward(x, w, self._prep_bias(bias) if spec.bias else None)
         if spec.activation in (None, "relu") and self._own_gemm(x.dtype):
@@ -590,7 +591,7 @@ class CudaBackend(Backend):
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
         if spec.activation in (None, "relu") and self._skinny_tc(
-                "dgrad", TC.grad_supported(dy, w)):
+                "dgrad", w.shape[0], TC.grad_supported(dy, w)):
             aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
             return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if self._skinny("dgrad", w.shape[0], spec.activation):
@@ -694,7 +695,7 @@ class CudaBackend(Backend):
         """``stage`` names the plan-cache entries: a plan's cuBLASLt workspace must not be
         used by two streams at once, so weight gradients on a side stream ("wgrad/side")
         never share a plan with those on the main stream."""
-        if self._skinny_tc("wgrad", TC.grad_supported(dy, x)):
+        if self._skinny_tc("wgrad", dy.shape[1], TC.grad_supported(dy, x)):
             return TC.wgrad(dy, x, bgrad=spec.bias)
         if self._skinny("wgrad", dy.shape[1], None):
             return S.wgrad(dy, x, bgrad=spec.bias)

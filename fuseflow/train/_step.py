@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fuseflow import losses, mixed_precision
+from fuseflow import losses, mixed_precision, tree
 from fuseflow.grad import value_and_grad
 from fuseflow.optim import update_and_apply
 
@@ -49,9 +49,14 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
                     f"make_step(compute_dtype={np.dtype(compute_dtype).name!r}): the optimizer "
                     f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
                     "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
-            (loss, outputs), grads = grad_fn(
-                params, x, y, key=key, loss_scale=scale,
-                compute_params=getattr(opt_state, "compute_params", None))
+            low = getattr(opt_state, "compute_params", None)
+            if low is not None and tree.leaves(low)[0].dtype != np.dtype(compute_dtype):
+                raise TypeError(
+                    f"make_step(compute_dtype={np.dtype(compute_dtype).name!r}): the optimizer "
+                    f"keeps its compute copy in {tree.leaves(low)[0].dtype.name}. Fix: the same "
+                    "dtype in both, dynamic_loss_scaling(opt, compute_dtype=...).")
+            (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale,
+                                             compute_params=low)
         else:
             (loss, outputs), grads = grad_fn(params, x, y, key=key)
         if comm is not None:
