@@ -2,6 +2,8 @@
 #   run NAME SECONDS CMD...   (CMD's output in $res/NAME.log, its tail printed; afterwards
 #                              $res is packed into $OUT/results-$TAG.tgz, so a call stopped
 #                              by its time limit still returns every finished step)
+#   gpu_tests NAME SECONDS EXPR  the GPU tests of the backend, optimizers and compile
+#                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
 #                              in /tmp/r32, /tmp/r16; their metrics.jsonl copied to $res)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -11,6 +13,8 @@ export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.
 run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
   tail -n "${TAILN:-6}" "$res/$name.log"; tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
+gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+  tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
 cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp32 "$limit" python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress

@@ -9,9 +9,7 @@
 set -uo pipefail
 TAG=s8a
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=15 run pytest_gpu_tc 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py \
-  -k "${TESTS:-skinny}"
+gpu_tests pytest_gpu_tc 200 "${TESTS:-skinny}"
 TAILN=16 run skinny_sweep_tc 90 python3 benchmarks/skinny_sweep.py --only tc --out "$res"
 for r in 1 2; do
   for v in "0 0" "1 0" "1 1"; do

@@ -6,9 +6,8 @@
 set -uo pipefail
 TAG=s8c
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=12 run pytest_gpu_changed 120 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py \
-  -k "skinny_tc or benchmark_shape or compute_copy or compiled_float16 or scaled_gpu or mixed"
+gpu_tests pytest_gpu_changed 120 \
+  "skinny_tc or benchmark_shape or compute_copy or compiled_float16 or scaled_gpu or mixed"
 TAILN=20 run peers_fuseflow 160 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist --tag s8c
 # JAX on the models whose targets are open (device time was short): medium and large,
 # full fp32 and 16-bit, and time to 98%
