@@ -243,25 +243,35 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         return tree.map(lambda n, o: n if n is o else
                         xp.where(finite, n, o).astype(o.dtype, copy=False), new, old)
 
-    def update(grads, state, params=None):
-        if state.compute_params is not None and params is None:
-            raise TypeError("dynamic_loss_scaling(compute_dtype=...): update needs the params "
-                            "to keep compute_params current. Fix: call "
-                            "opt.update(grads, state, params).")
+    def step(grads, state, params):
+        """``(updates, new state, new params or None)``: the reference step. With a compute
+        copy the new params are formed here, once, for the copy and for the caller."""
         xp = namespace(state.scale)
         finite = all_finite(grads)
         safe = tree.map(lambda g: xp.where(finite, g, 0).astype(g.dtype), grads)
         updates, inner = optimizer.update(safe, state.inner, params)
         updates = tree.map(lambda u: xp.where(finite, u, 0).astype(u.dtype), updates)
-        low = None
+        new_params = low = None
         if state.compute_params is not None:  # the params these updates give, cast
-            low = cast(apply_updates(params, updates))
+            new_params = apply_updates(params, updates)
+            low = cast(new_params)
         return updates, DynamicScaleState(*next_scale(state, finite),
-                                          keep_if_not(finite, inner, state.inner), low)
+                                          keep_if_not(finite, inner, state.inner),
+                                          low), new_params
+
+    def update(grads, state, params=None):
+        if state.compute_params is not None and params is None:
+            raise TypeError("dynamic_loss_scaling(compute_dtype=...): update needs the params "
+                            "to keep compute_params current. Fix: call "
+                            "opt.update(grads, state, params).")
+        updates, new_state, _ = step(grads, state, params)
+        return updates, new_state
 
     def fused_apply(grads, state, params, grad_scale=None):
         """``update_and_apply``'s one-kernel path: the inner optimizer's fused kernel with a
-        device-side skip flag (None when the inner optimizer has no fused form).
+        device-side skip flag (None when the inner optimizer has no fused form and the
+        state keeps no compute copy: the caller then runs update + apply_updates; with a
+        copy the reference step runs here, adding the updates once for both).
         ``grad_scale``: the gradients are ``grads.astype(float32) * grad_scale``."""
         @functools.cache
         def finite():  # launched only if the fused kernel runs, and once
@@ -270,7 +280,11 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         out = fused_update(optimizer, grads, state.inner, params, finite=finite,
                            grad_scale=grad_scale, low=state.compute_params)
         if out is None:
-            return None
+            if state.compute_params is None:
+                return None
+            unscaled = grads if grad_scale is None else _times(grads, params, grad_scale)
+            _, new_state, new_params = step(unscaled, state, params)
+            return new_params, new_state
         new_params, inner, *low = out
         return new_params, DynamicScaleState(*next_scale(state, finite()),
                                              keep_if_not(finite(), inner, state.inner),
