@@ -89,8 +89,7 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
             low = _checked_compute_params(compute_params, treedef, leaves, cd)
             # the vectorized cast kernel: CuPy's astype took 31 us for the large model's
             # batch on the H200, the multi-tensor cast about a third of that
-            x_low = backend.multi_tensor_cast([x], cd)[0] \
-                if x.dtype != cd and backend.fusable([x]) else x.astype(cd, copy=False)
+            x_low = backend.multi_tensor_cast([x], cd)[0] if x.dtype != cd else x
         else:
             # the batch joins the params' cast (one launch on the GPU) where it can
             with_x = x.dtype != cd and backend.fusable([*leaves, x])
@@ -200,9 +199,14 @@ def refresh_compute_params(state, params):
     if getattr(state, "compute_params", None) is None:
         raise TypeError("refresh_compute_params: the state keeps no compute copy. Fix: "
                         "ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype='float16').")
-    cd = tree.leaves(state.compute_params)[0].dtype
-    low = backend.multi_tensor_cast(tree.leaves(params), cd)
-    return state._replace(compute_params=tree.unflatten(tree.structure(params), low))
+    return state._replace(compute_params=_cast_tree(
+        params, tree.leaves(state.compute_params)[0].dtype))
+
+
+def _cast_tree(params, dtype):
+    """``params`` with every leaf cast to ``dtype`` (one launch on the GPU)."""
+    return tree.unflatten(tree.structure(params),
+                          backend.multi_tensor_cast(tree.leaves(params), dtype))
 
 
 def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
@@ -216,14 +220,11 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                         f"got {type(optimizer).__name__}")
     cd = None if compute_dtype is None else _compute_dtype(compute_dtype)
 
-    def cast(params):
-        return tree.unflatten(tree.structure(params),
-                              backend.multi_tensor_cast(tree.leaves(params), cd))
-
     def init(params):
         xp = namespace(tree.leaves(params)[0])
         return DynamicScaleState(xp.asarray(init_scale, xp.float32), xp.zeros((), xp.int32),
-                                 optimizer.init(params), None if cd is None else cast(params))
+                                 optimizer.init(params),
+                                 None if cd is None else _cast_tree(params, cd))
 
     def next_scale(state, finite):
         rule = (growth_interval, growth_factor, backoff_factor, min_scale)
@@ -254,7 +255,7 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         new_params = low = None
         if state.compute_params is not None:  # the params these updates give, cast
             new_params = apply_updates(params, updates)
-            low = cast(new_params)
+            low = _cast_tree(new_params, cd)
         return updates, DynamicScaleState(*next_scale(state, finite),
                                           keep_if_not(finite, inner, state.inner),
                                           low), new_params
