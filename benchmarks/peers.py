@@ -121,7 +121,7 @@ def worker_fuseflow(args):
     def sync():
         cp.cuda.Device().synchronize()
 
-    rates = [plain_matmul_rate(cp)]  # the reference, before the models and after them
+    rates = plain_matmul_rates(cp, "before")  # the reference, before the models and after
     for name, opt_name, prec in configs("fp16"):
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
@@ -155,10 +155,10 @@ def worker_fuseflow(args):
             out["memory"].append(memory_report(ff, compiled, sizes, batch, opt_name))
         compiled = cs = st = None  # free the graph and its pool before the next model
         cp.get_default_memory_pool().free_all_blocks()
-    rates.append(plain_matmul_rate(cp))
-    # The larger of the two: the GPU's rate moved 735-812 TFLOP/s across calls, and the
-    # higher reference is the stricter one for the step's share of it.
-    out["matmul_rate_tflops"], out["matmul_rate_each_tflops"] = max(rates), rates
+    rates.update(plain_matmul_rates(cp, "after"))
+    # The largest: the rate moved 700-812 TFLOP/s across calls, and the higher reference is
+    # the stricter one for the step's share of it.
+    out["matmul_rate_tflops"], out["matmul_rate_each_tflops"] = max(rates.values()), rates
     if not args.no_mnist:
         for prec in args.mnist_precisions.split(","):
             be.tf32 = prec == "tf32"
@@ -185,16 +185,23 @@ def memory_report(ff, compiled, sizes, batch, opt_name):
             "pool_bytes": pool_bytes, "must_be_alive_bytes": need, "ratio": pool_bytes / need}
 
 
-def plain_matmul_rate(cp):
-    """TFLOP/s of a large plain fp16 matmul (8192^3, CuPy/cuBLAS), as the ceiling."""
-    a = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
-    b = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
-    for _ in range(3):
-        a @ b
-    us = median_step_us(lambda: a @ b, cp.cuda.Device().synchronize, 20, 5)
-    a = b = None
-    cp.get_default_memory_pool().free_all_blocks()
-    return 2 * 8192 ** 3 / us / 1e6
+def plain_matmul_rates(cp, when):
+    """TFLOP/s of a large plain fp16 matmul (8192^3, CuPy/cuBLAS), as the ceiling: with
+    operands uniform in [0, 1) and standard normal. The tensor cores' power, and so the
+    clock, depends on the operands' bits; keys ``"<when>_<distribution>"``."""
+    rng = cp.random.default_rng(0)
+    out = {}
+    for dist in ("uniform", "normal"):
+        a, b = ((rng.random((8192, 8192), dtype=cp.float32) if dist == "uniform" else
+                 rng.standard_normal((8192, 8192), dtype=cp.float32)).astype(cp.float16)
+                for _ in range(2))
+        for _ in range(3):
+            a @ b
+        us = median_step_us(lambda: a @ b, cp.cuda.Device().synchronize, 20, 5)
+        out[f"{when}_{dist}"] = 2 * 8192 ** 3 / us / 1e6
+        a = b = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
 
 
 #: the JSON key of each precision's time-to-98 record ("mnist" keeps its earlier meaning)
@@ -357,9 +364,30 @@ def worker_jax(args):
                "tflops": matmul_flops(sizes, batch) / us / 1e6}
         out["steps"].append(row)
         print(json.dumps(row), flush=True)
+    if "16bit" in PRECISIONS:
+        out["matmul_rate_tflops"] = jax_matmul_rates(jax, jnp)
     if not args.no_mnist:
         for prec in args.mnist_precisions.split(","):
             out[MNIST_KEY[prec]] = jax_time_to_98(jax, jnp, np, optax, args, prec)
+    return out
+
+
+def jax_matmul_rates(jax, jnp):
+    """TFLOP/s of JAX's plain bfloat16 8192^3 matmul (the issue's reference), with operands
+    uniform in [0, 1) and standard normal: a cross-check of fuseflow's CuPy reference."""
+    out = {}
+    mm = jax.jit(lambda a, b: a @ b)
+    for dist in ("uniform", "normal"):
+        draw = jax.random.uniform if dist == "uniform" else jax.random.normal
+        a, b = (draw(jax.random.PRNGKey(k), (8192, 8192)).astype(jnp.bfloat16) for k in (0, 1))
+        last = {"c": mm(a, b)}
+
+        def one(a=a, b=b, last=last):
+            last["c"] = mm(a, b)
+
+        one()
+        us = median_step_us(one, lambda last=last: last["c"].block_until_ready(), 20, 5)
+        out[f"bf16_{dist}"] = 2 * 8192 ** 3 / us / 1e6
     return out
 
 
