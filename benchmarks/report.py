@@ -1,17 +1,30 @@
-"""Markdown tables from the peers JSON files (fuseflow, JAX, torch, hand nvmath).
+"""Markdown from the peers JSON files (fuseflow, JAX, torch, hand nvmath) of one call.
 
-    python benchmarks/report.py benchmarks/results [FUSEFLOW_JSON_NAME] > table.md
+    python benchmarks/report.py DIR [--tag TAG] [--prefix PREFIX] > table.md
+
+Reads ``DIR/[PREFIX]peers_<framework>[_TAG].json`` (e.g. ``--prefix session9_ --tag s9e``
+for the files a session copied into benchmarks/results) and prints the step table (us per step; the
+last column is fuseflow compiled over JAX jit), then, where the files have them, the 16-bit
+Adam step's share of every plain-matmul reference of the call and the time-to-98% medians.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import math
+import statistics
 from pathlib import Path
 
+FRAMEWORKS = ("fuseflow", "jax", "torch", "hand_nvmath")
 
-def load(folder, name):
-    p = Path(folder) / (name if name.endswith(".json") else f"peers_{name}.json")
+
+def file_name(framework, tag="", prefix=""):
+    return f"{prefix}peers_{framework}{'_' + tag if tag else ''}.json"
+
+
+def load(folder, framework, tag="", prefix=""):
+    p = Path(folder) / file_name(framework, tag, prefix)
     return json.loads(p.read_text()) if p.exists() else None
 
 
@@ -19,8 +32,11 @@ def key(r):
     return r["model"], r["optimizer"], r["precision"]
 
 
-def main(folder, fuseflow_file="fuseflow"):
-    ff, jx, th, hand = (load(folder, n) for n in (fuseflow_file, "jax", "torch", "hand_nvmath"))
+def fmt(v):
+    return f"{v:,.0f}" if v is not None else "-"
+
+
+def step_table(ff, jx, th, hand):
     jax_us = {key(r): r["jit_us"] for r in jx["steps"]} if jx else {}
     torch_us = {(key(r), r["mode"]): r["us"] for r in th["steps"]} if th else {}
     hand_us = {key(r): (r["eager_us"], r["graph_us"]) for r in hand["steps"]} if hand else {}
@@ -30,17 +46,71 @@ def main(folder, fuseflow_file="fuseflow"):
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in ff["steps"]:
         k = key(r)
-        jk = (k[0], k[1], "bf16") if k[2] == "fp16" else k
-        j = jax_us.get(jk)
-        h = hand_us.get(k)
+        low = k[2] == "fp16"
+        jk = (k[0], k[1], "bf16") if low else k  # JAX and torch run bfloat16 there
+        j, h = jax_us.get(jk), hand_us.get(k)
         tc = [torch_us.get((jk, m)) for m in ("eager", "default", "reduce-overhead")]
-        fmt = lambda v: f"{v:,.0f}" if v is not None else "-"  # noqa: E731
-        print(f"| {k[0]}, {r['batch']} | {k[1]} | {k[2]}{' (JAX/torch: bf16)' if k[2] == 'fp16' else ''} "
-              f"| {fmt(r['eager_us'])} | **{fmt(r['compiled_us'])}** "
-              f"| {fmt(h[0]) + ' / ' + fmt(h[1]) if h else '-'} | {fmt(j)} | {fmt(tc[0])} "
-              f"| {fmt(tc[1])} / {fmt(tc[2])} | {r['compiled_us'] / j:.2f}x |" if j else "| - |")
+        precision = "16-bit (fuseflow fp16; JAX, torch bf16)" if low else k[2]
+        ratio = f"{r['compiled_us'] / j:.2f}x" if j else "-"
+        print(f"| {k[0]}, {r['batch']} | {k[1]} | {precision} | {fmt(r['eager_us'])} "
+              f"| **{fmt(r['compiled_us'])}** | {fmt(h[0]) + ' / ' + fmt(h[1]) if h else '-'} "
+              f"| {fmt(j)} | {fmt(tc[0])} | {fmt(tc[1])} / {fmt(tc[2])} | {ratio} |")
+
+
+def references(ff, jx):
+    """The 16-bit Adam step's TFLOP/s against each plain-matmul reference of the call."""
+    step = next((r for r in ff["steps"] if r["precision"] == "fp16" and r["optimizer"] == "adam"),
+                None)
+    if step is None:
+        return
+    each = ff.get("matmul_rate_each_tflops") or {"uniform": ff["matmul_rate_tflops"]}
+    if isinstance(each, list):  # the sixth session's call 29: uniform operands, before/after
+        each = dict(zip(("before_uniform", "after_uniform"), each))
+    refs = {f"cupy_fp16_{k}": v for k, v in each.items()}
+    if jx and isinstance(jx.get("matmul_rate_tflops"), dict):
+        refs.update({f"jax_{k}": v for k, v in jx["matmul_rate_tflops"].items()})
+    print(f"\n16-bit Adam step: {step['tflops_compiled']:.1f} TFLOP/s")
+    for name, rate in refs.items():
+        print(f"- {name}: {rate:.0f} TFLOP/s, the step at {step['tflops_compiled'] / rate:.1%}")
+
+
+def time_to_98(ff, jx):
+    for k in ("mnist", "mnist_tf32"):
+        a, b = (ff or {}).get(k), (jx or {}).get(k)
+        if not a and not b:
+            continue
+        print(f"\ntime to 98% ({k}):")
+        medians = {}
+        for name, m in (("fuseflow", a), ("JAX", b)):
+            if m:
+                medians[name] = median_time(m)
+                print(f"- {name}: median {medians[name]:.3f} s, epochs "
+                      f"{m.get('epochs_to_98_each')}, one-time {m['compile_s']:.3f} s")
+        if len(medians) == 2:
+            print(f"- ratio {medians['fuseflow'] / medians['JAX']:.2f}x")
+
+
+def median_time(record):
+    """The median over seeds, a seed that never reached 98% counting as the slowest (as
+    peers.over_seeds does from the sixth session on; older files left it None)."""
+    each = record.get("time_to_98_each_s") or [record["time_to_98_s"]]
+    return statistics.median(math.inf if t is None else t for t in each)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default="benchmarks/results")
+    ap.add_argument("--tag", default="", help="the JSON files' suffix (peers.py --tag)")
+    ap.add_argument("--prefix", default="", help="the JSON files' prefix (e.g. session9_)")
+    args = ap.parse_args()
+    ff, jx, th, hand = (load(args.folder, f, args.tag, args.prefix) for f in FRAMEWORKS)
+    if ff is None:
+        raise SystemExit(f"report: no {file_name('fuseflow', args.tag, args.prefix)} in "
+                         f"{args.folder}")
+    step_table(ff, jx, th, hand)
+    references(ff, jx)
+    time_to_98(ff, jx)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results",
-         sys.argv[2] if len(sys.argv) > 2 else "fuseflow")
+    main()
