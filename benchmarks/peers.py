@@ -13,8 +13,9 @@ fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, d
 GPU; ``--mnist-seeds`` runs, one per seed of init and shuffles, their median counts; in
 full fp32 and, with ``--mnist-precisions fp32,tf32``, with TF32 on both sides too), and
 the peak memory of fuseflow's compiled step. The 16-bit step's reference rate is a plain
-8192^3 fp16 matmul timed before and after the models (the larger counts). Every worker
-writes its own JSON.
+8192^3 fp16 CuPy matmul with uniform and with normal operands, timed before and after the
+models (the largest counts); the JAX worker times JAX's bfloat16 8192^3 matmul the same two
+ways. Every worker writes its own JSON.
 """
 
 from __future__ import annotations
@@ -605,6 +606,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     SELECTED[:] = [m for m in args.models.split(",") if m in MODELS]
     PRECISIONS[:] = [p for p in args.precisions.split(",") if p in PRECISIONS]
+    unknown = set(args.mnist_precisions.split(",")) - set(MNIST_KEY)
+    if unknown:
+        ap.error(f"--mnist-precisions: {sorted(unknown)} not among {sorted(MNIST_KEY)}")
     if args.worker:
         result = {"benchmark": "peers", "framework": args.worker,
                   **metadata("cupy", "nvmath", "jax", "optax", "torch"),
