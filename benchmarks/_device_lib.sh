@@ -2,6 +2,7 @@
 #   run NAME SECONDS CMD...   (CMD's output in $res/NAME.log, its tail printed; afterwards
 #                              $res is packed into $OUT/results-$TAG.tgz, so a call stopped
 #                              by its time limit still returns every finished step)
+#   peers NAME SECONDS ARGS... benchmarks/peers.py ARGS, its JSON in $res, real MNIST
 #   gpu_tests NAME SECONDS EXPR  the GPU tests of the backend, optimizers and compile
 #                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
@@ -13,6 +14,8 @@ export PYTHONPATH=".:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" FUSEFLOW_DATA="$PWD/.
 run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   timeout "$limit" "$@" > "$res/$name.log" 2>&1; echo "rc=$? seconds=$((SECONDS - t0))" | tee -a "$res/$name.log"
   tail -n "${TAILN:-6}" "$res/$name.log"; tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
+peers() { local name=$1 limit=$2; shift 2
+  run "$name" "$limit" python3 benchmarks/peers.py --out "$res" --data-dir .devdata/mnist "$@"; }
 gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
 cli_runs() { local limit=$1

@@ -10,6 +10,6 @@ TAILN=12 run pytest_gpu 330 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider
 TAILN=20 run l1_epilog_sweep 60 python3 benchmarks/l1_epilog_sweep.py --out "$res"
 cli_runs 50
 if [ "${PEERS:-0}" = 1 ]; then
-  TAILN=20 run peers_fuseflow 150 python3 benchmarks/peers.py --worker fuseflow --out "$res" --data-dir .devdata/mnist --tag s9a
-  TAILN=20 run peers_jax 250 python3 benchmarks/peers.py --worker jax --out "$res" --data-dir .devdata/mnist --tag s9a
+  TAILN=20 peers peers_fuseflow 150 --worker fuseflow --tag s9a
+  TAILN=20 peers peers_jax 250 --worker jax --tag s9a
 fi

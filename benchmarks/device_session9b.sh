@@ -8,12 +8,11 @@
 set -uo pipefail
 TAG=s9b
 source "$(dirname "$0")/_device_lib.sh"
-P="python3 benchmarks/peers.py --out $res --data-dir .devdata/mnist"
-TAILN=6 run peers_fuseflow 120 $P --worker fuseflow --mnist-precisions fp32,tf32 --tag s9b
-TAILN=6 run peers_jax 240 $P --worker jax --mnist-precisions fp32,tf32 --tag s9b
+TAILN=6 peers peers_fuseflow 120 --worker fuseflow --mnist-precisions fp32,tf32 --tag s9b
+TAILN=6 peers peers_jax 240 --worker jax --mnist-precisions fp32,tf32 --tag s9b
 for r in 1 2; do
   for at in 1 auto; do
-    FUSEFLOW_AUTOTUNE=$at TAILN=3 run "peers_fuseflow_at${at}_r$r" 60 $P --worker fuseflow \
+    FUSEFLOW_AUTOTUNE=$at TAILN=3 peers "peers_fuseflow_at${at}_r$r" 60 --worker fuseflow \
       --models 784-4096-4096-10 --precisions 16bit --no-mnist --tag "at${at}_r$r"
   done
 done

@@ -6,8 +6,7 @@
 set -uo pipefail
 TAG=s9c
 source "$(dirname "$0")/_device_lib.sh"
-P="python3 benchmarks/peers.py --out $res --data-dir .devdata/mnist --no-mnist"
-TAILN=6 run peers_fuseflow 100 $P --worker fuseflow --tag s9c
-TAILN=6 run peers_jax 150 $P --worker jax --tag s9c
-TAILN=3 run peers_fuseflow_r2 60 $P --worker fuseflow --models 784-4096-4096-10 \
+TAILN=6 peers peers_fuseflow 100 --no-mnist --worker fuseflow --tag s9c
+TAILN=6 peers peers_jax 150 --no-mnist --worker jax --tag s9c
+TAILN=3 peers peers_fuseflow_r2 60 --no-mnist --worker fuseflow --models 784-4096-4096-10 \
   --precisions 16bit --tag s9c_r2

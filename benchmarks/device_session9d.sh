@@ -5,6 +5,6 @@
 set -uo pipefail
 TAG=s9d
 source "$(dirname "$0")/_device_lib.sh"
-P="python3 benchmarks/peers.py --out $res --data-dir .devdata/mnist --models none --precisions fp32 --mnist-seeds 10 --mnist-precisions fp32,tf32"
-TAILN=3 run peers_fuseflow 90 $P --worker fuseflow --tag s9d
-TAILN=3 run peers_jax 180 $P --worker jax --tag s9d
+ONLY_MNIST=(--models none --precisions fp32 --mnist-seeds 10 --mnist-precisions fp32,tf32)
+TAILN=3 peers peers_fuseflow 90 "${ONLY_MNIST[@]}" --worker fuseflow --tag s9d
+TAILN=3 peers peers_jax 180 "${ONLY_MNIST[@]}" --worker jax --tag s9d

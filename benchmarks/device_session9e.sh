@@ -6,8 +6,6 @@
 set -uo pipefail
 TAG=s9e
 source "$(dirname "$0")/_device_lib.sh"
-P="python3 benchmarks/peers.py --out $res --data-dir .devdata/mnist --no-mnist"
-TAILN=2 run peers_fuseflow 60 $P --worker fuseflow --tag s9e
-TAILN=4 run peers_torch 90 $P --worker torch --tag s9e
-TAILN=2 run peers_hand_nvmath 40 $P --worker hand_nvmath --tag s9e
-TAILN=2 run peers_jax 110 $P --worker jax --tag s9e
+for w in fuseflow:60 torch:90 hand_nvmath:40 jax:110; do
+  TAILN=3 peers "peers_${w%:*}" "${w#*:}" --no-mnist --worker "${w%:*}" --tag s9e
+done
