@@ -278,6 +278,12 @@ def train_to_98(run_epoch, test_accuracy, max_epochs=10):
     return {"epochs": epochs, "reached_98": reached, "time_to_98_s": train_s if reached else None}
 
 
+def median_over_seeds(times):
+    """The median of seeds' times to 98%, a seed that never got there (None) counting as
+    slower than every other: inf when such seeds make up the median."""
+    return statistics.median(math.inf if t is None else t for t in times)
+
+
 def over_seeds(runs, recipe, compile_s):
     """The time-to-98 record of a framework: every seed's run and the median of their times.
     A seed that did not reach 98% within the epoch limit counts as slower than every other
@@ -285,7 +291,7 @@ def over_seeds(runs, recipe, compile_s):
     crosses 98% moves between seeds and, for JAX, between runs of one seed (3 to 8 epochs
     over calls 22-29), so one run decides little."""
     times = [r["time_to_98_s"] for r in runs]
-    median = statistics.median(math.inf if t is None else t for t in times)
+    median = median_over_seeds(times)
     record = {"recipe": recipe, "compile_s": compile_s, "seeds": runs,
               "epochs": runs[0]["epochs"], "reached_98": all(r["reached_98"] for r in runs),
               "seeds_reached_98": sum(r["reached_98"] for r in runs),

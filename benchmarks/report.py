@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import median_over_seeds  # noqa: E402
 
 FRAMEWORKS = ("fuseflow", "jax", "torch", "hand_nvmath")
 
@@ -91,10 +93,9 @@ def time_to_98(ff, jx):
 
 
 def median_time(record):
-    """The median over seeds, a seed that never reached 98% counting as the slowest (as
-    peers.over_seeds does from the sixth session on; older files left it None)."""
-    each = record.get("time_to_98_each_s") or [record["time_to_98_s"]]
-    return statistics.median(math.inf if t is None else t for t in each)
+    """``peers.median_over_seeds`` of a record's seeds, recomputed: files written before it
+    counted an unfinished seed left the median None."""
+    return median_over_seeds(record.get("time_to_98_each_s") or [record["time_to_98_s"]])
 
 
 def main():
