@@ -9,11 +9,12 @@
 from fuseflow import (backend, checkpoint, data, distributed, losses, mixed_precision, nn, optim,
                       random, train, tree)
 from fuseflow.backend import asarray, device_put
-from fuseflow.compile import compile
+from fuseflow._compile import CompiledStep, CompileError, compile
 from fuseflow.grad import GradientCheckError, check_grads, value_and_grad
 
 __version__ = "0.1.0"
 
 __all__ = ["backend", "checkpoint", "data", "distributed", "losses", "mixed_precision", "nn",
            "optim", "random", "train", "tree", "asarray", "device_put",
-           "compile", "value_and_grad", "check_grads", "GradientCheckError", "__version__"]
+           "compile", "CompiledStep", "CompileError", "value_and_grad", "check_grads",
+           "GradientCheckError", "__version__"]

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from fuseflow import __version__, backend, checkpoint, data, distributed, random
-from fuseflow.compile import compile as compile_step
+from fuseflow._compile import compile as compile_step
 from fuseflow.data import num_batches
 from fuseflow.train import (LAST, METRICS_FILE, Interrupted, Recipe, RecipeError, evaluate,
                             fit, init_state, load_dataset, load_split, load_state, make_step)

@@ -213,6 +213,34 @@ def test_host_sync_inside_a_compiled_step_is_a_clear_error():
 
 
 @gpu
+@pytest.mark.parametrize("case, match", [
+    ("donate_out_of_range", "donate_argnums names argument 5 but the step was called with 4"),
+    ("not_a_tuple", "must return a tuple whose first 2 entries"),
+    ("changed_structure", "output 1 must have the structure of argument 1"),
+    ("changed_dtype", "is .* float16 but the donated input there is .* float32"),
+])
+def test_compile_contract_errors_say_what_to_return(case, match):
+    cp = _cuda()
+    params, state, step, xs, ys = make_problem()
+    params, state = ff.device_put((params, state), "cuda")
+
+    def bad_step(params, opt_state, x, y):
+        p, s, m = step(params, opt_state, x, y)
+        if case == "not_a_tuple":
+            return m
+        if case == "changed_structure":
+            return p, {"state": s}, m
+        if case == "changed_dtype":
+            return ff.tree.map(lambda a: a.astype(cp.float16), p), s, m
+        return p, s, m
+
+    donate = (0, 5) if case == "donate_out_of_range" else (0, 1)
+    with pytest.raises(ff.CompileError, match=match):
+        ff.compile(bad_step, donate_argnums=donate)(params, state, cp.asarray(xs[0]),
+                                                     cp.asarray(ys[0]))
+
+
+@gpu
 def test_compiled_float16_step_with_the_update_kernels_compute_copy():
     """make_step in float16 with dynamic_loss_scaling(compute_dtype="float16"): the forward
     runs on the float16 params the update kernel wrote (the graph has no cast of the

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from fuseflow import random, tree
 from fuseflow._namespace import device_of, namespace
 from fuseflow.backend import device_put
-from fuseflow.compile import compile as compile_step
+from fuseflow._compile import compile as compile_step
 from fuseflow.data import batches, num_batches
 from fuseflow.train._checkpoints import (LAST, epoch_checkpoint, hold_interrupts,
                                          interrupt_between_steps, save_state)

@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import time
 
-from fuseflow import tree
+from fuseflow import backend, tree
 from fuseflow._namespace import is_cupy
+from fuseflow.backend import graph_capture
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
 
 __all__ = ["CompileError", "CompiledStep", "compile"]
@@ -74,7 +75,10 @@ class _Graph:
 
 
 class CompiledStep:
-    def __init__(self, step, donate_argnums, autotune=True):
+    """What ``compile`` returns: called like the step. ``compiles`` (graphs captured),
+    ``calls`` and ``compile_seconds`` tell what compiling cost, to report beside run times."""
+
+    def __init__(self, step, donate_argnums, autotune):
         self.step, self.donate, self.autotune = step, donate_argnums, autotune
         self._graphs = {}
         self._last = None  # the graph of the previous call: the fast path's candidate
@@ -135,9 +139,6 @@ class CompiledStep:
 
     # ---- compilation -----------------------------------------------------------------------
     def _compile(self, args):
-        from fuseflow import backend
-        from fuseflow.backend import graph_capture
-
         t0 = time.perf_counter()
         for i in self.donate:
             if i >= len(args):
@@ -162,8 +163,6 @@ class CompiledStep:
 
     @contextlib.contextmanager
     def _autotuning(self):
-        from fuseflow import backend
-
         be = backend.get("cuda")
         previous = be.autotune
         be.autotune = self.autotune  # this compile's setting, whatever the backend's
