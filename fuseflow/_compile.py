@@ -43,6 +43,10 @@ def compile(step, *, donate_argnums=(0, 1), autotune=None):
     of at least 2^32 multiply-adds, where the heuristic's pick cost up to 1% of the step and a
     few seconds of timing pay off; ``True`` (``FUSEFLOW_AUTOTUNE=1``) for every matmul;
     ``False`` (``FUSEFLOW_AUTOTUNE=0``) never. Measured on the H200: docs/benchmarks.md."""
+    if not callable(step):
+        raise TypeError(f"compile: expected the step function, got {type(step).__name__}. "
+                        "Fix: ff.compile(step), where step(params, opt_state, x, y) returns "
+                        "(params, opt_state, metrics)")
     if autotune is None:
         autotune = env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto")
     if autotune not in AUTOTUNE_MODES.values():
@@ -84,6 +88,7 @@ class CompiledStep:
         self._last = None  # the graph of the previous call: the fast path's candidate
         self.compiles = 0
         self.calls = 0
+        self._numpy_checked = False
 
     def __repr__(self):
         return f"ff.compile({getattr(self.step, '__name__', self.step)!r})"
@@ -122,8 +127,15 @@ class CompiledStep:
 
     def _call_slow(self, args):
         leaves = tree.leaves(args)
-        if not any(is_cupy(x) for x in leaves):
-            return self.step(*args)  # NumPy: nothing to capture
+        if not any(is_cupy(x) for x in leaves):  # NumPy: nothing to capture
+            if self._numpy_checked:
+                return self.step(*args)
+            # the first call checks the contract, so a script that runs here runs on a GPU
+            self._check_donation(args)
+            out = self.step(*args)
+            self._check_outputs(out, args)
+            self._numpy_checked = True
+            return out
         sig = _signature(args)
         g = self._graphs.get(sig)
         if g is None:
@@ -140,10 +152,7 @@ class CompiledStep:
     # ---- compilation -----------------------------------------------------------------------
     def _compile(self, args):
         t0 = time.perf_counter()
-        for i in self.donate:
-            if i >= len(args):
-                raise CompileError(f"{self!r}: donate_argnums names argument {i} but the step "
-                                   f"was called with {len(args)} arguments")
+        self._check_donation(args)
         capture = graph_capture()
         # Private, contiguous copies of every input: the graph reads and writes only these.
         static_args = capture.run(lambda: tree.map(
@@ -174,24 +183,39 @@ class CompiledStep:
     def _traced(self, static_args):
         """The step, then its donated results copied into the donated input buffers."""
         out = self.step(*static_args)
+        self._check_outputs(out, static_args)
+        result = list(out)
+        for k, i in enumerate(self.donate):
+            for n, o in zip(tree.leaves(out[k]), tree.leaves(static_args[i])):
+                if _is_array(o) and n is not o:
+                    o[...] = n
+            result[k] = static_args[i]
+        return tuple(result)
+
+    def _check_donation(self, args):
+        for i in self.donate:
+            if i >= len(args):
+                raise CompileError(f"{self!r}: donate_argnums names argument {i} but the step "
+                                   f"was called with {len(args)} arguments")
+
+    def _check_outputs(self, out, args):
+        """The contract: the step returns the donated arguments' new values first, each
+        with the structure, shapes and dtypes of the argument it replaces."""
         if not isinstance(out, tuple) or len(out) < len(self.donate):
             raise CompileError(f"{self!r}: the step must return a tuple whose first "
                                f"{len(self.donate)} entries are the new values of the donated "
                                f"arguments {self.donate}, e.g. (params, opt_state, metrics)")
-        result = list(out)
         for k, i in enumerate(self.donate):
-            new, old = out[k], static_args[i]
+            new, old = out[k], args[i]
             if tree.structure(new) != tree.structure(old):
                 raise CompileError(f"{self!r}: output {k} must have the structure of argument "
                                    f"{i} (it is donated): {tree.structure(new)} vs "
                                    f"{tree.structure(old)}")
             for path, n, o in zip(tree.paths(old), tree.leaves(new), tree.leaves(old)):
-                if _is_array(o):
-                    if n.shape != o.shape or n.dtype != o.dtype:
-                        raise CompileError(
-                            f"{self!r}: output {k} at {path!r} is {n.shape} {n.dtype} but the "
-                            f"donated input there is {o.shape} {o.dtype}")
-                    if n is not o:
-                        o[...] = n
-            result[k] = old
-        return tuple(result)
+                if _is_array(o) and (not _is_array(n) or n.shape != o.shape
+                                     or n.dtype != o.dtype):
+                    got = f"{n.shape} {n.dtype}" if _is_array(n) else type(n).__name__
+                    raise CompileError(
+                        f"{self!r}: output {k} at {path!r} is {got} but the donated input "
+                        f"there is {o.shape} {o.dtype}. Fix: return the updated value with "
+                        f"the input's shape and dtype (cast it back if the step changed it)")

@@ -50,6 +50,39 @@ def test_compile_is_a_pass_through_on_numpy():
     assert compiled.compiles == 0
 
 
+@pytest.mark.parametrize("case, match", [
+    ("donate_out_of_range", "donate_argnums names argument 5 but the step was called with 4"),
+    ("not_a_tuple", "must return a tuple whose first 2 entries"),
+    ("changed_structure", "output 1 must have the structure of argument 1"),
+    ("changed_dtype", "is .* float64 but the donated input there is .* float32"),
+])
+def test_compile_checks_its_contract_on_numpy_too(case, match):
+    """A step that would fail to compile on a GPU fails on the CPU, on its first call."""
+    params, state, step, xs, ys = make_problem()
+    compiled = ff.compile(make_bad_step(step, case, np.float64),
+                          donate_argnums=(0, 5) if case == "donate_out_of_range" else (0, 1))
+    with pytest.raises(ff.CompileError, match=match):
+        compiled(params, state, xs[0], ys[0])
+
+
+def test_compile_wants_a_function():
+    with pytest.raises(TypeError, match="compile: expected the step function, got int"):
+        ff.compile(3)
+
+
+def make_bad_step(step, case, dtype):
+    def bad_step(params, opt_state, x, y):
+        p, s, m = step(params, opt_state, x, y)
+        if case == "not_a_tuple":
+            return m
+        if case == "changed_structure":
+            return p, {"state": s}, m
+        if case == "changed_dtype":
+            return ff.tree.map(lambda a: a.astype(dtype), p), s, m
+        return p, s, m
+    return bad_step
+
+
 gpu = pytest.mark.gpu
 
 
@@ -223,21 +256,10 @@ def test_compile_contract_errors_say_what_to_return(case, match):
     cp = _cuda()
     params, state, step, xs, ys = make_problem()
     params, state = ff.device_put((params, state), "cuda")
-
-    def bad_step(params, opt_state, x, y):
-        p, s, m = step(params, opt_state, x, y)
-        if case == "not_a_tuple":
-            return m
-        if case == "changed_structure":
-            return p, {"state": s}, m
-        if case == "changed_dtype":
-            return ff.tree.map(lambda a: a.astype(cp.float16), p), s, m
-        return p, s, m
-
     donate = (0, 5) if case == "donate_out_of_range" else (0, 1)
     with pytest.raises(ff.CompileError, match=match):
-        ff.compile(bad_step, donate_argnums=donate)(params, state, cp.asarray(xs[0]),
-                                                     cp.asarray(ys[0]))
+        ff.compile(make_bad_step(step, case, cp.float16), donate_argnums=donate)(
+            params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
 
 
 @gpu
