@@ -151,3 +151,17 @@ def test_bad_environment_settings_warn_and_fall_back(monkeypatch):
         assert env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto") == "auto"
     monkeypatch.setenv("FUSEFLOW_AUTOTUNE", "0")
     assert env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto") is False
+
+
+def test_a_mistyped_list_setting_warns_and_keeps_the_default(monkeypatch):
+    """FUSEFLOW_SKINNY_OPS=fwd used to turn every skinny kernel off without a word."""
+    from fuseflow.backend._env import env_subset
+
+    ops = ("forward", "wgrad", "dgrad")
+    monkeypatch.setenv("FUSEFLOW_SKINNY_OPS", "fwd")
+    with pytest.warns(UserWarning, match=r"FUSEFLOW_SKINNY_OPS='fwd': \['fwd'\] not among"):
+        assert env_subset("FUSEFLOW_SKINNY_OPS", ops, "forward,wgrad") == {"forward", "wgrad"}
+    monkeypatch.setenv("FUSEFLOW_SKINNY_OPS", " dgrad, forward")
+    assert env_subset("FUSEFLOW_SKINNY_OPS", ops, "wgrad") == {"dgrad", "forward"}
+    monkeypatch.setenv("FUSEFLOW_SKINNY_OPS", "")
+    assert env_subset("FUSEFLOW_SKINNY_OPS", ops, "wgrad") == set()

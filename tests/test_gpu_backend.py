@@ -854,6 +854,9 @@ def test_tf32_env_switch(monkeypatch):
     assert CudaBackend().tf32 is True
     monkeypatch.setenv("FUSEFLOW_TF32", "0")
     assert CudaBackend().tf32 is False
+    monkeypatch.setenv("FUSEFLOW_TF32", "true")  # not a spelling it knows: warns, stays off
+    with pytest.warns(UserWarning, match="FUSEFLOW_TF32='true' is not one of"):
+        assert CudaBackend().tf32 is False
 
 
 # ---- placement and DLPack --------------------------------------------------------------------

@@ -33,3 +33,17 @@ def env_choice(name: str, choices: dict, default):
                       stacklevel=3)
         return default
     return choices[raw]
+
+
+def env_subset(name: str, allowed, default: str) -> set:
+    """A comma-separated subset of ``allowed`` ("" for none); an unknown name warns and
+    the default is used."""
+    raw = os.environ.get(name)
+    if raw is None:
+        raw = default
+    picked = {x for x in raw.replace(" ", "").split(",") if x}
+    if not picked <= set(allowed):
+        warnings.warn(f"{name}={raw!r}: {sorted(picked - set(allowed))} not among "
+                      f"{sorted(allowed)}; using {default!r}", stacklevel=3)
+        picked = {x for x in default.split(",") if x}
+    return picked

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -58,7 +57,7 @@ from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
-from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int
+from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int, env_subset
 from fuseflow.backend.base import Backend, BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
@@ -87,6 +86,8 @@ class _Unfused:
 
 #: FUSEFLOW_OWN_EPILOG's modes (see ``CudaBackend.own_epilog``)
 OWN_EPILOG_MODES = ("auto", "fp32", "all", "off")
+#: the dense ops that may run the skinny kernels (``FUSEFLOW_SKINNY_OPS``)
+SKINNY_OPS = ("forward", "wgrad", "dgrad")
 
 
 def _align(ptr: int) -> int:
@@ -125,7 +126,8 @@ class CudaBackend(Backend):
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device is visible")
         #: float32 matmuls on TF32 tensor cores (COMPUTE_32F_FAST_TF32) instead of full fp32.
-        self.tf32 = (os.environ.get("FUSEFLOW_TF32", "0") == "1") if tf32 is None else tf32
+        self.tf32 = env_choice("FUSEFLOW_TF32", {"1": True, "0": False}, False) \
+            if tf32 is None else tf32
         #: time cuBLASLt's candidate algorithms for each new plan (``_cuda_autotune``) and keep
         #: the fastest: True, False or "auto" (large float32 matmuls only); ``ff.compile``
         #: sets its own mode while it plans a step (default "auto"), eager calls default off.
@@ -145,8 +147,7 @@ class CudaBackend(Backend):
         #: instead of cuBLASLt (ReLU or no activation; at most 32; 0 turns them off).
         self.skinny_max = min(S.MAX_N, env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
         #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
-        self.skinny_ops = set(os.environ.get("FUSEFLOW_SKINNY_OPS", "forward,wgrad,dgrad")
-                              .replace(" ", "").split(","))
+        self.skinny_ops = env_subset("FUSEFLOW_SKINNY_OPS", SKINNY_OPS, ",".join(SKINNY_OPS))
         #: float16 ones with at most 16 on the small side and long batches run their
         #: tensor-core forms (``_cuda_skinny_tc``; the forward too, instead of cuBLASLt),
         #: FUSEFLOW_SKINNY_TC=0 keeps the SIMT kernels.
