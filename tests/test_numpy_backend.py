@@ -110,3 +110,26 @@ def test_drelu_is_a_select_even_for_non_finite_gradients():
     _, aux = be.activation(pre, "relu")
     dy = np.array([[np.inf, 1.0, np.nan]])
     np.testing.assert_array_equal(be.activation_grad(dy, "relu", aux), [[0.0, 1.0, 0.0]])
+
+
+def test_asarray_takes_cpu_dlpack_producers_as_numpy_including_pinned_memory():
+    """Pinned host memory (DLPack kDLCUDAHost) is CPU memory: it becomes NumPy, as the
+    docstring of ``ff.asarray`` says, and does not need a GPU."""
+    import fuseflow as ff
+
+    a = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+
+    class Producer:
+        def __init__(self, device_type):
+            self.device_type = device_type
+
+        def __dlpack__(self, **kwargs):
+            return a.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return (self.device_type, 0)
+
+    for device_type in (1, 3):  # kDLCPU, kDLCUDAHost
+        x = ff.asarray(Producer(device_type))
+        assert isinstance(x, np.ndarray)
+        np.testing.assert_array_equal(x, a)

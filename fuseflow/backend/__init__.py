@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from fuseflow._namespace import device_of, is_cupy, namespace
-from fuseflow.backend.base import Backend, BackendError
+from fuseflow import tree as _tree
+from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
 
 __all__ = [
@@ -123,8 +124,6 @@ def reset_stats():
 
 
 def _map_leaves(fn, tree):
-    from fuseflow import tree as _tree
-
     return _tree.map(fn, tree)
 
 
@@ -142,7 +141,7 @@ def asarray(x, dtype=None):
     if isinstance(x, np.ndarray) or is_cupy(x):
         return x if dtype is None else x.astype(dtype, copy=False)
     dev = getattr(x, "__dlpack_device__", None)
-    on_gpu = dev is not None and dev()[0] in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+    on_gpu = dev is not None and dev()[0] in DLPACK_GPU_DEVICES
     return get("cuda" if on_gpu else "numpy").asarray(x, dtype=dtype)
 
 

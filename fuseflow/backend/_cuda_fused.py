@@ -8,6 +8,9 @@
   passed as arguments; every thread finds its tensor from the compile-time offsets. It can
   write in place (inside a compiled step, where params/state are donated buffers) or into
   fresh arrays (eager, keeping the step pure).
+- ``multi_tensor_cast``, ``multi_tensor_all_finite`` and ``next_loss_scale``: mixed
+  precision's casts (optionally unscaling), its finiteness check over every gradient, and
+  the loss-scale rule, one launch each.
 
 The arithmetic repeats the reference optimizers' (``fuseflow.optim``) operation by
 operation, in the leaf dtype with the same float32 constants, so both paths agree to

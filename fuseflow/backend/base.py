@@ -21,6 +21,11 @@ from collections import Counter
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, aux_shape, lookup
 
 
+#: DLPack device types whose memory the GPU reads in place (kDLCUDA, kDLCUDAManaged). Pinned
+#: host memory (kDLCUDAHost, 3) is CPU memory: it becomes a NumPy array like any other.
+DLPACK_GPU_DEVICES = (2, 13)
+
+
 class BackendError(ValueError):
     """An operand that a backend cannot use (wrong shape, dtype, device or aux)."""
 

@@ -1,9 +1,19 @@
 """The CUDA backend: CuPy arrays, nvmath-python cuBLASLt matmuls with fused epilogs.
 
-Every matmul is a planned ``nvmath.linalg.advanced.Matmul`` taken from a plan cache keyed by
-everything that makes a plan (stage, epilog, shapes, strides, dtype, compute type, device,
-operand alignment). A cache hit swaps the operands in (``reset_operands_unchecked``: safe
-because the key already pins shape, strides, dtype, device and alignment) and executes.
+A cuBLASLt matmul is a planned ``nvmath.linalg.advanced.Matmul`` taken from a plan cache
+keyed by everything that makes a plan (stage, epilog, shapes, strides, dtype, compute type,
+device, operand alignment). A cache hit swaps the operands in (``reset_operands_unchecked``:
+safe because the key already pins shape, strides, dtype, device and alignment) and executes.
+
+Where cuBLASLt was measured slower on the H200 (docs/benchmarks.md), a dense op runs one of
+fuseflow's own kernels instead, chosen in ``_linear_impl``, ``_dgrad_impl`` and
+``_wgrad_impl`` by the settings of ``__init__``:
+``_cuda_skinny`` / ``_cuda_skinny_tc`` (at most 32 features on one side: the output layer),
+``_cuda_epilogs`` (a plain matmul plus an in-place bias/ReLU or DRELU/bias-gradient pass:
+full float32, and large ReLU input gradients), and ``_cuda_gemm`` (full-float32 matmuls with
+the epilog inside; off by default, for experiments). All of them match the cuBLASLt
+epilogs' formats (relu_aux bits, bias gradients), and the tests check each against the
+NumPy reference.
 
 Orientation (cuBLASLt is column-major; activations are row-major ``(batch, features)``):
 
@@ -28,7 +38,8 @@ A = x (row-major) gives a row-major y directly.
   back to cuBLASLt in the backward without a copy.
 - Fallbacks, all transparent and counted in ``stats()["fallbacks"]``: DRELU/DGELU with
   K == 1 (cuBLASLt refuses it) and any epilog that cuBLASLt refuses to plan run as a plain
-  matmul plus the CuPy kernels of ``_cuda_kernels``. Layout fixes (non-contiguous inputs,
+  matmul plus an epilog pass (``_cuda_epilogs`` where its vectorized form applies, else
+  the CuPy kernels of ``_cuda_kernels``). Layout fixes (non-contiguous inputs,
   a misaligned bias, an aux with other strides) are copies counted in ``stats()["copies"]``.
 - cuBLASLt's GELU epilogs approximate the tanh-GELU (float32: ~5e-6 absolute; float64:
   ~3e-10); fuseflow's own GELU kernels use numpy_backend's exact formula.
@@ -58,7 +69,7 @@ from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int, env_subset
-from fuseflow.backend.base import Backend, BackendError
+from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
 __all__ = ["CudaBackend", "GPUOutOfMemoryError"]
@@ -248,7 +259,7 @@ class CudaBackend(Backend):
         elif isinstance(x, np.ndarray):
             out = cupy.asarray(x)
         elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__") \
-                and x.__dlpack_device__()[0] in (2, 13):  # kDLCUDA, kDLCUDAManaged
+                and x.__dlpack_device__()[0] in DLPACK_GPU_DEVICES:
             out = cupy.from_dlpack(x)
         elif hasattr(x, "__dlpack__"):
             out = cupy.asarray(np.from_dlpack(x))
@@ -261,7 +272,7 @@ class CudaBackend(Backend):
             return cupy.asnumpy(x)
         if isinstance(x, np.ndarray):
             return x
-        if hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in (2, 13):
+        if hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in DLPACK_GPU_DEVICES:
             return cupy.asnumpy(cupy.from_dlpack(x))
         return np.asarray(x)
 
