@@ -130,27 +130,40 @@ def check_lr(opt, lr):
             f"{opt}: lr must be a float or a schedule (a callable step -> lr), got "
             f"{type(lr).__name__} {lr!r}. Fix: {opt}(1e-3) or "
             f"{opt}(ff.optim.cosine_decay_schedule(1e-3, 1000))")
-    if not lr >= 0:  # NaN fails too
+    if not _is_finite(lr):
+        raise ValueError(f"{opt}: lr must be a finite number, got {lr}. Fix: {opt}(1e-3)")
+    if lr < 0:
         raise ValueError(
-            f"{opt}: lr must be >= 0, got {lr}. Fix: {opt}({abs(lr) if lr < 0 else 1e-3}); "
+            f"{opt}: lr must be >= 0, got {lr}. Fix: {opt}({abs(lr)}); "
             "the minus sign of descent is applied for you")
     return float(lr)
 
 
-def check_number(opt, name, value, *, low=None, high=None, low_open=False, example):
-    """Check ``low <= value < high`` (``low < value`` if ``low_open``; None: no bound).
+def _is_finite(x):
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def check_number(opt, name, value, *, low=None, high=None, low_open=False, example,
+                 note=""):
+    """Check that ``value`` is finite and ``low <= value < high`` (``low < value`` if
+    ``low_open``; None: no bound). ``note``: said after the fix, e.g. why the bound.
 
     Returns the value as a Python float, which never promotes a float32 leaf.
     """
-    fix = f"Fix: {opt}(..., {name}={example})"
+    fix = f"Fix: {opt}(..., {name}={example}){note}"
     if not _is_number(value):
         raise TypeError(f"{opt}: {name} must be a number, got {type(value).__name__} "
                         f"{value!r}. {fix}")
+    if not _is_finite(value):  # inf, -inf, NaN
+        raise ValueError(f"{opt}: {name} must be a finite number, got {value}. {fix}")
     above = low is None or (value > low if low_open else value >= low)
     below = high is None or value < high
-    if not (above and below) or math.isnan(value):
+    if not (above and below):
         if low is None:
-            want = "a number, not NaN"
+            want = f"< {high}"
         elif high is None:
             want = f"{'>' if low_open else '>='} {low}"
         else:
