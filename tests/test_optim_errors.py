@@ -1,5 +1,5 @@
 """Bad optimizer input gets an error that names the optimizer (or function), what was
-expected, what came, and the fix: non-finite hyperparameters.
+expected, what came, and the fix: non-finite hyperparameters, negative schedules.
 
 The models, values and shapes are drawn fresh each run; a failure's captured output shows
 the seed (``FUSEFLOW_TEST_SEED=<seed>`` in the environment repeats it).
@@ -93,3 +93,61 @@ def test_finite_edge_values_are_accepted(rng):
     ff.optim.adamw(1e-3, weight_decay=big)
     ff.optim.clip_by_global_norm(big)
     ff.optim.scale(-big)
+
+
+# ---- schedules give step sizes: finite and >= 0 -----------------------------------------
+
+def _schedule_cases(x, steps):
+    """Each schedule built with ``x`` as the named argument, valid values elsewhere."""
+    ok, s = 1e-3, ff.optim
+    return {
+        "constant_schedule: value": lambda: s.constant_schedule(x),
+        "cosine_decay_schedule: init_value": lambda: s.cosine_decay_schedule(x, steps),
+        "linear_schedule: init_value": lambda: s.linear_schedule(x, 0.0, steps),
+        "linear_schedule: end_value": lambda: s.linear_schedule(ok, x, steps),
+        "warmup_cosine_decay_schedule: init_value":
+            lambda: s.warmup_cosine_decay_schedule(x, ok, 1, steps + 1),
+        "warmup_cosine_decay_schedule: peak_value":
+            lambda: s.warmup_cosine_decay_schedule(0.0, x, 1, steps + 1),
+        "warmup_cosine_decay_schedule: end_value":
+            lambda: s.warmup_cosine_decay_schedule(0.0, ok, 1, steps + 1, end_value=x),
+        "step_decay_schedule: init_value": lambda: s.step_decay_schedule(x, steps, 0.5),
+    }
+
+
+SCHEDULE_CASES = sorted(_schedule_cases(0.0, 1))
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES)
+def test_schedule_with_a_negative_value(rng, case):
+    v = float(rng.uniform(1e-5, 1.0))
+    opt, arg = case.split(": ")
+    with pytest.raises(ValueError) as err:
+        _schedule_cases(-v, int(rng.integers(1, 1000)))[case]()
+    msg = str(err.value)
+    assert msg.startswith(f"{case} must be >= 0.0, got {-v}. Fix: {opt}(..., {arg}={v})"), msg
+    assert "a schedule gives step sizes (learning rates)" in msg
+    assert "the minus sign of descent is applied for you" in msg
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES)
+@pytest.mark.parametrize("bad", NON_FINITE, ids=str)
+def test_schedule_with_a_non_finite_value(rng, case, bad):
+    opt, arg = case.split(": ")
+    with pytest.raises(ValueError, match=rf"^{case} must be a finite number, got {bad}\. "
+                                         rf"Fix: {opt}\(\.\.\., {arg}="):
+        _schedule_cases(bad, int(rng.integers(1, 1000)))[case]()
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES)
+def test_schedule_of_zero_or_more_is_accepted(rng, case):
+    value = float(rng.choice([0.0, rng.uniform(1e-6, 10.0)]))
+    schedule = _schedule_cases(value, int(rng.integers(1, 1000)))[case]()
+    assert callable(schedule)
+
+
+def test_sgd_with_a_negative_schedule_fails_when_built(rng):
+    """Before: sgd(constant_schedule(-lr)) was accepted although sgd(-lr) is not."""
+    lr = float(rng.uniform(1e-4, 1.0))
+    with pytest.raises(ValueError, match=r"constant_schedule: value must be >= 0\.0"):
+        ff.optim.sgd(ff.optim.constant_schedule(-lr))
