@@ -37,7 +37,14 @@ def empty_init(params):
 
 def identity() -> GradientTransformation:
     """Passes updates through unchanged."""
-    return GradientTransformation(empty_init, lambda u, s, params=None: (u, s))
+    check = check_empty_state("identity.update")
+
+    def update(updates, state, params=None):
+        check(updates, state)
+        return updates, state
+
+    update.check_args = check
+    return GradientTransformation(empty_init, update)
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
@@ -51,19 +58,43 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     def init(params):
         return tuple(t.init(params) for t in transforms)
 
-    def update(updates, state, params=None):
+    def check_chain_state(state):
         if not isinstance(state, tuple) or len(state) != len(transforms):
+            got = (f"a tuple of {len(state)}" if type(state) is tuple
+                   else type(state).__name__)
             raise ValueError(
                 f"chain: expected the state from this chain's init() (a tuple of "
-                f"{len(transforms)} states), got {type(state).__name__}. "
+                f"{len(transforms)} states), got {got}. "
                 "Fix: state = opt.init(params) with the same opt you call update() on")
+
+    def check(updates, state, params=None):
+        # every transform here keeps the updates' structure and shapes, so each one's
+        # checks can see the incoming updates
+        check_chain_state(state)
+        for t, s in zip(transforms, state):
+            check_update_args(t, updates, s, params)
+
+    def update(updates, state, params=None):
+        check_chain_state(state)  # each transform's update runs its own checks
         new_state = []
         for t, s in zip(transforms, state):
             updates, s = t.update(updates, s, params)
             new_state.append(s)
         return updates, tuple(new_state)
 
+    update.check_args = check
     return GradientTransformation(init, update)
+
+
+def check_update_args(transform, updates, state, params=None):
+    """Run the checks ``transform.update`` makes of its arguments (tree structure, leaf shapes
+    and dtypes, the state's type), without the update: metadata only, no array values read.
+    ``update_and_apply`` runs them before its fused step, so both paths fail alike. A
+    transform's update declares them as its ``check_args`` attribute; one without checks
+    (a user's own transform) passes."""
+    check = getattr(transform.update, "check_args", None)
+    if check is not None:
+        check(updates, state, params)
 
 
 def apply_updates(params, updates):
@@ -99,20 +130,58 @@ def scalar_like(s, leaf):
 
 
 def check_like(where, updates, reference, ref_name):
-    """Raise if ``updates`` differ from ``reference`` in tree structure or leaf shapes."""
-    got, want = tree.structure(updates), tree.structure(reference)
+    """Raise if ``updates`` differ from ``reference`` in tree structure or leaf shapes, or
+    are not floating point (metadata only: no array values are read)."""
+    u_leaves, got = tree.flatten(updates)
+    r_leaves, want = tree.flatten(reference)
     if got != want:
         raise ValueError(
             f"{where}: the updates have structure {got}, but the {ref_name} have {want}. "
             "Fix: pass gradients with the same structure as the params given to init() "
             "(or call init() again for the new params)")
-    for i, (u, r) in enumerate(zip(tree.leaves(updates), tree.leaves(reference))):
+    for u, r in zip(u_leaves, r_leaves):
+        if u.shape != r.shape or u.dtype.kind != "f":
+            _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name)
+
+
+def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name):
+    """The error of ``check_like`` for the first leaf that fails it."""
+    for path, u, r in zip(paths, u_leaves, r_leaves):
         if u.shape != r.shape:
-            path = tree.paths(reference)[i]
             raise ValueError(
                 f"{where}: the update at {path!r} has shape {tuple(u.shape)}, but the "
                 f"{ref_name} there have shape {tuple(r.shape)}. Fix: pass gradients shaped "
                 "like the params given to init()")
+        if u.dtype.kind != "f":
+            raise TypeError(
+                f"{where}: the update at {path!r} has dtype {u.dtype}, but updates must be "
+                f"floating point (the {ref_name} there are {r.dtype}). Fix: pass float "
+                f"gradients, e.g. g.astype({r.dtype.name!r})")
+
+
+def check_state(where, state, cls):
+    """Raise unless ``state`` is a ``cls``, the state type that this transform's init()
+    makes, or a NamedTuple with the same fields (a state loaded from a checkpoint without
+    ``like`` comes back as one of those, see ``fuseflow.checkpoint``); for ``EmptyState``
+    a plain ``()`` does too."""
+    if isinstance(state, cls):
+        return
+    fields = getattr(state, "_fields", None)
+    if isinstance(state, tuple) and (fields == cls._fields or (fields is None and not cls._fields
+                                                               and not state)):
+        return
+    got = type(state).__name__ + (f"({', '.join(fields)})" if fields is not None else "")
+    raise TypeError(
+        f"{where}: expected the state its init() makes, {cls.__name__}"
+        f"({', '.join(cls._fields)}), got {got}: the state of another optimizer? "
+        "Fix: state = opt.init(params) with the same opt you call update() on")
+
+
+def check_empty_state(where):
+    """The ``check_args`` of a transform that keeps no state (see ``check_update_args``)."""
+    def check(updates, state, params=None):
+        check_state(where, state, EmptyState)
+    return check
 
 
 # ---- argument checks, run when an optimizer is built ----
@@ -130,27 +199,40 @@ def check_lr(opt, lr):
             f"{opt}: lr must be a float or a schedule (a callable step -> lr), got "
             f"{type(lr).__name__} {lr!r}. Fix: {opt}(1e-3) or "
             f"{opt}(ff.optim.cosine_decay_schedule(1e-3, 1000))")
-    if not lr >= 0:  # NaN fails too
+    if not _is_finite(lr):
+        raise ValueError(f"{opt}: lr must be a finite number, got {lr}. Fix: {opt}(1e-3)")
+    if lr < 0:
         raise ValueError(
-            f"{opt}: lr must be >= 0, got {lr}. Fix: {opt}({abs(lr) if lr < 0 else 1e-3}); "
+            f"{opt}: lr must be >= 0, got {lr}. Fix: {opt}({abs(lr)}); "
             "the minus sign of descent is applied for you")
     return float(lr)
 
 
-def check_number(opt, name, value, *, low=None, high=None, low_open=False, example):
-    """Check ``low <= value < high`` (``low < value`` if ``low_open``; None: no bound).
+def _is_finite(x):
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def check_number(opt, name, value, *, low=None, high=None, low_open=False, example,
+                 note=""):
+    """Check that ``value`` is finite and ``low <= value < high`` (``low < value`` if
+    ``low_open``; None: no bound). ``note``: said after the fix, e.g. why the bound.
 
     Returns the value as a Python float, which never promotes a float32 leaf.
     """
-    fix = f"Fix: {opt}(..., {name}={example})"
+    fix = f"Fix: {opt}(..., {name}={example}){note}"
     if not _is_number(value):
         raise TypeError(f"{opt}: {name} must be a number, got {type(value).__name__} "
                         f"{value!r}. {fix}")
+    if not _is_finite(value):  # inf, -inf, NaN
+        raise ValueError(f"{opt}: {name} must be a finite number, got {value}. {fix}")
     above = low is None or (value > low if low_open else value >= low)
     below = high is None or value < high
-    if not (above and below) or math.isnan(value):
+    if not (above and below):
         if low is None:
-            want = "a number, not NaN"
+            want = f"< {high}"
         elif high is None:
             want = f"{'>' if low_open else '>='} {low}"
         else:

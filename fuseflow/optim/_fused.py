@@ -17,7 +17,13 @@ import numpy as np
 
 from fuseflow import backend, tree
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
-from fuseflow.optim._base import apply_updates, increment, scalar_like
+from fuseflow.optim._base import (
+    apply_updates,
+    check_like,
+    check_update_args,
+    increment,
+    scalar_like,
+)
 from fuseflow.optim._schedules import horizon_of
 
 __all__ = ["update_and_apply", "fused_spec", "fused_update"]
@@ -37,7 +43,15 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
     those a training step computes internally. Wrappers (such as
     ``mixed_precision.dynamic_loss_scaling``) take part through a
     ``fused_apply(grads, state, params)`` hook on their update function.
+
+    Bad arguments fail as in ``opt.update`` then ``apply_updates``, with the same errors,
+    on either path (see ``fused_update``).
     """
+    if not callable(getattr(opt, "update", None)):  # duck-typed, as the reference path
+        raise TypeError(
+            f"update_and_apply: opt must be an optimizer (a GradientTransformation), got "
+            f"{type(opt).__name__}. Fix: ff.optim.update_and_apply(opt, grads, opt_state, "
+            "params) with opt = ff.optim.adam(1e-3) (or another ff.optim optimizer)")
     hook = getattr(opt.update, "fused_apply", None)
     if hook is not None:
         out = hook(grads, opt_state, params)
@@ -60,10 +74,18 @@ def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=Fal
     inside the kernel (mixed precision's scaled 16-bit gradients); GPU only. ``low``: a
     lower-precision copy of ``params`` (same structure) that the kernel rewrites from the
     new params; the result is then ``(new_params, new_opt_state, new_low)``; GPU only.
+
+    First it makes ``opt.update``'s own checks of its arguments and ``apply_updates``'
+    check of the grads against the params (tree structure, leaf shapes and dtypes, the
+    state's types): the same errors as the reference path. They read metadata only, never
+    a device value; inside ``ff.compile`` they run when the step is captured, not per call.
     """
     spec = getattr(opt.update, "fused_spec", None)
-    return None if spec is None else _fused(spec, grads, opt_state, params, finite,
-                                            donate_grads, grad_scale, low)
+    if spec is None:
+        return None
+    check_update_args(opt, grads, opt_state, params)
+    check_like("update_and_apply", grads, params, "params")
+    return _fused(spec, grads, opt_state, params, finite, donate_grads, grad_scale, low)
 
 
 def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_scale=None,

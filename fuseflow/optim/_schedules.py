@@ -48,8 +48,17 @@ def _steps(opt, name, value, *, low=1):
     return int(value)
 
 
+def _step_size(opt, name, value, example):
+    """A value a schedule takes on: a step size (an lr), so finite and >= 0, as ``lr``."""
+    note = ""
+    if isinstance(value, numbers.Real) and value < 0 and value != float("-inf"):
+        example, note = -value, ("; a schedule gives step sizes (learning rates), and the "
+                                 "minus sign of descent is applied for you")
+    return check_number(opt, name, value, low=0.0, example=example, note=note)
+
+
 def constant_schedule(value: float):
-    value = check_number("constant_schedule", "value", value, example=1e-3)
+    value = _step_size("constant_schedule", "value", value, example=1e-3)
     return lambda count: value
 
 
@@ -58,8 +67,8 @@ def linear_schedule(init_value: float, end_value: float, transition_steps: int,
     """``init_value`` until ``transition_begin``, then linear to ``end_value`` over
     ``transition_steps`` steps, then ``end_value``."""
     opt = "linear_schedule"
-    init_value = check_number(opt, "init_value", init_value, example=1e-3)
-    end_value = check_number(opt, "end_value", end_value, example=0.0)
+    init_value = _step_size(opt, "init_value", init_value, example=1e-3)
+    end_value = _step_size(opt, "end_value", end_value, example=0.0)
     transition_steps = _steps(opt, "transition_steps", transition_steps)
     transition_begin = _steps(opt, "transition_begin", transition_begin, low=0)
 
@@ -75,7 +84,7 @@ def cosine_decay_schedule(init_value: float, decay_steps: int, alpha: float = 0.
     """Half a cosine from ``init_value`` down to ``alpha * init_value`` over
     ``decay_steps`` steps, then flat."""
     opt = "cosine_decay_schedule"
-    init_value = check_number(opt, "init_value", init_value, example=1e-3)
+    init_value = _step_size(opt, "init_value", init_value, example=1e-3)
     decay_steps = _steps(opt, "decay_steps", decay_steps)
     alpha = check_number(opt, "alpha", alpha, low=0.0, example=0.0)
 
@@ -92,9 +101,9 @@ def warmup_cosine_decay_schedule(init_value: float, peak_value: float, warmup_st
     """Linear from ``init_value`` to ``peak_value`` over ``warmup_steps``, then cosine
     down to ``end_value`` at ``decay_steps`` (which counts the warmup, as in optax)."""
     opt = "warmup_cosine_decay_schedule"
-    init_value = check_number(opt, "init_value", init_value, example=0.0)
-    peak_value = check_number(opt, "peak_value", peak_value, example=1e-3)
-    end_value = check_number(opt, "end_value", end_value, example=0.0)
+    init_value = _step_size(opt, "init_value", init_value, example=0.0)
+    peak_value = _step_size(opt, "peak_value", peak_value, example=1e-3)
+    end_value = _step_size(opt, "end_value", end_value, example=0.0)
     warmup_steps = _steps(opt, "warmup_steps", warmup_steps, low=0)
     decay_steps = _steps(opt, "decay_steps", decay_steps)
     if decay_steps <= warmup_steps:
@@ -118,7 +127,7 @@ def warmup_cosine_decay_schedule(init_value: float, peak_value: float, warmup_st
 def step_decay_schedule(init_value: float, step_size: int, decay_rate: float):
     """``init_value * decay_rate ** floor(count / step_size)``."""
     opt = "step_decay_schedule"
-    init_value = check_number(opt, "init_value", init_value, example=1e-3)
+    init_value = _step_size(opt, "init_value", init_value, example=1e-3)
     step_size = _steps(opt, "step_size", step_size)
     decay_rate = check_number(opt, "decay_rate", decay_rate, low=0.0, low_open=True,
                               example=0.5)

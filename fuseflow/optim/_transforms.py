@@ -17,9 +17,11 @@ from fuseflow._namespace import namespace
 from fuseflow.optim._base import (
     EmptyState,
     GradientTransformation,
+    check_empty_state,
     check_like,
     check_lr,
     check_number,
+    check_state,
     empty_init,
     increment,
     scalar_like,
@@ -30,10 +32,13 @@ from fuseflow.optim._base import (
 def scale(factor: float) -> GradientTransformation:
     """Multiplies updates by a constant ``factor``."""
     factor = check_number("scale", "factor", factor, example=-0.1)
+    check = check_empty_state("scale.update")
 
     def update(updates, state, params=None):
+        check(updates, state)
         return tree.map(lambda g: g * factor, updates), state
 
+    update.check_args = check
     return GradientTransformation(empty_init, update)
 
 
@@ -50,11 +55,16 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
     def init(params):
         return ScaleByScheduleState(count=zero_count(params))
 
+    def check(updates, state, params=None):
+        check_state("scale_by_schedule.update", state, ScaleByScheduleState)
+
     def update(updates, state, params=None):
+        check(updates, state)
         step = step_size_fn(state.count)
         updates = tree.map(lambda g: g * scalar_like(step, g), updates)
         return updates, ScaleByScheduleState(count=increment(state.count))
 
+    update.check_args = check
     return GradientTransformation(init, update)
 
 
@@ -78,8 +88,12 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
     def init(params):
         return TraceState(trace=tree.zeros_like(params))
 
-    def update(updates, state, params=None):
+    def check(updates, state, params=None):
+        check_state("trace.update", state, TraceState)
         check_like("trace.update", updates, state.trace, "momentum buffers (from init)")
+
+    def update(updates, state, params=None):
+        check(updates, state)
         new_trace = tree.map(lambda g, t: g + decay * t, updates, state.trace)
         if nesterov:
             updates = tree.map(lambda g, t: g + decay * t, updates, new_trace)
@@ -87,6 +101,7 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
             updates = new_trace
         return updates, TraceState(trace=new_trace)
 
+    update.check_args = check
     return GradientTransformation(init, update)
 
 
@@ -106,8 +121,12 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         return ScaleByAdamState(count=zero_count(params), mu=tree.zeros_like(params),
                                 nu=tree.zeros_like(params))
 
-    def update(updates, state, params=None):
+    def check(updates, state, params=None):
+        check_state("scale_by_adam.update", state, ScaleByAdamState)
         check_like("scale_by_adam.update", updates, state.mu, "moments (from init)")
+
+    def update(updates, state, params=None):
+        check(updates, state)
         mu = tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
         nu = tree.map(lambda g, v: (1 - b2) * (g * g) + b2 * v, updates, state.nu)
         count = increment(state.count)
@@ -125,6 +144,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         updates = tree.map(direction, mu, nu)
         return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
 
+    update.check_args = check
     return GradientTransformation(init, update)
 
 
@@ -163,11 +183,15 @@ def add_decayed_weights(weight_decay: float = 0.0, mask=None) -> GradientTransfo
             _mask_leaves("add_decayed_weights", mask, params)  # fail at init, not step 1
         return EmptyState()
 
-    def update(updates, state, params=None):
+    def check(updates, state, params=None):
+        check_state("add_decayed_weights.update", state, EmptyState)
         if params is None:
             raise ValueError("add_decayed_weights needs the params. "
                              "Fix: opt.update(grads, state, params)")
         check_like("add_decayed_weights.update", updates, params, "params")
+
+    def update(updates, state, params=None):
+        check(updates, state, params)
         if mask is None:
             return tree.map(lambda g, p: g + wd * p, updates, params), state
         flags = _mask_leaves("add_decayed_weights", mask, params)
@@ -175,6 +199,7 @@ def add_decayed_weights(weight_decay: float = 0.0, mask=None) -> GradientTransfo
         out = [g + wd * p if f else g for g, p, f in zip(gs, tree.leaves(params), flags)]
         return tree.unflatten(treedef, out), state
 
+    update.check_args = check
     return GradientTransformation(init, update)
 
 
@@ -182,8 +207,10 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     """Scales all updates by ``max_norm / norm`` when their global L2 norm exceeds it."""
     max_norm = check_number("clip_by_global_norm", "max_norm", max_norm, low=0.0,
                             low_open=True, example=1.0)
+    check = check_empty_state("clip_by_global_norm.update")
 
     def update(updates, state, params=None):
+        check(updates, state)
         if not tree.leaves(updates):
             return updates, state
         norm = tree.l2_norm(updates)
@@ -192,4 +219,5 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         factor = max_norm / namespace(norm).maximum(norm, max_norm)
         return tree.map(lambda g: g * scalar_like(factor, g), updates), state
 
+    update.check_args = check
     return GradientTransformation(empty_init, update)
