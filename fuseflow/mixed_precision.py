@@ -44,6 +44,7 @@ from fuseflow import backend, tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward, _own_residuals
 from fuseflow.optim import GradientTransformation, apply_updates
+from fuseflow.optim._base import check_state
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -261,6 +262,7 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                                           low), new_params
 
     def update(grads, state, params=None):
+        check_state("dynamic_loss_scaling.update", state, DynamicScaleState)
         if state.compute_params is not None and params is None:
             raise TypeError("dynamic_loss_scaling(compute_dtype=...): update needs the params "
                             "to keep compute_params current. Fix: call "
@@ -278,6 +280,7 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         def finite():  # launched only if the fused kernel runs, and once
             return backend.all_finite(tree.leaves(grads), scale=grad_scale)
 
+        check_state("dynamic_loss_scaling.update", state, DynamicScaleState)
         out = fused_update(optimizer, grads, state.inner, params, finite=finite,
                            grad_scale=grad_scale, low=state.compute_params)
         if out is None:

@@ -399,3 +399,18 @@ def test_sgd_with_a_negative_schedule_fails_when_built(rng):
     lr = float(rng.uniform(1e-4, 1.0))
     with pytest.raises(ValueError, match=r"constant_schedule: value must be >= 0\.0"):
         ff.optim.sgd(ff.optim.constant_schedule(-lr))
+
+
+@pytest.mark.parametrize("bad_state", [None, "adam"])
+def test_loss_scaling_wants_its_own_state(bad_state):
+    model = ff.nn.Serial(ff.nn.Dense(8, "relu"), ff.nn.Dense(3))
+    _, params = model.init(ff.random.key(1), (5,))
+    opt = ff.mixed_precision.dynamic_loss_scaling(ff.optim.adam(1e-3))
+    state = ff.optim.adam(1e-3).init(params) if bad_state == "adam" else None
+    grads = ff.tree.map(lambda p: np.random.default_rng(2).standard_normal(p.shape)
+                        .astype(p.dtype), params)
+    for call in (lambda: opt.update(grads, state, params),
+                 lambda: ff.optim.update_and_apply(opt, grads, state, params)):
+        with pytest.raises(TypeError, match=r"dynamic_loss_scaling.update: expected the state "
+                                            r"its init\(\) makes, DynamicScaleState"):
+            call()
