@@ -1,0 +1,164 @@
+"""Bad input to each layer and loss fails with an error that names the layer, what it expected,
+what it received, and the fix (the project's error standard; see docs/custom-layers.md).
+
+Inputs and sizes are drawn fresh on every run: the checks must hold for any batch and width,
+and a failure shows the sizes in the message that did not match."""
+
+import re
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import nn
+from fuseflow.nn import LayerError
+
+rng = np.random.default_rng()
+
+
+def randn(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def size(lo=2, hi=40):
+    return int(rng.integers(lo, hi))
+
+
+def raises(exc, *parts):
+    """``pytest.raises`` whose message holds ``parts`` in this order (each taken literally)."""
+    return pytest.raises(exc, match=".*".join(map(re.escape, parts)))
+
+
+# ---- Dense ----------------------------------------------------------------------------------
+def dense(features=None, inp=None, **kw):
+    features, inp = features or size(), inp or size()
+    layer = nn.Dense(features, **kw)
+    _, params = layer.init(ff.random.key(int(rng.integers(1 << 30))), (inp,))
+    return layer, params, features, inp
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.float16])
+def test_dense_bias_of_another_dtype(dtype):
+    layer, p, f, inp = dense()
+    bad = {"w": p["w"], "b": p["b"].astype(dtype)}
+    x = randn(size(), inp)
+    if dtype == np.int32:
+        want = ("expected params['b'] of a floating dtype (float16, float32 or float64), "
+                "got int32", "Fix: ff.tree.astype(params, np.float32)")
+    else:
+        want = (f"expected params['b'] of dtype float32 (the dtype of params['w']), got "
+                f"{np.dtype(dtype)}", "Fix: ff.tree.astype(params, np.float32)")
+    with raises(LayerError, f"Dense({f}): ", *want):
+        layer.forward(bad, x)
+    _, res = layer.forward(p, x)
+    with raises(LayerError, f"Dense({f}): ", *want):  # backward checks the params too
+        layer.backward(bad, res, randn(len(x), f))
+
+
+def test_dense_weights_of_an_integer_dtype():
+    layer, p, f, inp = dense()
+    bad = ff.tree.astype(p, np.int64)
+    with raises(LayerError, f"Dense({f}): expected params['w'] of a floating dtype", "got int64",
+                "Fix: ff.tree.astype(params, np.float32)"):
+        layer.forward(bad, randn(size(), inp))
+
+
+@pytest.mark.parametrize("key,value", [("w", "list"), ("b", None), ("b", "list")])
+def test_dense_params_that_are_not_arrays(key, value):
+    layer, p, f, inp = dense(activation="relu")
+    bad = dict(p)
+    bad[key] = p[key].tolist() if value == "list" else value
+    got = "list" if value == "list" else "NoneType"
+    with raises(LayerError, f"Dense({f}, activation='relu'): params['{key}'] must be an array",
+                f"got {got}", "Fix: use the params returned by this model's init"):
+        layer.forward(bad, randn(size(), inp))
+
+
+def test_dense_params_that_are_not_a_dict():
+    layer, p, f, inp = dense()
+    with raises(LayerError, f"Dense({f}): params must be a dict with keys ['b', 'w'], got tuple",
+                "Fix: use the params returned by this model's init"):
+        layer.forward((p["w"], p["b"]), randn(size(), inp))
+
+
+@pytest.mark.parametrize("saved", ["float64", "list"])
+def test_dense_saved_input_of_another_dtype_or_type(saved):
+    layer, p, f, inp = dense()
+    x = randn(size(), inp)
+    _, res = layer.forward(p, x)
+    if saved == "float64":
+        bad, want = {"x": x.astype(np.float64)}, (
+            "residuals hold an input of dtype float64 but params['w'] is float32",
+            "Fix: run forward and backward with the same params")
+    else:
+        bad, want = {"x": x.tolist()}, (
+            "residuals['x'] must be an array", "got list",
+            "Fix: pass the residuals of the forward call that produced this output")
+    with raises(LayerError, f"Dense({f}): ", *want):
+        layer.backward(p, bad, randn(len(x), f))
+
+
+def test_dense_residuals_without_the_input():
+    layer, p, f, inp = dense()
+    _, res = layer.forward(p, randn(size(), inp))
+    with raises(LayerError, f"Dense({f}): residuals have no 'x' (got keys [])",
+                "another layer", "Fix: pass the residuals"):
+        layer.backward(p, {}, randn(size(), f))
+    with raises(LayerError, "residuals have no 'x' (got NoneType)"):
+        layer.backward(p, None, randn(size(), f))
+
+
+def test_dense_relu_residuals_of_an_inference_forward():
+    layer, p, f, inp = dense(activation="relu")
+    x = randn(size(), inp)
+    _, res = layer.forward(p, x, train=False)
+    with raises(LayerError, f"Dense({f}, activation='relu'): residuals have no 'relu_aux' "
+                "(got keys ['x'])", "inference forward (train=False)", "Fix:"):
+        layer.backward(p, res, randn(len(x), f))
+
+
+@pytest.mark.parametrize("features", [True, False, 0, -3, 2.0, "8", None])
+def test_dense_features_must_be_a_positive_int(features):
+    with raises(LayerError, f"Dense: features must be a positive int, got {features!r}",
+                "Fix: an int >= 1 (not a bool), e.g. Dense(10)"):
+        nn.Dense(features)
+
+
+def test_dense_features_accepts_numpy_ints():
+    f = size()
+    assert nn.Dense(np.int64(f)).features == f
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, bool, np.complex64, "int64", "nonsense"])
+def test_dense_param_dtype_must_be_a_float_dtype(dtype):
+    f = size()
+    shown = str(np.dtype(dtype)) if dtype != "nonsense" else "'nonsense'"
+    with raises(LayerError, f"Dense: param_dtype must be float16, float32 or float64, got {shown}",
+                f"Fix: Dense({f}, param_dtype=np.float32)"):
+        nn.Dense(f, param_dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, "float32"])
+def test_dense_float_param_dtypes_build(dtype):
+    layer, p, f, inp = dense(param_dtype=dtype)
+    assert p["w"].dtype == p["b"].dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("in_shape", [(4, 2), (), 784, (0,), (True,)])
+def test_dense_init_needs_one_positive_width(in_shape):
+    f = size()
+    got = repr(in_shape) if isinstance(in_shape, int) else str(tuple(in_shape))
+    with raises(LayerError, f"Dense({f}): in_shape must be (features,), got {got}",
+                f"Fix: flatten the input, e.g. Serial(Flatten(), Dense({f}))"):
+        nn.Dense(f).init(ff.random.key(0), in_shape)
+
+
+def test_dense_errors_inside_serial_name_the_position():
+    f = size()
+    model = nn.Serial(nn.Dense(f, "relu"), nn.Dense(3))
+    inp = size()
+    _, p = model.init(ff.random.key(0), (inp,))
+    bad = ({"w": p[0]["w"], "b": p[0]["b"].astype(np.float64)}, p[1])
+    with raises(LayerError, f"Serial layer 0 (Dense({f}, activation='relu')): expected "
+                "params['b'] of dtype float32"):
+        model.forward(bad, randn(size(), inp))
