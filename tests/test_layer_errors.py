@@ -162,3 +162,125 @@ def test_dense_errors_inside_serial_name_the_position():
     with raises(LayerError, f"Serial layer 0 (Dense({f}, activation='relu')): expected "
                 "params['b'] of dtype float32"):
         model.forward(bad, randn(size(), inp))
+
+
+# ---- ReLU / GELU standing alone --------------------------------------------------------------
+ACTIVATIONS = [nn.ReLU, nn.GELU]
+
+
+def test_relu_backward_rejects_a_wider_dy_the_audit_case():
+    r = nn.ReLU()
+    _, res = r.forward({}, np.ones((4, 9), np.float32))
+    with raises(LayerError, "ReLU(): dy has shape (4, 12) but the residuals were saved for an "
+                "output of shape (4, 9)", "another batch or another layer",
+                "Fix: pass the residuals of the forward call that produced this output"):
+        r.backward({}, res, np.ones((4, 12), np.float32))
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.__name__)
+def test_activation_dy_wider_than_the_input_but_within_the_mask_padding(act):
+    """relu_aux is padded to 16-byte rows: a dy up to 128 features wider fits the mask's shape
+    and used to be masked with padding bits (garbage on the GPU)."""
+    layer, batch, width = act(), size(), size(1, 100)
+    _, res = layer.forward({}, randn(batch, width))
+    wider = width + size(1, 128 - width)  # still within the 16 mask bytes of 128 features
+    with raises(LayerError, f"{layer!r}: dy has shape ({batch}, {wider}) but the residuals were "
+                f"saved for an output of shape ({batch}, {width})", "Fix:"):
+        layer.backward({}, res, randn(batch, wider))
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.__name__)
+@pytest.mark.parametrize("dy_shape", ["batch", "narrower", "flat"])
+def test_activation_dy_of_another_shape(act, dy_shape):
+    layer, batch, a, b = act(), size(), size(), size()
+    _, res = layer.forward({}, randn(batch, a, b))  # any (batch, ...) input
+    shape = {"batch": (batch + size(1, 5), a, b), "narrower": (batch, a, b - 1),
+             "flat": (batch, a * b)}[dy_shape]
+    with raises(LayerError, f"{layer!r}: dy has shape {shape} but the residuals were saved for "
+                f"an output of shape {(batch, a, b)}", "Fix: pass the residuals"):
+        layer.backward({}, res, randn(*shape))
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.__name__)
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32])
+def test_activation_dy_of_another_dtype(act, dtype):
+    layer, batch, width = act(), size(), size()
+    _, res = layer.forward({}, randn(batch, width))
+    with raises(LayerError, f"{layer!r}: expected dy of dtype float32, got {np.dtype(dtype)}",
+                "Fix: dy.astype(float32)"):
+        layer.backward({}, res, randn(batch, width).astype(dtype))
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.__name__)
+def test_activation_backward_still_correct_for_matching_dy(act):
+    """The checks leave the result alone: float64 (check_grads' dtype), a 3-D input."""
+    layer, batch, a, b = act(), size(), size(), size()
+    x = randn(batch, a, b, dtype=np.float64)
+    y, res = layer.forward({}, x)
+    dy = randn(*y.shape, dtype=np.float64)
+    _, dx = layer.backward({}, res, dy)
+    assert dx.shape == x.shape and dx.dtype == np.float64
+    if act is nn.ReLU:
+        np.testing.assert_array_equal(dx, np.where(x >= 0, dy, 0.0))
+
+
+def test_relu_backward_ignores_garbage_in_the_mask_padding():
+    from tests.reference import fill_padding_with_garbage
+
+    layer, batch, width = nn.ReLU(), size(), size(1, 60)
+    x = randn(batch, width)
+    _, res = layer.forward({}, x)
+    dirty = dict(res, relu_aux=fill_padding_with_garbage(res["relu_aux"], width, rng))
+    dy = randn(batch, width)
+    np.testing.assert_array_equal(layer.backward({}, dirty, dy)[1], layer.backward({}, res, dy)[1])
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.__name__)
+def test_activation_residuals_of_an_inference_forward_or_another_layer(act):
+    layer, batch, width = act(), size(), size()
+    x = randn(batch, width)
+    aux = "relu_aux" if act is nn.ReLU else "gelu_aux"
+    _, res = layer.forward({}, x, train=False)
+    with raises(LayerError, f"{layer!r}: residuals have no '{aux}' or 'shape' or 'dtype' "
+                "(got keys [])", "inference forward (train=False)", "Fix:"):
+        layer.backward({}, res, randn(batch, width))
+    _, flat_res = nn.Flatten().forward({}, x)
+    with raises(LayerError, f"{layer!r}: residuals have no '{aux}' or 'dtype' (got keys "
+                "['shape'])", "another layer"):
+        layer.backward({}, flat_res, randn(batch, width))
+    with raises(LayerError, f"{layer!r}: residuals have no", "(got NoneType)"):
+        layer.backward({}, None, randn(batch, width))
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda a: a.__name__)
+@pytest.mark.parametrize("bad", ["int32", "complex64", "bool", "list", "1-D"])
+def test_activation_input_must_be_a_float_batch(act, bad):
+    layer, batch, width = act(), size(), size()
+    x = randn(batch, width)
+    if bad == "list":
+        x, want = x.tolist(), ("input must be an array (NumPy or CuPy), got list",
+                               "Fix: np.asarray(x, dtype=np.float32)")
+    elif bad == "1-D":
+        x, want = x[0], (f"expected input of shape (batch, features), got ({width},)",
+                         "Fix: keep the batch axis")
+    else:
+        x, want = x.astype(bad), (f"expected input of a floating dtype (float16, float32 or "
+                                  f"float64), got {bad}", "Fix: x.astype(np.float32)")
+    with raises(LayerError, f"{layer!r}: ", *want):
+        layer.forward({}, x)
+
+
+def test_activation_dy_that_is_not_an_array():
+    layer, batch, width = nn.GELU(), size(), size()
+    _, res = layer.forward({}, randn(batch, width))
+    with raises(LayerError, "GELU(): dy must be an array (NumPy or CuPy), got list"):
+        layer.backward({}, res, randn(batch, width).tolist())
+
+
+def test_standalone_activation_error_inside_serial_names_the_position():
+    model = nn.Serial(nn.LayerNorm(), nn.ReLU())
+    batch, width = size(), size()
+    _, p = model.init(ff.random.key(0), (width,))
+    _, res = model.forward(p, randn(batch, width))
+    with raises(LayerError, "Serial layer 1 (ReLU()): dy has shape", f"({batch}, {width})"):
+        model.backward(p, res, randn(batch, width + 1))

@@ -76,12 +76,13 @@ def check_2d(layer, x, width=None, what="input"):
         raise layer.error(f"expected {what} of shape {want}, got {tuple(shape)}.{fix}")
 
 
-def check_dtype(layer, x, dtype, what="input"):
+def check_dtype(layer, x, dtype, what="input", fix=None):
+    """``x.dtype == dtype``; the default fix casts ``x`` or the params."""
     if x.dtype != dtype:
         name = "x" if what == "input" else what
-        raise layer.error(f"expected {what} of dtype {dtype}, got {x.dtype}. Fix: "
-                          f"{name}.astype({dtype}), or cast the params with "
-                          "ff.tree.astype(params, ...).")
+        fix = fix or (f"{name}.astype({dtype}), or cast the params with "
+                      "ff.tree.astype(params, ...).")
+        raise layer.error(f"expected {what} of dtype {dtype}, got {x.dtype}. Fix: {fix}")
 
 
 def check_float(layer, a, what="input", fix="x.astype(np.float32)."):
