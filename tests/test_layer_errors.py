@@ -284,3 +284,151 @@ def test_standalone_activation_error_inside_serial_names_the_position():
     _, res = model.forward(p, randn(batch, width))
     with raises(LayerError, "Serial layer 1 (ReLU()): dy has shape", f"({batch}, {width})"):
         model.backward(p, res, randn(batch, width + 1))
+
+
+# ---- LayerNorm -------------------------------------------------------------------------------
+def layernorm(width=None, **kw):
+    width = width or size()
+    layer = nn.LayerNorm(**kw)
+    _, params = layer.init(ff.random.key(0), (width,))
+    params = ff.tree.map(lambda p: p + randn(*p.shape, dtype=p.dtype), params)
+    return layer, params, width
+
+
+@pytest.mark.parametrize("keys", [("gamma", "beta"), ("scale",), ("scale", "bias", "extra")])
+def test_layernorm_params_with_wrong_keys(keys):
+    layer, p, width = layernorm()
+    bad = {k: p.get(k, p["scale"]) for k in keys}
+    with raises(LayerError, "LayerNorm(): params must be a dict with keys ['bias', 'scale'], got "
+                f"{sorted(keys)}", "Fix: use the params returned by this model's init"):
+        layer.forward(bad, randn(size(), width))
+
+
+def test_layernorm_params_without_scale_need_only_bias():
+    layer, p, width = layernorm(use_scale=False)
+    assert repr(layer) == "LayerNorm(use_scale=False)" and set(p) == {"bias"}
+    with raises(LayerError, "LayerNorm(use_scale=False): params must be a dict with keys "
+                "['bias'], got ['bias', 'scale']"):
+        layer.forward(dict(p, scale=p["bias"]), randn(size(), width))
+
+
+def test_layernorm_params_of_mismatched_shapes_or_dtypes():
+    layer, p, width = layernorm()
+    x = randn(size(), width)
+    with raises(LayerError, f"LayerNorm(): params['bias'] must have shape ({width},), got "
+                f"({width + 1},)", "params from another model"):
+        layer.forward(dict(p, bias=randn(width + 1)), x)
+    with raises(LayerError, "LayerNorm(): expected params['bias'] of dtype float32 (the dtype of "
+                "params['scale']), got float64", "Fix: ff.tree.astype(params"):
+        layer.forward(dict(p, bias=p["bias"].astype(np.float64)), x)
+    with raises(LayerError, "LayerNorm(): expected params['scale'] of a floating dtype",
+                "got int32"):
+        layer.forward(ff.tree.astype(p, np.int32), x)
+    with raises(LayerError, "LayerNorm(): params['scale'] must be an array", "got list"):
+        layer.forward(dict(p, scale=p["scale"].tolist()), x)
+
+
+@pytest.mark.parametrize("in_shape", [(4, 2), (), (0,), 7])
+def test_layernorm_init_needs_one_positive_width(in_shape):
+    got = repr(in_shape) if isinstance(in_shape, int) else str(tuple(in_shape))
+    with raises(LayerError, f"LayerNorm(): in_shape must be (features,), got {got}",
+                "Fix: flatten the input, e.g. Serial(Flatten(), LayerNorm())"):
+        nn.LayerNorm().init(ff.random.key(0), in_shape)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.complex64, np.complex128,
+                                   bool])
+def test_layernorm_input_of_a_non_float_dtype(dtype):
+    layer, p, width = layernorm()
+    x = (randn(size(), width) * 5).astype(dtype)
+    with raises(LayerError, "LayerNorm(): expected input of a floating dtype (float16, float32 or "
+                f"float64), got {np.dtype(dtype)}", "Fix: x.astype(np.float32)"):
+        layer.forward(p, x)
+
+
+def test_layernorm_float64_input_against_float32_params():
+    layer, p, width = layernorm()
+    with raises(LayerError, "LayerNorm(): expected input of dtype float32, got float64",
+                "Fix: x.astype(float32), or cast the params with ff.tree.astype"):
+        layer.forward(p, randn(size(), width, dtype=np.float64))
+    with raises(LayerError, "LayerNorm(): expected input of dtype float64, got float32"):
+        layer.forward(ff.tree.astype(p, np.float64), randn(size(), width))
+
+
+def test_layernorm_dtypes_that_still_run():
+    """float16 input on float32 params (computed in float32), one dtype throughout, and no
+    params at all (any float input)."""
+    layer, p, width = layernorm()
+    batch = size()
+    for x, params in [(randn(batch, width, dtype=np.float16), p),
+                      (randn(batch, width, dtype=np.float64), ff.tree.astype(p, np.float64)),
+                      (randn(batch, width, dtype=np.float16), ff.tree.astype(p, np.float16))]:
+        y, res = layer.forward(params, x)
+        assert y.dtype == x.dtype and y.shape == x.shape
+        grads, dx = layer.backward(params, res, randn(batch, width, dtype=x.dtype))
+        assert dx.dtype == x.dtype and grads["scale"].dtype == params["scale"].dtype
+    bare = nn.LayerNorm(use_scale=False, use_bias=False)
+    x = randn(batch, width, dtype=np.float64)
+    y, res = bare.forward({}, x)
+    np.testing.assert_allclose(y.mean(1), 0, atol=1e-12)
+    assert bare.backward({}, res, x)[1].dtype == np.float64
+
+
+def test_layernorm_backward_with_residuals_of_another_layer_or_batch():
+    layer, p, width = layernorm()
+    batch = size()
+    x = randn(batch, width)
+    _, res = layer.forward(p, x)
+    with raises(LayerError, "LayerNorm(): residuals have no 'xhat' or 'rstd' (got keys [])",
+                "another layer", "Fix: pass the residuals"):
+        layer.backward(p, {}, randn(batch, width))
+    _, dense_res = nn.Dense(width).forward(nn.Dense(width).init(ff.random.key(0), (3,))[1],
+                                           randn(batch, 3))
+    with raises(LayerError, "LayerNorm(): residuals have no 'xhat' or 'rstd' (got keys ['x'])"):
+        layer.backward(p, dense_res, randn(batch, width))
+    with raises(LayerError, f"LayerNorm(): dy has shape ({batch + 1}, {width}) but the residuals "
+                f"were saved for an output of shape ({batch}, {width})", "Fix:"):
+        layer.backward(p, res, randn(batch + 1, width))
+    _, other, _ = layernorm(width + 1)
+    _, res_other = layer.forward(other, randn(batch, width + 1))
+    with raises(LayerError, f"LayerNorm(): residuals hold a normalized input of shape ({batch}, "
+                f"{width + 1})", f"this layer takes (batch, {width})", "another layer"):
+        layer.backward(p, res_other, randn(batch, width + 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_layernorm_dy_of_another_dtype(dtype):
+    layer, p, width = layernorm()
+    batch = size()
+    _, res = layer.forward(p, randn(batch, width))
+    with raises(LayerError, f"LayerNorm(): expected dy of dtype float32, got {np.dtype(dtype)}",
+                "Fix: dy.astype(float32)"):
+        layer.backward(p, res, randn(batch, width).astype(dtype))
+
+
+@pytest.mark.parametrize("eps", [-1e-5, 0.0, -1, float("nan"), float("inf"), "1e-5", True, None])
+def test_layernorm_eps_must_be_positive(eps):
+    with raises(LayerError, "LayerNorm: eps must be a positive number", f"got {eps!r}",
+                "Fix: LayerNorm(eps=1e-5)"):
+        nn.LayerNorm(eps=eps)
+
+
+def test_layernorm_hyperparameters_show_in_errors():
+    layer, p, width = layernorm(eps=1e-3, param_dtype=np.float64)
+    assert repr(layer) == "LayerNorm(eps=0.001, param_dtype=float64)"
+    with raises(LayerError, "LayerNorm(eps=0.001, param_dtype=float64): expected input of dtype "
+                "float64, got float32"):
+        layer.forward(p, randn(size(), width))
+    with raises(LayerError, "LayerNorm: param_dtype must be float16, float32 or float64, got int8",
+                "Fix: LayerNorm(param_dtype=np.float32)"):
+        nn.LayerNorm(param_dtype=np.int8)
+
+
+def test_layernorm_error_inside_serial_names_the_position():
+    width = size()
+    model = nn.Serial(nn.Dense(width), nn.LayerNorm(), nn.Dense(3))
+    inp = size()
+    _, p = model.init(ff.random.key(0), (inp,))
+    bad = (p[0], {"gamma": p[1]["scale"], "beta": p[1]["bias"]}, p[2])
+    with raises(LayerError, "Serial layer 1 (LayerNorm()): params must be a dict with keys"):
+        model.forward(bad, randn(size(), inp))
