@@ -432,3 +432,112 @@ def test_layernorm_error_inside_serial_names_the_position():
     bad = (p[0], {"gamma": p[1]["scale"], "beta": p[1]["bias"]}, p[2])
     with raises(LayerError, "Serial layer 1 (LayerNorm()): params must be a dict with keys"):
         model.forward(bad, randn(size(), inp))
+
+
+# ---- Dropout ---------------------------------------------------------------------------------
+def dropped(rate=None, shape=None):
+    layer = nn.Dropout(rate if rate is not None else float(rng.uniform(0.05, 0.9)))
+    x = randn(*(shape or (size(), size())))
+    y, res = layer.forward({}, x, key=ff.random.key(int(rng.integers(1 << 30))))
+    return layer, x, y, res
+
+
+@pytest.mark.parametrize("rate", ["a", "0.5", None, True, 1.0, 1, -0.1, 1.5, float("nan"),
+                                  float("inf")])
+def test_dropout_rate_must_be_a_number_in_0_1(rate):
+    with raises(LayerError, "Dropout: rate must be a number in [0, 1) (the fraction of inputs "
+                f"zeroed in training), got {rate!r}", "Fix: Dropout(0.1)"):
+        nn.Dropout(rate)
+
+
+@pytest.mark.parametrize("rate", [0, 0.0, 0.25, np.float32(0.5), np.float64(0.999)])
+def test_dropout_rates_that_build(rate):
+    assert nn.Dropout(rate).rate == float(rate)
+
+
+def test_dropout_backward_with_residuals_of_another_layer():
+    layer, x, y, res = dropped()
+    _, ln_res = nn.LayerNorm(use_scale=False, use_bias=False).forward({}, x)
+    with raises(LayerError, f"{layer!r}: residuals have no 'scale' (got keys ['rstd', 'xhat'])",
+                "another layer", "Fix: pass the residuals"):
+        layer.backward({}, ln_res, randn(*x.shape))
+    with raises(LayerError, f"{layer!r}: residuals have no 'scale' (got tuple)"):
+        layer.backward({}, (res,), randn(*x.shape))
+
+
+def test_dropout_backward_with_dy_of_another_shape_or_dtype():
+    layer, x, y, res = dropped()
+    batch, width = x.shape
+    with raises(LayerError, f"{layer!r}: dy has shape ({batch}, {width + 1}) but the residuals "
+                f"were saved for an output of shape ({batch}, {width})", "Fix: pass the residuals"):
+        layer.backward({}, res, randn(batch, width + 1))
+    with raises(LayerError, f"{layer!r}: expected dy of dtype float32, got float64",
+                "Fix: dy.astype(float32)"):
+        layer.backward({}, res, randn(batch, width, dtype=np.float64))
+    with raises(LayerError, f"{layer!r}: dy must be an array (NumPy or CuPy), got list"):
+        layer.backward({}, res, randn(batch, width).tolist())
+
+
+def test_dropout_backward_of_an_inference_forward_is_the_identity():
+    layer = nn.Dropout(0.5)
+    x = randn(size(), size())
+    y, res = layer.forward({}, x, train=False)
+    assert res == {} and y is x
+    dy = randn(*x.shape)
+    assert layer.backward({}, res, dy)[1] is dy
+
+
+@pytest.mark.parametrize("bad", ["int64", "complex64", "list"])
+def test_dropout_input_must_be_a_float_array(bad):
+    """An integer input would be scaled by 1/(1-rate) in its own dtype: truncated."""
+    x = randn(size(), size())
+    x = x.tolist() if bad == "list" else (x * 4).astype(bad)
+    want = "must be an array (NumPy or CuPy), got list" if bad == "list" else \
+        f"expected input of a floating dtype (float16, float32 or float64), got {bad}"
+    with raises(LayerError, "Dropout(0.3): ", want, "Fix:"):
+        nn.Dropout(0.3).forward({}, x, key=ff.random.key(0))
+
+
+# ---- Flatten ---------------------------------------------------------------------------------
+def test_flatten_backward_with_dy_of_another_shape():
+    batch, a, b = size(), size(), size()
+    layer = nn.Flatten()
+    y, res = layer.forward({}, randn(batch, a, b))
+    assert y.shape == (batch, a * b)
+    for shape in [(batch, a * b + 1), (batch + 1, a * b), (batch, a, b)]:
+        with raises(LayerError, f"Flatten(): dy has shape {shape} but the residuals were saved "
+                    f"for an output of shape ({batch}, {a * b})", "another batch or another layer",
+                    "Fix: pass the residuals of the forward call that produced this output"):
+            layer.backward({}, res, randn(*shape))
+    assert layer.backward({}, res, randn(batch, a * b))[1].shape == (batch, a, b)
+
+
+def test_flatten_backward_with_residuals_of_another_layer():
+    layer, x, y, res = dropped(shape=(size(), size()))
+    with raises(LayerError, "Flatten(): residuals have no 'shape' (got keys [])", "another layer",
+                "Fix: pass the residuals"):
+        nn.Flatten().backward({}, {}, randn(*x.shape))
+    with raises(LayerError, "Flatten(): residuals have no 'shape' (got keys ['scale'])"):
+        nn.Flatten().backward({}, res, randn(*x.shape))
+
+
+@pytest.mark.parametrize("bad", ["list", "0-d"])
+def test_flatten_input_must_be_an_array_with_a_batch_axis(bad):
+    x = randn(size(), size(), size())
+    if bad == "list":
+        x, want = x.tolist(), ("input must be an array (NumPy or CuPy), got list",
+                               "Fix: np.asarray(x, dtype=np.float32)")
+    else:
+        x, want = x[0, 0, 0], ("expected input of shape (batch, d1, d2, ...), got a 0-d array",
+                               "Fix: pass a batch")
+    with raises(LayerError, "Flatten(): ", *want):
+        nn.Flatten().forward({}, x)
+
+
+def test_flatten_error_inside_serial_names_the_position():
+    batch, a, b = size(), size(), size()
+    model = nn.Serial(nn.Flatten(), nn.Dense(size()))
+    _, p = model.init(ff.random.key(0), (a, b))
+    _, res = model.forward(p, randn(batch, a, b))
+    with raises(LayerError, "Serial layer 0 (Flatten()): residuals have no 'shape'"):
+        model.backward(p, ({}, res[1]), randn(batch, model.layers[1].features))
