@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import fuseflow as ff
-from fuseflow import nn
+from fuseflow import losses, nn
+from fuseflow.losses import LossError
 from fuseflow.nn import LayerError
 
 rng = np.random.default_rng()
@@ -541,3 +542,94 @@ def test_flatten_error_inside_serial_names_the_position():
     _, res = model.forward(p, randn(batch, a, b))
     with raises(LayerError, "Serial layer 0 (Flatten()): residuals have no 'shape'"):
         model.backward(p, ({}, res[1]), randn(batch, model.layers[1].features))
+
+
+# ---- losses ----------------------------------------------------------------------------------
+def logits_and_labels(batch=None, classes=None):
+    batch, classes = batch or size(), classes or size()
+    return randn(batch, classes), rng.integers(0, classes, batch), batch, classes
+
+
+def test_accuracy_with_labels_of_the_wrong_length():
+    logits, labels, batch, classes = logits_and_labels()
+    short = labels[: int(rng.integers(0, batch - 1))]
+    with raises(LossError, f"accuracy: got {batch} outputs but {len(short)} labels",
+                "Fix: pass the labels of the same batch"):
+        losses.accuracy(logits, short)
+
+
+@pytest.mark.parametrize("fn", [losses.accuracy, losses.softmax_cross_entropy],
+                         ids=lambda f: f.__name__)
+def test_one_hot_labels(fn):
+    logits, labels, batch, classes = logits_and_labels()
+    one_hot = np.eye(classes)[labels]
+    with raises(LossError, f"{fn.__name__}: labels must be a 1-D integer array of class indices, "
+                f"got shape ({batch}, {classes}) dtype float64", "labels.argmax(1)"):
+        fn(logits, one_hot)
+
+
+@pytest.mark.parametrize("fn", [losses.accuracy, losses.softmax_cross_entropy],
+                         ids=lambda f: f.__name__)
+def test_one_label_instead_of_a_batch(fn):
+    logits, labels, batch, classes = logits_and_labels()
+    with raises(LossError, f"{fn.__name__}: labels must hold one class index per sample, shape "
+                f"({batch},), got a 0-d array", "Fix: pass the labels of the batch, y[i:j]"):
+        fn(logits, labels[0])
+
+
+@pytest.mark.parametrize("fn", [losses.accuracy, losses.softmax_cross_entropy],
+                         ids=lambda f: f.__name__)
+def test_labels_that_are_not_an_array(fn):
+    logits, labels, batch, classes = logits_and_labels()
+    with raises(LossError, f"{fn.__name__}: labels must be an array, got list",
+                "Fix: np.asarray(labels)"):
+        fn(logits, labels.tolist())
+
+
+@pytest.mark.parametrize("fn", [losses.accuracy, losses.softmax_cross_entropy, losses.mse,
+                                losses.sigmoid_binary_cross_entropy], ids=lambda f: f.__name__)
+def test_empty_batch(fn):
+    classes = size()
+    logits = randn(0, classes)
+    targets = np.zeros(0, np.int64) if fn in (losses.accuracy, losses.softmax_cross_entropy) \
+        else randn(0, classes)
+    with raises(LossError, f"{fn.__name__}: got an empty batch (outputs of shape (0, {classes}))",
+                "NaN", "Fix: skip empty batches"):
+        fn(logits, targets)
+
+
+def test_accuracy_still_counts():
+    logits, labels, batch, classes = logits_and_labels()
+    want = (logits.argmax(1) == labels).mean()
+    assert float(losses.accuracy(logits, labels)) == want
+    assert float(losses.accuracy(logits, labels.astype(np.uint8))) == want
+
+
+@pytest.mark.parametrize("where", ["above", "below", "nan"])
+def test_binary_cross_entropy_targets_outside_0_1(where):
+    logits = randn(size(), size(1, 4))
+    targets = rng.uniform(0, 1, logits.shape).astype(np.float32)
+    i = tuple(int(rng.integers(n)) for n in logits.shape)
+    targets[i] = {"above": rng.uniform(1.01, 5), "below": -rng.uniform(0.01, 5),
+                  "nan": np.nan}[where]
+    with raises(LossError, "sigmoid_binary_cross_entropy: targets must lie in [0, 1]",
+                "got values in [", "Fix: binary labels as 0/1"):
+        losses.sigmoid_binary_cross_entropy(logits, targets)
+    # check=False skips the range check (as softmax_cross_entropy's check=False does)
+    loss, grad = losses.sigmoid_binary_cross_entropy(logits, targets, check=False)
+    assert grad.shape == logits.shape
+
+
+def test_binary_cross_entropy_targets_of_a_complex_dtype():
+    logits = randn(size(), 1)
+    with raises(LossError, "sigmoid_binary_cross_entropy: targets must be real numbers in [0, 1], "
+                "got dtype complex64", "Fix: targets.astype(np.float32)"):
+        losses.sigmoid_binary_cross_entropy(logits, np.ones(logits.shape, np.complex64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, bool])
+def test_binary_cross_entropy_valid_targets_still_run(dtype):
+    logits = randn(size(), size(1, 4))
+    targets = (rng.uniform(0, 1, logits.shape) > 0.5).astype(dtype)
+    loss, grad = losses.sigmoid_binary_cross_entropy(logits, targets)
+    assert float(loss) >= 0 and grad.shape == logits.shape and grad.dtype == logits.dtype
