@@ -8,7 +8,7 @@ Half-precision outputs are reduced in float32.
 from __future__ import annotations
 
 from fuseflow import backend
-from fuseflow._namespace import host_sync_allowed, namespace
+from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 
 __all__ = [
     "LossError",
@@ -27,14 +27,42 @@ def _acc(x, xp):
     return x.astype(xp.float32) if x.dtype == xp.float16 else x
 
 
+# The checks read only shapes and dtypes (host metadata), except the value-range checks
+# that ``check=`` turns off; those never read GPU arrays during a graph capture.
+
+
+def _check_not_empty(name, outputs):
+    if outputs.size == 0:
+        raise LossError(f"{name}: got an empty batch (outputs of shape {tuple(outputs.shape)}): "
+                        "the mean over no samples is NaN. Fix: skip empty batches (a slice "
+                        "x[i:j] with i >= j is empty).")
+
+
 def _check_batch(name, outputs, targets):
     if getattr(outputs, "ndim", 0) != 2:
         raise LossError(f"{name}: outputs must be (batch, classes), got shape "
                         f"{getattr(outputs, 'shape', type(outputs).__name__)}")
-    if getattr(targets, "shape", (None,))[0] != outputs.shape[0]:
-        raise LossError(f"{name}: got {outputs.shape[0]} outputs but "
-                        f"{getattr(targets, 'shape', ['?'])[0]} labels. Fix: pass the labels of "
-                        "the same batch (x[i:j] with y[i:j]).")
+    shape = getattr(targets, "shape", None)
+    if shape is None:
+        raise LossError(f"{name}: labels must be an array, got {type(targets).__name__}. Fix: "
+                        "np.asarray(labels), on the outputs' device (ff.device_put).")
+    if len(shape) == 0:
+        raise LossError(f"{name}: labels must hold one class index per sample, shape "
+                        f"({outputs.shape[0]},), got a 0-d array. Fix: pass the labels of the "
+                        "batch, y[i:j], not one label y[i].")
+    if shape[0] != outputs.shape[0]:
+        raise LossError(f"{name}: got {outputs.shape[0]} outputs but {shape[0]} labels. Fix: "
+                        "pass the labels of the same batch (x[i:j] with y[i:j]).")
+    _check_not_empty(name, outputs)
+
+
+def _check_labels(name, logits, labels):
+    """1-D integer class indices, one per row of 2-D logits (shapes and dtype only)."""
+    _check_batch(name, logits, labels)
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise LossError(f"{name}: labels must be a 1-D integer array of class "
+                        f"indices, got shape {labels.shape} dtype {labels.dtype}. Fix: "
+                        "labels.astype(np.int64); for one-hot targets use labels.argmax(1).")
 
 
 def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_dtype=None):
@@ -47,11 +75,7 @@ def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_d
     ``logits.astype(float32)``; ``ff.mixed_precision`` asks for its scaled 16-bit loss
     gradient this way, which on the GPU is the same kernel launch as the loss.
     """
-    _check_batch("softmax_cross_entropy", logits, labels)
-    if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise LossError(f"softmax_cross_entropy: labels must be a 1-D integer array of class "
-                        f"indices, got shape {labels.shape} dtype {labels.dtype}. Fix: "
-                        "labels.astype(np.int64); for one-hot targets use labels.argmax(1).")
+    _check_labels("softmax_cross_entropy", logits, labels)
     n, classes = logits.shape
     if check and n and host_sync_allowed():
         lo, hi = int(labels.min()), int(labels.max())
@@ -69,16 +93,34 @@ def mse(outputs, targets):
     if getattr(targets, "shape", None) != outputs.shape:
         raise LossError(f"mse: targets must have the outputs' shape {outputs.shape}, got "
                         f"{getattr(targets, 'shape', type(targets).__name__)}")
+    _check_not_empty("mse", outputs)
     diff = _acc(outputs, xp) - targets
     return (diff * diff).mean(), (2.0 * diff / diff.size).astype(outputs.dtype, copy=False)
 
 
-def sigmoid_binary_cross_entropy(logits, targets):
-    """Mean binary cross-entropy of sigmoid(logits) against targets in [0, 1] (same shape)."""
+def sigmoid_binary_cross_entropy(logits, targets, *, check=True):
+    """Mean binary cross-entropy of sigmoid(logits) against targets in [0, 1] (same shape).
+
+    Targets outside [0, 1] give a meaningless (possibly negative) loss. Host (NumPy)
+    targets are checked for that unless ``check=False``; GPU targets are not (their
+    values would have to be read back, which the GPU loss path never does).
+    """
+    name = "sigmoid_binary_cross_entropy"
     xp = namespace(logits)
     if getattr(targets, "shape", None) != logits.shape:
-        raise LossError(f"sigmoid_binary_cross_entropy: targets must have the logits' shape "
+        raise LossError(f"{name}: targets must have the logits' shape "
                         f"{logits.shape}, got {getattr(targets, 'shape', type(targets).__name__)}")
+    if targets.dtype.kind not in "biuf":
+        raise LossError(f"{name}: targets must be real numbers in [0, 1], got dtype "
+                        f"{targets.dtype}. Fix: targets.astype(np.float32).")
+    _check_not_empty(name, logits)
+    if check and not is_cupy(targets) and host_sync_allowed():
+        lo, hi = targets.min(), targets.max()
+        if not (lo >= 0 and hi <= 1):  # NaN fails too
+            raise LossError(f"{name}: targets must lie in [0, 1] (probabilities of the "
+                            f"positive class), got values in [{lo}, {hi}]. Fix: binary labels "
+                            "as 0/1 (e.g. (y == positive).astype(np.float32)); for class "
+                            "indices use softmax_cross_entropy.")
     x = _acc(logits, xp)
     t = targets.astype(x.dtype)
     loss = (xp.maximum(x, 0) - x * t + xp.log1p(xp.exp(-xp.abs(x)))).mean()
@@ -88,4 +130,6 @@ def sigmoid_binary_cross_entropy(logits, targets):
 
 def accuracy(logits, labels):
     """Fraction of rows whose arg-max equals the label (a 0-d array)."""
+    _check_labels("accuracy", logits, labels)
+    backend.of(logits, labels, where="accuracy")  # host and GPU arrays mixed: a clear error
     return (logits.argmax(axis=1) == labels).mean()

@@ -7,7 +7,9 @@ import numpy as np
 from fuseflow import random
 from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn import initializers
-from fuseflow.nn._layer import Layer, check_2d, check_dtype
+from fuseflow.nn._layer import (RESIDUALS_FIX, Layer, check_2d, check_array, check_dtype,
+                                check_in_shape, check_keys, check_param, check_residuals,
+                                float_dtype, positive_int)
 from fuseflow.ops.dense import dense_backward, dense_forward
 
 ACTIVATIONS = (None, "relu", "gelu")
@@ -26,18 +28,19 @@ class Dense(Layer):
 
     def __init__(self, features, activation=None, use_bias=True, w_init=None, b_init=None,
                  param_dtype=np.float32):
-        if not isinstance(features, (int, np.integer)) or features < 1:
-            raise ValueError(f"Dense: features must be a positive int, got {features!r}")
+        features = positive_int(Dense, "features", features,
+                                "an int >= 1 (not a bool), e.g. Dense(10) for 10 outputs.")
         if activation not in ACTIVATIONS:
             raise ValueError(f"Dense: activation must be one of {ACTIVATIONS}, got "
                              f"{activation!r}. Fix: Dense({features}, activation='relu').")
-        self.features = int(features)
+        self.features = features
         self.activation = activation
         self.use_bias = bool(use_bias)
         gain = 2.0 if activation else 1.0
         self.w_init = w_init or initializers.variance_scaling(gain, "fan_in", "truncated_normal")
         self.b_init = b_init or initializers.zeros
-        self.param_dtype = np.dtype(param_dtype)
+        self.param_dtype = float_dtype(Dense, param_dtype,
+                                       f"Dense({features}, param_dtype=np.float32).")
 
     def __repr__(self):
         act = f", activation={self.activation!r}" if self.activation else ""
@@ -45,9 +48,7 @@ class Dense(Layer):
         return f"Dense({self.features}{act}{bias})"
 
     def init(self, key, in_shape):
-        if len(in_shape) != 1:
-            raise self.error(f"in_shape must be (features,), got {tuple(in_shape)}. "
-                             "Fix: flatten the input, e.g. Serial(Flatten(), Dense(...)).")
+        in_shape = check_in_shape(self, in_shape)
         kw, kb = random.split(key)
         params = {"w": self.w_init(kw, (self.features, in_shape[0]), self.param_dtype)}
         if self.use_bias:
@@ -55,18 +56,11 @@ class Dense(Layer):
         return (self.features,), params
 
     def check_params(self, params, x=None):
-        want = {"w", "b"} if self.use_bias else {"w"}
-        if not isinstance(params, dict) or set(params) != want:
-            got = sorted(params) if isinstance(params, dict) else type(params).__name__
-            raise self.error(f"params must be a dict with keys {sorted(want)}, got {got}. "
-                             "Fix: use the params returned by this model's init.")
+        check_keys(self, params, {"w", "b"} if self.use_bias else {"w"})
+        check_param(self, params, "w", (self.features, "in"))
         w = params["w"]
-        if w.ndim != 2 or w.shape[0] != self.features:
-            raise self.error(f"params['w'] must have shape ({self.features}, in), got "
-                             f"{w.shape}: params from another model?")
-        if self.use_bias and params["b"].shape != (self.features,):
-            raise self.error(f"params['b'] must have shape ({self.features},), got "
-                             f"{params['b'].shape}: params from another model?")
+        if self.use_bias:
+            check_param(self, params, "b", (self.features,), w.dtype, dtype_of="w")
         if x is not None:
             check_2d(self, x, w.shape[1])
             check_dtype(self, x, w.dtype)
@@ -78,25 +72,27 @@ class Dense(Layer):
                              where=repr(self))
 
     def check_residuals(self, params, residuals, dy_or_dpre, activation):
-        x = residuals.get("x") if isinstance(residuals, dict) else None
-        if x is None:
-            raise self.error("residuals must be the dict this layer's forward returned (with "
-                             f"key 'x'), got {type(residuals).__name__}: residuals of another "
-                             "layer?")
-        w = params["w"]
+        check_residuals(self, residuals, "x", cause="they come from another layer")
+        x, w = residuals["x"], params["w"]
+        check_array(self, x, "residuals['x']", fix=RESIDUALS_FIX)
         if x.ndim != 2 or x.shape[1] != w.shape[1]:
             raise self.error(f"residuals hold an input of shape {x.shape} but this layer takes "
                              f"(batch, {w.shape[1]}): residuals from another layer.")
+        if x.dtype != w.dtype:
+            raise self.error(f"residuals hold an input of dtype {x.dtype} but params['w'] is "
+                             f"{w.dtype}: residuals of a forward with other params. Fix: run "
+                             "forward and backward with the same params (cast them with "
+                             "ff.tree.astype before the forward, not between).")
         check_2d(self, dy_or_dpre, self.features, what="dy")
         if dy_or_dpre.shape[0] != x.shape[0]:
             raise self.error(f"dy has batch {dy_or_dpre.shape[0]} but the residuals were saved "
                              f"for batch {x.shape[0]}: residuals from another batch. Fix: pass "
                              "the residuals of the forward call that produced this output.")
         check_dtype(self, dy_or_dpre, w.dtype, what="dy")
-        if activation and AUX_KEYS[activation] not in residuals:
-            raise self.error(f"residuals have no {AUX_KEYS[activation]}: they come from an "
-                             "inference forward (train=False) or another layer. Fix: "
-                             "forward(params, x, train=True) before backward.")
+        if activation:
+            check_residuals(self, residuals, AUX_KEYS[activation],
+                            cause="they come from an inference forward (train=False) or another "
+                                  "layer")
 
     def backward(self, params, residuals, dy, *, need_input_grad=True):
         """``(grads, dx)``; with ``need_input_grad=False`` dx is None and its matmul is skipped."""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from fuseflow import backend, random
-from fuseflow.nn._layer import Layer
+from fuseflow.nn._layer import (Layer, check_array, check_dtype, check_float, check_residuals,
+                                check_saved_shape, number)
 
 
 class Dropout(Layer):
     def __init__(self, rate):
-        if not 0.0 <= float(rate) < 1.0:
-            raise ValueError(f"Dropout: rate must be in [0, 1), got {rate!r}")
-        self.rate = float(rate)
+        self.rate = number(Dropout, "rate", rate, lambda r: 0.0 <= r < 1.0,
+                           "a number in [0, 1) (the fraction of inputs zeroed in training)",
+                           "Dropout(0.1) zeroes 10% of the inputs.")
 
     def __repr__(self):
         return f"Dropout({self.rate})"
@@ -19,6 +20,7 @@ class Dropout(Layer):
         return tuple(in_shape), {}
 
     def forward(self, params, x, *, key=None, train=True):
+        check_float(self, x)
         if not train or self.rate == 0.0:
             return x, {}
         if key is None:
@@ -30,10 +32,12 @@ class Dropout(Layer):
         return x * scale, {"scale": scale}
 
     def backward(self, params, residuals, dy):
-        if not residuals:  # inference or rate 0: identity
+        check_array(self, dy, "dy")
+        if isinstance(residuals, dict) and not residuals:  # inference or rate 0: identity
             return {}, dy
+        check_residuals(self, residuals, "scale", cause="they come from another layer")
         scale = residuals["scale"]
-        if scale.shape != dy.shape:
-            raise self.error(f"dy has shape {dy.shape} but the residuals were saved for "
-                             f"{scale.shape}: residuals from another batch or layer.")
+        check_saved_shape(self, dy, scale.shape)
+        check_dtype(self, dy, scale.dtype, what="dy", fix=f"dy.astype({scale.dtype}), the dtype "
+                    "of this layer's input and output.")
         return {}, dy * scale

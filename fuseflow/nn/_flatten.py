@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from fuseflow.nn._layer import Layer
+from fuseflow.nn._layer import Layer, check_array, check_residuals, check_saved_shape
 
 
 class Flatten(Layer):
@@ -12,7 +14,14 @@ class Flatten(Layer):
         return (int(np.prod(in_shape)),), {}
 
     def forward(self, params, x, *, key=None, train=True):
-        return x.reshape(len(x), -1), {"shape": x.shape}
+        check_array(self, x)
+        if x.ndim < 1:
+            raise self.error("expected input of shape (batch, d1, d2, ...), got a 0-d array. "
+                             "Fix: pass a batch, x[i:j] rather than x[i].")
+        return x.reshape(len(x), -1), {"shape": tuple(x.shape)}
 
     def backward(self, params, residuals, dy):
-        return {}, dy.reshape(residuals["shape"])
+        check_residuals(self, residuals, "shape", cause="they come from another layer")
+        shape = tuple(residuals["shape"])
+        check_saved_shape(self, dy, (shape[0], math.prod(shape[1:])))
+        return {}, dy.reshape(shape)

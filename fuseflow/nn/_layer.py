@@ -15,6 +15,8 @@ may skip writing residuals that only backward needs (no relu_aux in inference).
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class LayerError(ValueError):
     """Bad input to a layer: the message names the layer, what it expected, what came, the fix."""
@@ -44,12 +46,39 @@ class Layer:
         return LayerError(f"{self!r}: {message}")
 
 
+#: the dtypes every backend computes in, for params and activations
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT_CHARS = "efd"  # their dtype.char: a string test is the cheapest check per call
+_FLOATS = "float16, float32 or float64"
+PARAMS_FIX = "Fix: use the params returned by this model's init."
+RESIDUALS_FIX = "Fix: pass the residuals of the forward call that produced this output."
+
+# Every check below reads only host-side metadata (type, shape, dtype), never array values:
+# free on the GPU, and run once at capture time inside a compiled step. Eager steps run
+# them on every call, so each passes with one cheap test and builds its message only when
+# it fails.
+
+
+def _is_float(a) -> bool:
+    """``a`` is a NumPy/CuPy array of float16, float32 or float64."""
+    try:  # a torch/JAX dtype has no .char; NumPy's and CuPy's are np.dtype
+        return a.dtype.char in _FLOAT_CHARS and hasattr(a, "shape")
+    except AttributeError:
+        return False
+
+
+def check_array(layer, a, what="input", fix="np.asarray(x, dtype=np.float32), or ff.asarray(x) "
+                "for a PyTorch/JAX tensor."):
+    """``a`` is a NumPy or CuPy array; a LayerError with ``fix`` otherwise."""
+    if not (isinstance(getattr(a, "dtype", None), np.dtype) and hasattr(a, "shape")):
+        raise layer.error(f"{what} must be an array (NumPy or CuPy), got {type(a).__name__}. "
+                          f"Fix: {fix.removeprefix('Fix: ')}")
+
+
 def check_2d(layer, x, width=None, what="input"):
     """Check a (batch, features) array; a LayerError that shows the fix otherwise."""
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        raise layer.error(f"{what} must be an array, got {type(x).__name__}. "
-                          "Fix: np.asarray(x, dtype=np.float32).")
+    check_array(layer, x, what)
+    shape = x.shape
     if len(shape) != 2 or (width is not None and shape[1] != width):
         want = f"(batch, {width})" if width is not None else "(batch, features)"
         fix = (" Fix: flatten images first, x.reshape(len(x), -1), or add ff.nn.Flatten()."
@@ -58,8 +87,133 @@ def check_2d(layer, x, width=None, what="input"):
         raise layer.error(f"expected {what} of shape {want}, got {tuple(shape)}.{fix}")
 
 
-def check_dtype(layer, x, dtype, what="input"):
+def check_dtype(layer, x, dtype, what="input", fix=None):
+    """``x.dtype == dtype``; the default fix casts ``x`` or the params."""
     if x.dtype != dtype:
-        raise layer.error(f"expected {what} of dtype {dtype}, got {x.dtype}. Fix: "
-                          f"x.astype({dtype}), or cast the params with "
-                          "ff.tree.astype(params, ...).")
+        name = "x" if what == "input" else what
+        fix = fix or (f"{name}.astype({dtype}), or cast the params with "
+                      "ff.tree.astype(params, ...).")
+        raise layer.error(f"expected {what} of dtype {dtype}, got {x.dtype}. Fix: {fix}")
+
+
+def check_float(layer, a, what="input", fix="x.astype(np.float32)."):
+    """``a`` is an array of a dtype the backends compute in (float16/32/64)."""
+    if _is_float(a):
+        return
+    check_array(layer, a, what)
+    if a.dtype not in FLOAT_DTYPES:
+        raise layer.error(f"expected {what} of a floating dtype ({_FLOATS}), got {a.dtype}. "
+                          f"Fix: {fix}")
+
+
+def check_keys(layer, params, want):
+    """``params`` is a dict with exactly the keys ``want`` (a set)."""
+    if not isinstance(want, (set, frozenset)):
+        want = set(want)
+    if not isinstance(params, dict) or params.keys() != want:
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise layer.error(f"params must be a dict with keys {sorted(want)}, got {got}. "
+                          + PARAMS_FIX)
+
+
+def check_param(layer, params, name, shape, dtype=None, dtype_of=None):
+    """``params[name]``: a float array of ``shape`` (a str entry, e.g. "in", is any size)
+    and, when given, of ``dtype`` (that of ``params[dtype_of]``)."""
+    a = params[name]
+    if _is_float(a) and _fits(a.shape, shape) and (dtype is None or a.dtype == dtype):
+        return
+    what = f"params[{name!r}]"
+    check_array(layer, a, what, fix=PARAMS_FIX)
+    check_float(layer, a, what, fix="ff.tree.astype(params, np.float32) (all of a model's "
+                                    "params share one floating dtype).")
+    if not _fits(a.shape, shape):
+        want = "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+        raise layer.error(f"{what} must have shape {want}, got {tuple(a.shape)}: params from "
+                          "another model? " + PARAMS_FIX)
+    if dtype is not None and a.dtype != dtype:
+        raise layer.error(f"expected {what} of dtype {dtype} (the dtype of params[{dtype_of!r}]), "
+                          f"got {a.dtype}. Fix: ff.tree.astype(params, np.{dtype}) casts all "
+                          "params to one dtype.")
+
+
+def _fits(got, want) -> bool:
+    """``got`` matches ``want``, whose str entries match any size."""
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if g != w and not isinstance(w, str):
+            return False
+    return True
+
+
+def check_residuals(layer, residuals, *keys, cause="they come from another layer, or from "
+                    "an inference forward (train=False)"):
+    """``residuals`` is a dict holding ``keys``; the error names what is missing."""
+    if isinstance(residuals, dict):
+        for k in keys:
+            if k not in residuals:
+                break
+        else:
+            return
+    have = residuals if isinstance(residuals, dict) else {}
+    missing = [k for k in keys if k not in have]
+    if missing:
+        got = (f"keys {sorted(residuals)}" if isinstance(residuals, dict)
+               else type(residuals).__name__)
+        raise layer.error(f"residuals have no {' or '.join(map(repr, missing))} (got {got}): "
+                          f"{cause}. Fix: pass the residuals that this layer's "
+                          "forward(params, x, train=True) returned.")
+
+
+def check_saved_shape(layer, dy, shape, what="dy"):
+    """``dy`` has the shape of the output whose residuals are used (``shape``)."""
+    check_array(layer, dy, what)
+    if tuple(dy.shape) != tuple(shape):
+        raise layer.error(f"{what} has shape {tuple(dy.shape)} but the residuals were saved for "
+                          f"an output of shape {tuple(shape)}: residuals from another batch or "
+                          "another layer. " + RESIDUALS_FIX)
+
+
+def check_in_shape(layer, in_shape):
+    """``in_shape`` is ``(features,)``; returns it as a tuple of one int."""
+    ok = (isinstance(in_shape, (tuple, list)) and len(in_shape) == 1
+          and _is_int(in_shape[0]) and in_shape[0] >= 1)
+    if not ok:
+        got = tuple(in_shape) if isinstance(in_shape, (tuple, list)) else repr(in_shape)
+        raise layer.error(f"in_shape must be (features,), got {got}. Fix: flatten the input, "
+                          f"e.g. Serial(Flatten(), {layer!r}), and give init its width, e.g. "
+                          "(784,).")
+    return (int(in_shape[0]),)
+
+
+# ---- hyperparameters (constructor arguments): the error names the class -------------------
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def positive_int(cls, name, value, fix):
+    if not _is_int(value) or value < 1:
+        raise LayerError(f"{cls.__name__}: {name} must be a positive int, got {value!r}. "
+                         f"Fix: {fix}")
+    return int(value)
+
+
+def number(cls, name, value, ok, want, fix):
+    """A real number (not a bool) for which ``ok(value)`` holds; ``want`` says which."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) \
+        and not isinstance(value, (bool, np.bool_))
+    if not real or not ok(float(value)):
+        raise LayerError(f"{cls.__name__}: {name} must be {want}, got {value!r}. Fix: {fix}")
+    return float(value)
+
+
+def float_dtype(cls, value, fix):
+    """``param_dtype``: one of the floating dtypes the backends compute in."""
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype not in FLOAT_DTYPES:
+        raise LayerError(f"{cls.__name__}: param_dtype must be {_FLOATS}, got "
+                         f"{dtype if dtype is not None else repr(value)}. Fix: {fix}")
+    return dtype
