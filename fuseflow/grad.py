@@ -9,7 +9,8 @@ import numpy as np
 
 from fuseflow import backend, random, tree
 
-__all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "value_and_grad"]
+__all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "loss_and_output_grad",
+           "value_and_grad"]
 
 
 def _releases_residuals(model) -> bool:
@@ -47,6 +48,28 @@ def _backward(model, params, residuals, dy, need_input_grad):
     return model.backward(params, residuals, dy, **kwargs)
 
 
+def loss_and_output_grad(loss_fn, out, y, **kwargs):
+    """``loss_fn(out, y, **kwargs)``, checked against the loss contract: it returns
+    ``(loss, d loss / d out)`` with the gradient shaped like ``out`` (what the backward
+    starts from; a loss that returns only the value cannot be differentiated here)."""
+    result = loss_fn(out, y, **kwargs)
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        got = (f"a tuple of {len(result)}" if isinstance(result, tuple)
+               else type(result).__name__)
+        raise TypeError(f"value_and_grad: the loss {name} must return (loss, d_loss/d_outputs), "
+                        f"got {got}. Fix: return the gradient with respect to the model's "
+                        "outputs too, as ff.losses.softmax_cross_entropy does "
+                        "(docs/concepts.md, 'Losses').")
+    shape = getattr(result[1], "shape", None)
+    if shape is None or tuple(shape) != tuple(out.shape):
+        got = tuple(shape) if shape is not None else type(result[1]).__name__
+        raise ValueError(f"value_and_grad: the loss {name} returned a gradient of shape {got} "
+                         f"for outputs of shape {tuple(out.shape)}. Fix: return "
+                         "d_loss/d_outputs, one entry per output.")
+    return result
+
+
 def value_and_grad(model, loss_fn, *, with_outputs=False):
     """``f(params, x, y, *, key=None) -> (loss, grads)`` for ``loss_fn(model(x), y)``.
 
@@ -56,7 +79,7 @@ def value_and_grad(model, loss_fn, *, with_outputs=False):
     """
     def f(params, x, y, *, key=None):
         out, residuals = model.forward(params, x, key=key, train=True)
-        loss, dout = loss_fn(out, y)
+        loss, dout = loss_and_output_grad(loss_fn, out, y)
         owned = _own_residuals(model, residuals)
         del residuals  # a Serial backward frees each layer's saved arrays once used
         grads, _ = _backward(model, params, owned, dout, need_input_grad=False)

@@ -42,7 +42,7 @@ import numpy as np
 
 from fuseflow import backend, tree
 from fuseflow._namespace import namespace
-from fuseflow.grad import _backward, _own_residuals
+from fuseflow.grad import _backward, _own_residuals, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
 from fuseflow.optim._base import check_state
 from fuseflow.optim._fused import fused_update, update_and_apply
@@ -104,9 +104,10 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
         del residuals  # a Serial backward frees each layer's saved arrays once used
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
             if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled 16-bit grad
-                loss, dlow = loss_fn(out, y, grad_scale=scale, grad_dtype=cd)
+                loss, dlow = loss_and_output_grad(loss_fn, out, y, grad_scale=scale,
+                                                  grad_dtype=cd)
             else:
-                loss, dout = loss_fn(out.astype(xp.float32), y)
+                loss, dout = loss_and_output_grad(loss_fn, out.astype(xp.float32), y)
                 dlow = (dout * scale).astype(cd)
             grads, _ = _backward(model, low, owned, dlow, need_input_grad=False)
         if unscaled:

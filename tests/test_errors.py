@@ -165,3 +165,26 @@ def test_a_mistyped_list_setting_warns_and_keeps_the_default(monkeypatch):
     assert env_subset("FUSEFLOW_SKINNY_OPS", ops, "wgrad") == {"dgrad", "forward"}
     monkeypatch.setenv("FUSEFLOW_SKINNY_OPS", "")
     assert env_subset("FUSEFLOW_SKINNY_OPS", ops, "wgrad") == set()
+
+
+@pytest.mark.parametrize("grad_fn", [ff.value_and_grad, ff.mixed_precision.value_and_grad])
+def test_a_loss_must_return_its_gradient_too(grad_fn):
+    """The loss contract: loss_fn(outputs, targets) -> (loss, d_loss/d_outputs)."""
+    rng = np.random.default_rng(7)
+    model = nn.Serial(nn.Dense(6, "relu"), nn.Dense(3))
+    _, params = model.init(ff.random.key(7), (4,))
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    y = rng.standard_normal((5, 3)).astype(np.float32)
+
+    def value_only(outputs, targets):
+        return ((outputs - targets) ** 2).mean()
+
+    def wrong_grad(outputs, targets):
+        return ((outputs - targets) ** 2).mean(), (outputs - targets).sum(0)
+
+    with pytest.raises(TypeError, match=r"the loss value_only must return \(loss, "
+                                        r"d_loss/d_outputs\), got float32"):
+        grad_fn(model, value_only)(params, x, y)
+    with pytest.raises(ValueError, match=r"the loss wrong_grad returned a gradient of shape "
+                                         r"\(3,\) for outputs of shape \(5, 3\)"):
+        grad_fn(model, wrong_grad)(params, x, y)
