@@ -336,6 +336,28 @@ def test_batches_on_cupy_arrays_match_numpy():
         np.testing.assert_array_equal(b, d.get())
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_device_batches_run_on_numpy_with_any_key(drop_last):
+    """The same loop runs on a CPU: every row once per epoch, a fixed order per key, for
+    keys made by fold_in and split (64-bit seeds, which NumPy's RandomState refused)."""
+    x, y = labelled(53)
+    keys = [random.fold_in(random.key(0), 3), random.split(random.key(9))[1], random.key(2)]
+    orders = []
+    for k in keys:
+        out = list(ffd.device_batches(x, y, 8, key=k, drop_last=drop_last))
+        assert len(out) == ffd.num_batches(53, 8, drop_last)
+        for xb, yb in out:
+            assert isinstance(xb, np.ndarray)
+            np.testing.assert_array_equal(xb[:, 0], yb)
+        seen = np.concatenate([yb for _, yb in out])
+        assert len(set(seen.tolist())) == len(seen) == (48 if drop_last else 53)
+        again = np.concatenate([yb for _, yb in ffd.device_batches(x, y, 8, key=k,
+                                                                   drop_last=drop_last)])
+        np.testing.assert_array_equal(seen, again)
+        orders.append(seen)
+    assert not np.array_equal(orders[0], orders[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_device_batches_cover_the_epoch_in_the_device_order(drop_last, monkeypatch):
