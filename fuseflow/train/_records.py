@@ -11,8 +11,9 @@ abandoned continuation), so the file always describes the one run the checkpoint
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from fuseflow._files import atomic_write
 
 __all__ = ["FIELDS", "METRICS_FILE", "CURVES_FILE", "read_metrics", "start_metrics",
            "append_metrics", "plot_curves"]
@@ -45,13 +46,8 @@ def start_metrics(out_dir, completed_epochs: int) -> list[dict]:
     run); returns the records kept. The file is replaced atomically."""
     path = Path(out_dir) / METRICS_FILE
     kept = [r for r in read_metrics(path) if r.get("epoch", 0) <= completed_epochs]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(path, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -89,10 +85,5 @@ def plot_curves(records: list[dict], path) -> None:
         if what == "loss":
             ax.set_yscale("log")
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    try:  # a plot cut short by Ctrl-C leaves the previous one, not half a file
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(path) as f:  # a plot cut short by Ctrl-C leaves the previous one
+        fig.savefig(f, format="png")
