@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shutil
 import sys
@@ -67,11 +68,23 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        if value is None or not value > 0 or not math.isfinite(value):
+            finite = " finite" if kind is float else ""
+            raise argparse.ArgumentTypeError(
+                f"expected a positive{finite} {kind.__name__}, got {text!r}")
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _backend_option(p):
@@ -113,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{k} {v:g}" for k, v in DEFAULT_LR.items()))
     t.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help=f"cosine: lr decays to 0 over all epochs. Default: {d['schedule']}")
-    t.add_argument("--weight-decay", type=float, default=None, metavar="WD",
+    t.add_argument("--weight-decay", type=_non_negative_float, default=None, metavar="WD",
                    help="decoupled weight decay of the weights (not biases); adamw only. "
                         "Default: 0 (1e-4 with adamw)")
     t.add_argument("--seed", type=int, default=None,

@@ -1,0 +1,113 @@
+"""``fuseflow train``/``eval`` with bad input and with folders that hold earlier runs.
+
+The project's rule, checked here case by case: bad input gets one line
+(``fuseflow train: error: ...``) that names the thing, what was expected, what was found and
+the fix, with exit code 1 (2 for a malformed command line) and no traceback; and nothing a
+user saved is lost or half-written (the files are compared byte for byte). Runs use
+scikit-learn's digits, or small IDX folders written here, to stay fast.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import train as T
+from fuseflow.cli import main
+
+SMALL = ["--hidden", "16", "--batch-size", "64", "--lr", "0.01", "--no-progress"]
+DIGITS = ["--dataset", "digits", *SMALL]
+IDX_NAMES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+             "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
+
+
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*args)`` runs ``fuseflow *args`` in this process."""
+    def call(*args):
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+    return call
+
+
+def assert_one_line_error(proc, *says, command="train", code=1):
+    """Exit ``code``, no traceback, and stderr is exactly one error line holding ``says``."""
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(f"fuseflow {command}: error: ")]
+    assert len(errors) == 1, proc.stderr
+    for text in says:
+        assert text in errors[0], errors[0]
+    return errors[0]
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` (relative path -> sha256 of its bytes)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def write_idx(path: Path, arr: np.ndarray):
+    header = bytes([0, 0, 0x08, arr.ndim]) + np.array(arr.shape, ">u4").tobytes()
+    path.write_bytes(gzip.compress(header + arr.astype(np.uint8).tobytes()))
+
+
+def idx_folder(folder: Path, test_images=None, test_labels=None, train_labels=None) -> Path:
+    """The four MNIST-named IDX files holding digits (8x8); any of three arrays replaced."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for split in ("train", "test"):
+        x, y = ff.data.digits(split)
+        arrays[split] = [np.round(x * 255).astype(np.uint8).reshape(-1, 8, 8),
+                         y.astype(np.uint8)]
+    if test_images is not None:
+        arrays["test"][0] = test_images
+    if test_labels is not None:
+        arrays["test"][1] = test_labels
+    if train_labels is not None:
+        arrays["train"][1] = train_labels
+    for split, (images, labels) in arrays.items():
+        write_idx(folder / IDX_NAMES[split][0], images)
+        write_idx(folder / IDX_NAMES[split][1], labels)
+    return folder
+
+
+# ---------------------------------------------------------------- numbers that are not
+
+@pytest.mark.parametrize("args, says", [
+    (["--optimizer", "adamw", "--weight-decay", "nan"], "--weight-decay: expected a finite"),
+    (["--optimizer", "adamw", "--weight-decay", "inf"], "--weight-decay: expected a finite"),
+    (["--optimizer", "adamw", "--weight-decay", "-1"], "--weight-decay: expected a finite"),
+    (["--lr", "inf"], "--lr: expected a positive finite float, got 'inf'"),
+    (["--lr", "nan"], "--lr: expected a positive finite float, got 'nan'"),
+])
+def test_non_finite_lr_or_weight_decay_is_a_usage_error(tmp_path, args, says, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--dataset", "digits", "--out", str(tmp_path / "o"), *args])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and says in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("field, value", [("lr", math.nan), ("lr", math.inf), ("lr", "0.1"),
+                                          ("weight_decay", math.nan),
+                                          ("weight_decay", math.inf), ("weight_decay", True)])
+def test_recipe_rejects_non_finite_numbers(field, value):
+    kwargs = dict(optimizer="adamw", weight_decay=1e-4)
+    kwargs[field] = value
+    with pytest.raises(T.RecipeError, match=rf"{field} must be a finite number.*Fix"):
+        T.Recipe("digits", None, 64, 10, **kwargs)
