@@ -111,3 +111,57 @@ def test_recipe_rejects_non_finite_numbers(field, value):
     kwargs[field] = value
     with pytest.raises(T.RecipeError, match=rf"{field} must be a finite number.*Fix"):
         T.Recipe("digits", None, 64, 10, **kwargs)
+
+
+# ------------------------------------------------------------------ data that disagrees
+
+def test_test_images_of_another_size_are_named(tmp_path, cli):
+    x, _ = ff.data.digits("test")
+    bigger = np.zeros((len(x), 9, 9), np.uint8)
+    folder = idx_folder(tmp_path / "idx", test_images=bigger)
+    proc = cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o", *SMALL)
+    assert_one_line_error(proc, str(folder / IDX_NAMES["test"][0]), "9x9 images (81 inputs)",
+                          "training images", "8x8 images (64 inputs)", "Fix:")
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_an_idx_file_with_no_examples_is_named(tmp_path, cli):
+    folder = idx_folder(tmp_path / "idx", test_images=np.zeros((0, 8, 8), np.uint8),
+                        test_labels=np.zeros(0, np.uint8))
+    proc = cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o", *SMALL)
+    assert_one_line_error(proc, str(folder / IDX_NAMES["test"][0]), "no image data",
+                          "(0, 8, 8)", "Fix:")
+    with pytest.raises(ff.data.DatasetError, match="no image data"):
+        ff.data.idx_dataset(folder, "test")
+
+
+def test_one_damaged_test_label_is_an_error_not_201_classes(tmp_path, cli):
+    _, y = ff.data.digits("test")
+    y = y.astype(np.uint8)
+    y[7] = 200
+    folder = idx_folder(tmp_path / "idx", test_labels=y)
+    proc = cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o", *SMALL)
+    assert_one_line_error(proc, str(folder / IDX_NAMES["test"][1]), "label 200 at index 7",
+                          "outside the classes 0..9", str(folder / IDX_NAMES["train"][1]),
+                          "Fix:")
+    assert "201" not in proc.stdout
+
+
+def test_a_damaged_training_label_leaves_a_gap_that_is_named(tmp_path, cli):
+    _, y = ff.data.digits("train")
+    y = y.astype(np.uint8)
+    y[3] = 200
+    folder = idx_folder(tmp_path / "idx", train_labels=y)
+    proc = cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o", *SMALL)
+    assert_one_line_error(proc, str(folder / IDX_NAMES["train"][1]), "up to 200",
+                          "190 of the classes 0..200 have no training example (10..199)",
+                          "label 200 (1 example, the first at index 3)", "Fix:")
+
+
+def test_labels_checked_against_each_other_but_a_test_split_may_lack_a_class(tmp_path, cli):
+    _, y = ff.data.digits("test")
+    keep = y != 9  # no 9s in the test split: fine, the classes come from training
+    x = np.round(ff.data.digits("test")[0][keep] * 255).astype(np.uint8).reshape(-1, 8, 8)
+    folder = idx_folder(tmp_path / "idx", test_images=x, test_labels=y[keep].astype(np.uint8))
+    ds = T.load_dataset("idx", folder)
+    assert ds.classes == 10 and len(ds.test[1]) == keep.sum()
