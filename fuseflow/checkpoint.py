@@ -65,17 +65,23 @@ def save(path, tree, *, metadata: dict | None = None) -> None:
     """
     tensors: dict[str, np.ndarray] = {}
     spec = _encode(tree, (), tensors)
-    if metadata is not None and not isinstance(metadata, dict):
-        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
-    try:
-        user = json.dumps(metadata or {})
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"metadata must be JSON-serialisable: {e}. Fix: store plain Python "
-                        "values, e.g. float(loss) rather than a NumPy scalar.") from e
+    user = metadata_json(metadata)
     header = {_VERSION_KEY: str(FORMAT_VERSION), _TREE_KEY: json.dumps(spec), _USER_KEY: user}
     data = safetensors.numpy.save(tensors, metadata=header)
     with atomic_write(path) as f:
         f.write(data)
+
+
+def metadata_json(metadata: dict | None) -> str:
+    """``metadata`` as the JSON text ``save`` stores; TypeError (with the fix) when it is not
+    a dict of JSON-serialisable values. For callers that check it before long work."""
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        return json.dumps(metadata or {})
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"metadata must be JSON-serialisable: {e}. Fix: store plain Python "
+                        "values, e.g. float(loss) rather than a NumPy scalar.") from e
 
 
 def _encode(node, path: tuple, tensors: dict):

@@ -165,3 +165,30 @@ def test_labels_checked_against_each_other_but_a_test_split_may_lack_a_class(tmp
     folder = idx_folder(tmp_path / "idx", test_images=x, test_labels=y[keep].astype(np.uint8))
     ds = T.load_dataset("idx", folder)
     assert ds.classes == 10 and len(ds.test[1]) == keep.sum()
+
+
+# ------------------------------------------------------------------------ fit's arguments
+
+def _digits_fit_parts():
+    recipe = T.Recipe("digits", None, 64, 10, hidden=(8,))
+    model, opt = recipe.model(), recipe.optimizer_for(22)
+    return model, opt, T.init_state(model, opt, (64,), ff.random.key(0))
+
+
+def test_fit_checks_metadata_before_training(tmp_path):
+    model, opt, state = _digits_fit_parts()
+    steps = []
+    with pytest.raises(TypeError, match=r"fit: metadata must be JSON-serialisable.*float32.*Fix"):
+        T.fit(model, opt, state, ff.data.digits("train"), epochs=1, batch_size=64,
+              out_dir=tmp_path / "o", metadata={"a": np.float32(1)}, progress=False, log=None,
+              on_step=lambda s, m: steps.append(1))
+    assert steps == [] and not (tmp_path / "o").exists()  # failed before any step or file
+
+
+@pytest.mark.parametrize("epochs, fix", [(1.0, "epochs=1"), ("2", "epochs=2"), (True, "")])
+def test_fit_wants_an_int_number_of_epochs(epochs, fix):
+    model, opt, state = _digits_fit_parts()
+    with pytest.raises(TypeError, match="fit: epochs must be an int") as info:
+        T.fit(model, opt, state, ff.data.digits("train"), epochs=epochs, batch_size=64,
+              progress=False, log=None)
+    assert fix in str(info.value) and "already completed" not in str(info.value)
