@@ -192,3 +192,23 @@ def test_fit_wants_an_int_number_of_epochs(epochs, fix):
         T.fit(model, opt, state, ff.data.digits("train"), epochs=epochs, batch_size=64,
               progress=False, log=None)
     assert fix in str(info.value) and "already completed" not in str(info.value)
+
+
+# ------------------------------------------------------------------- metrics.jsonl read
+
+def test_a_torn_last_metrics_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / T.METRICS_FILE
+    path.write_text('{"epoch": 1, "step": 22}\n{"epoch": 2, "st')
+    with pytest.warns(RuntimeWarning, match=r"metrics.jsonl:2: the last line is cut short"):
+        assert T.read_metrics(path) == [{"epoch": 1, "step": 22}]
+
+
+@pytest.mark.parametrize("text, line", [('{"epoch": 1}\ngarbage\n{"epoch": 2}\n', 2),
+                                        ('{"epoch": 1\n{"epoch": 2}\n', 1),
+                                        ('{"epoch": 1}\n[1, 2]\n', 2)])
+def test_a_damaged_metrics_line_elsewhere_is_an_error_naming_it(tmp_path, text, line):
+    path = tmp_path / T.METRICS_FILE
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"metrics.jsonl:{line}: expected one JSON object "
+                                         r"per line, got .*Fix"):
+        T.read_metrics(path)
