@@ -12,6 +12,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +129,7 @@ def test_test_images_of_another_size_are_named(tmp_path, cli):
     proc = cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o", *SMALL)
     assert_one_line_error(proc, str(folder / IDX_NAMES["test"][0]), "9x9 images (81 inputs)",
                           "training images", "8x8 images (64 inputs)", "Fix:")
-    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+    assert not (tmp_path / "o").exists()  # the folder made for the run is gone again
 
 
 def test_an_idx_file_with_no_examples_is_named(tmp_path, cli):
@@ -212,3 +219,268 @@ def test_a_damaged_metrics_line_elsewhere_is_an_error_naming_it(tmp_path, text, 
     with pytest.raises(ValueError, match=rf"metrics.jsonl:{line}: expected one JSON object "
                                          r"per line, got .*Fix"):
         T.read_metrics(path)
+
+
+# -------------------------------------------------------- runs already in the output folder
+
+@pytest.fixture(scope="module")
+def run3(tmp_path_factory):
+    """A 3-epoch digits run, copied by each test that changes it."""
+    out = tmp_path_factory.mktemp("run3") / "run"
+    assert main(["train", *DIGITS, "--epochs", "3", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def run(run3, tmp_path):
+    """A copy of the 3-epoch run, and its files' hashes as they are now."""
+    out = tmp_path / "run"
+    shutil.copytree(run3, out)
+    return out, snapshot(out)
+
+
+def test_resuming_an_earlier_epoch_in_place_keeps_the_later_ones(run, cli):
+    out, before = run
+    proc = cli("train", "--resume", out / "ckpt-epoch1.safetensors", "--epochs", "200",
+               "--no-progress")
+    assert_one_line_error(proc, "continues the run after epoch 1",
+                          "ckpt-epoch2.safetensors, ckpt-epoch3.safetensors, last.safetensors",
+                          "Fix: --out NEW_DIR", f"--resume {out / T.LAST}", "--overwrite")
+    assert snapshot(out) == before
+
+
+def test_resuming_the_latest_checkpoint_in_place_continues(run, cli):
+    out, before = run
+    proc = cli("train", "--resume", out / T.LAST, "--epochs", "4", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    after = snapshot(out)
+    for name in ("ckpt-epoch1.safetensors", "ckpt-epoch2.safetensors",
+                 "ckpt-epoch3.safetensors"):
+        assert after[name] == before[name]
+    assert [r["epoch"] for r in T.read_metrics(out / T.METRICS_FILE)] == [1, 2, 3, 4]
+
+
+def test_a_checkpoint_newer_than_last_is_protected_and_suggested(run, cli):
+    out, _ = run
+    # as a kill between writing ckpt-epoch3 and last.safetensors leaves the folder
+    (out / T.LAST).write_bytes((out / "ckpt-epoch2.safetensors").read_bytes())
+    before = snapshot(out)
+    proc = cli("train", "--resume", out / T.LAST, "--no-progress")
+    assert_one_line_error(proc, "after epoch 2", "ckpt-epoch3.safetensors",
+                          f"--resume {out / 'ckpt-epoch3.safetensors'}")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("name", ["ckpt-epoch3.safetensors", T.LAST, T.METRICS_FILE,
+                                  "curves.png"])
+def test_a_new_run_never_replaces_any_run_file(run, tmp_path, cli, name):
+    out, _ = run
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / name).write_bytes((out / name).read_bytes())
+    before = snapshot(lone)
+    proc = cli("train", *DIGITS, "--epochs", "1", "--out", lone)
+    assert_one_line_error(proc, f"{lone} already holds a run ({name})", "--overwrite",
+                          "--out NEW_DIR")
+    assert snapshot(lone) == before
+
+
+def test_resuming_into_another_runs_folder_is_refused(run, run3, cli):
+    out, before = run
+    proc = cli("train", "--resume", run3 / "ckpt-epoch1.safetensors", "--out", out,
+               "--no-progress")
+    assert_one_line_error(proc, f"{out} already holds a run", "--overwrite")
+    assert snapshot(out) == before
+
+
+def test_overwrite_replaces_the_old_run_once_the_new_one_has_an_epoch(run, cli):
+    out, before = run
+    proc = cli("train", *DIGITS, "--epochs", "2", "--out", out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert "moved to" in proc.stdout and proc.stdout.splitlines()[-1].startswith("test_acc")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ckpt-epoch1.safetensors", "ckpt-epoch2.safetensors", "curves.png",
+        "last.safetensors", "metrics.jsonl"]  # the old epoch 3 is gone, no backup is left
+    assert [r["epoch"] for r in T.read_metrics(out / T.METRICS_FILE)] == [1, 2]
+    assert snapshot(out)["ckpt-epoch1.safetensors"] != before["ckpt-epoch1.safetensors"]
+
+
+def _stopped_fit(error):
+    """A fit that begins its record, as the real one does, then stops before any epoch."""
+    def fit(model, optimizer, state, *args, out_dir=None, **kwargs):
+        from fuseflow.train._records import start_metrics
+        if out_dir is not None:
+            start_metrics(out_dir, state.epoch)
+        raise error
+    return fit
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_overwrite_puts_the_old_files_back_when_stopped_before_an_epoch(run, cli, monkeypatch,
+                                                                        resume):
+    out, before = run
+    monkeypatch.setattr("fuseflow.cli.fit", _stopped_fit(T.Interrupted(None, 0)))
+    args = (["--resume", out / "ckpt-epoch1.safetensors", "--no-progress"] if resume else
+            [*DIGITS, "--epochs", "2", "--out", out])
+    proc = cli("train", *args, "--overwrite")
+    assert proc.returncode == 130, proc.stderr
+    assert "the replaced files are back" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("interrupted: ")
+    assert snapshot(out) == before  # every byte, and no backup folder left
+
+
+def test_overwrite_puts_the_old_files_back_after_an_error(run, cli, monkeypatch):
+    out, before = run
+    monkeypatch.setattr("fuseflow.cli.fit", _stopped_fit(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        cli("train", *DIGITS, "--epochs", "2", "--out", out, "--overwrite")
+    assert snapshot(out) == before
+
+
+def test_overwrite_in_place_keeps_the_epochs_before_the_checkpoint(run, run3, cli):
+    out, before = run
+    proc = cli("train", "--resume", out / "ckpt-epoch1.safetensors", "--overwrite",
+               "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    after = snapshot(out)
+    assert after["ckpt-epoch1.safetensors"] == before["ckpt-epoch1.safetensors"]
+    assert sorted(after) == sorted(before)  # the same files, and no backup folder
+    old, new = T.read_metrics(run3 / T.METRICS_FILE), T.read_metrics(out / T.METRICS_FILE)
+    assert new[0] == old[0]  # epoch 1's record is the original one
+    # epochs 2 and 3 trained again from the checkpoint: the same results (bit for bit)
+    assert [(r["epoch"], r["train_loss"], r["test_acc"]) for r in new] == \
+        [(r["epoch"], r["train_loss"], r["test_acc"]) for r in old]
+
+
+def test_a_killed_overwrite_leaves_the_old_run_in_the_backup(run, tmp_path):
+    out, before = run
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fuseflow", "train", "--dataset", "digits", "--hidden",
+         "2048,2048", "--epochs", "3", "--out", str(out), "--overwrite", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    try:
+        while not list(out.glob("replaced-*/curves.png")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    backup = next(out.glob("replaced-*"))
+    assert snapshot(backup) == before  # the old run, whole, where the message said
+
+
+# ---------------------------------------------------------------- one line, not a traceback
+
+def test_out_that_is_a_file_is_named_before_any_work(tmp_path, cli):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    proc = cli("train", *DIGITS, "--epochs", "1", "--out", afile)
+    assert_one_line_error(proc, f"--out {afile} is a file", "Fix: --out a folder")
+    assert "data:" not in proc.stdout  # refused before the data was loaded
+    proc = cli("train", *DIGITS, "--epochs", "1", "--out", afile / "sub")
+    assert_one_line_error(proc, f"--out {afile / 'sub'}: {afile} is a file", "Fix:")
+    assert afile.read_text() == "mine"
+
+
+def test_out_that_cannot_be_written_is_named(tmp_path, cli, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.access(locked, os.W_OK):  # root writes anywhere: make the write fail instead
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    try:
+        proc = cli("train", *DIGITS, "--epochs", "1", "--out", locked)
+        assert_one_line_error(proc, f"--out {locked}: cannot write in this folder",
+                              "Permission denied", "Fix:")
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_new_out_folder_is_removed_again_when_the_run_fails_before_an_epoch(tmp_path, cli):
+    _, y = ff.data.digits("test")
+    y = y.astype(np.uint8)
+    y[0] = 99
+    folder = idx_folder(tmp_path / "idx", test_labels=y)
+    proc = cli("train", "--data-dir", folder, "--out", tmp_path / "new" / "run", *SMALL)
+    assert_one_line_error(proc, "label 99 at index 0")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_damaged_metrics_line_on_resume_is_one_line_and_changes_nothing(run, cli):
+    out, _ = run
+    lines = (out / T.METRICS_FILE).read_text().splitlines(keepends=True)
+    (out / T.METRICS_FILE).write_text(lines[0] + '{"epoch": 2, "st\n' + lines[2])
+    before = snapshot(out)
+    proc = cli("train", "--resume", out / T.LAST, "--epochs", "4", "--no-progress")
+    assert_one_line_error(proc, f"{out / T.METRICS_FILE}:2: expected one JSON object", "Fix:")
+    assert snapshot(out) == before
+
+
+def test_a_torn_metrics_line_on_resume_is_a_warning_and_the_run_continues(run, cli):
+    out, _ = run
+    with open(out / T.METRICS_FILE, "a") as f:
+        f.write('{"epoch": 4, "st')  # a crash in the middle of appending epoch 4
+    proc = cli("train", "--resume", out / T.LAST, "--epochs", "4", "--no-progress")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1 and warning[0].startswith("fuseflow train: warning: ")
+    assert "last line is cut short" in warning[0]
+    assert [r["epoch"] for r in T.read_metrics(out / T.METRICS_FILE)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_folder_given_as_the_checkpoint_suggests_its_last_file(run, cli, command):
+    out, before = run
+    proc = cli(command, "--resume", out) if command == "train" else cli("eval", out)
+    option = "--resume" if command == "train" else "CKPT"
+    assert_one_line_error(proc, f"{option} {out} is a folder", f"Fix: {option} {out / T.LAST}",
+                          command=command)
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("args", [["train", *DIGITS],
+                                  ["train", "--resume", "{run}/last.safetensors"],
+                                  ["eval", "{run}/last.safetensors"]])
+def test_data_dir_with_digits_is_an_error_not_ignored(run, tmp_path, cli, args):
+    out, before = run
+    args = [a.format(run=out) for a in args]
+    proc = cli(*args, "--data-dir", tmp_path / "nowhere", "--out", tmp_path / "o") \
+        if args[0] == "train" else cli(*args, "--data-dir", tmp_path / "nowhere")
+    assert_one_line_error(proc, f"--data-dir {tmp_path / 'nowhere'}", "digits",
+                          "Fix: drop --data-dir", command=args[0])
+    assert snapshot(out) == before and not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="does not apply to the digits"):
+        T.load_dataset("digits", tmp_path)
+
+
+def test_an_absurd_hidden_width_is_one_line(tmp_path, cli):
+    proc = cli("train", "--dataset", "digits", "--hidden", "99999999999", "--out",
+               tmp_path / "o", "--no-progress")
+    assert_one_line_error(proc, "--hidden 99999999999", "parameters", "Fix: smaller --hidden")
+    assert not (tmp_path / "o").exists()
+
+
+def test_running_out_of_memory_is_one_line(tmp_path, cli, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 3.0 GiB")
+    monkeypatch.setattr("fuseflow.cli.init_state", no_memory)
+    proc = cli("train", *DIGITS, "--out", tmp_path / "o")
+    assert_one_line_error(proc, "--hidden 16", "do not fit in memory", "Unable to allocate",
+                          "Fix:")
+
+
+def test_eval_names_a_damaged_test_label(tmp_path, cli):
+    folder = idx_folder(tmp_path / "idx")
+    assert cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o",
+               *SMALL).returncode == 0
+    _, y = ff.data.digits("test")
+    y = y.astype(np.uint8)
+    y[5] = 200
+    write_idx(folder / IDX_NAMES["test"][1], y)
+    proc = cli("eval", tmp_path / "o" / T.LAST)
+    assert_one_line_error(proc, str(folder / IDX_NAMES["test"][1]), "label 200 at index 5",
+                          "outside the checkpoint's 10 classes", "Fix:", command="eval")
