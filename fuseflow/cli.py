@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run saved in CKPT (e.g. runs/mnist/last.safetensors); "
                         "the result is bit for bit that of an uninterrupted run")
     t.add_argument("--overwrite", action="store_true",
-                   help="replace a previous run's files in --out instead of refusing")
+                   help="replace the run files already in --out (another run's, or later "
+                        "epochs of the resumed one) instead of refusing; they are kept aside "
+                        "until the new run has saved an epoch, and put back if it stops before")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     e = sub.add_parser("eval", help="test accuracy of a checkpoint; prints test_accuracy=0.XXXX",
@@ -395,6 +397,10 @@ class _Output:
             replaced = moved
         if replaced and not overwrite:
             raise CLIError(self._refusal(replaced, resume, start_epoch, same_run))
+        for left in sorted(p for p in out.glob("replaced-*") if p.is_dir()):
+            print(f"note: {left} holds files an earlier --overwrite set aside and could not "
+                  "put back or delete (its process was killed); move them back, or delete "
+                  "the folder", flush=True)
         if replaced:
             self._set_aside(moved, copied)
         self.kept = {p.name for p in _run_files(out)}

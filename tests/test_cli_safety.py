@@ -28,6 +28,7 @@ import fuseflow as ff
 from fuseflow import train as T
 from fuseflow.cli import main
 
+REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--hidden", "16", "--batch-size", "64", "--lr", "0.01", "--no-progress"]
 DIGITS = ["--dataset", "digits", *SMALL]
 IDX_NAMES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -352,12 +353,14 @@ def test_overwrite_in_place_keeps_the_epochs_before_the_checkpoint(run, run3, cl
         [(r["epoch"], r["train_loss"], r["test_acc"]) for r in old]
 
 
-def test_a_killed_overwrite_leaves_the_old_run_in_the_backup(run, tmp_path):
+def test_a_killed_overwrite_leaves_the_old_run_in_the_backup(run, cli):
     out, before = run
     proc = subprocess.Popen(
         [sys.executable, "-m", "fuseflow", "train", "--dataset", "digits", "--hidden",
          "2048,2048", "--epochs", "3", "--out", str(out), "--overwrite", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(
+            os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
+                [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])))
     deadline = time.monotonic() + 120
     try:
         while not list(out.glob("replaced-*/curves.png")):
@@ -368,6 +371,13 @@ def test_a_killed_overwrite_leaves_the_old_run_in_the_backup(run, tmp_path):
         proc.communicate()
     backup = next(out.glob("replaced-*"))
     assert snapshot(backup) == before  # the old run, whole, where the message said
+    for path in out.iterdir():  # what the killed run began, cleaned up by the user
+        if path.is_file():
+            path.unlink()
+    proc = cli("train", *DIGITS, "--epochs", "1", "--out", out)
+    assert proc.returncode == 0 and f"note: {backup} holds files an earlier --overwrite" \
+        in proc.stdout
+    assert snapshot(backup) == before  # a later run leaves it alone
 
 
 # ---------------------------------------------------------------- one line, not a traceback
