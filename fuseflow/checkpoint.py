@@ -16,11 +16,11 @@ Why this shape:
   subclasses as dicts, and arrays on the host. With ``like``, its containers are used, each
   leaf goes to the device of the matching ``like`` leaf, and every difference in paths,
   shapes and dtypes is reported at once.
-- Writes are atomic: the bytes go to a unique temporary file beside the target
-  (``.<name>.<pid>.<random>.tmp``), are flushed and fsynced, then ``os.replace``-d onto the
-  final name, and the folder is fsynced. A crash or kill at any moment leaves either the old
-  checkpoint or the new one. Only a kill that gives no chance to clean up (SIGKILL, power
-  loss) can leave such a hidden temporary file behind.
+- Writes are atomic (``fuseflow._files.atomic_write``): the bytes go to a unique temporary
+  file beside the target (``.<name>.<pid>.<random>.tmp``), are flushed and fsynced, then
+  ``os.replace``-d onto the final name, and the folder is fsynced. A crash or kill at any
+  moment leaves either the old checkpoint or the new one. Only a kill that gives no chance
+  to clean up (SIGKILL, power loss) can leave such a hidden temporary file behind.
 - ``fuseflow_format_version`` is checked on load, so an old fuseflow refuses a file written
   in a newer format instead of misreading it.
 """
@@ -30,8 +30,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import os
-import secrets
 import zlib
 from pathlib import Path
 
@@ -40,6 +38,7 @@ import safetensors
 import safetensors.numpy
 
 from fuseflow import tree as _tree
+from fuseflow._files import atomic_write
 from fuseflow._namespace import is_cupy, namespace
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "load", "read_metadata", "save"]
@@ -66,15 +65,23 @@ def save(path, tree, *, metadata: dict | None = None) -> None:
     """
     tensors: dict[str, np.ndarray] = {}
     spec = _encode(tree, (), tensors)
+    user = metadata_json(metadata)
+    header = {_VERSION_KEY: str(FORMAT_VERSION), _TREE_KEY: json.dumps(spec), _USER_KEY: user}
+    data = safetensors.numpy.save(tensors, metadata=header)
+    with atomic_write(path) as f:
+        f.write(data)
+
+
+def metadata_json(metadata: dict | None) -> str:
+    """``metadata`` as the JSON text ``save`` stores; TypeError (with the fix) when it is not
+    a dict of JSON-serialisable values. For callers that check it before long work."""
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     try:
-        user = json.dumps(metadata or {})
+        return json.dumps(metadata or {})
     except (TypeError, ValueError) as e:
         raise TypeError(f"metadata must be JSON-serialisable: {e}. Fix: store plain Python "
                         "values, e.g. float(loss) rather than a NumPy scalar.") from e
-    header = {_VERSION_KEY: str(FORMAT_VERSION), _TREE_KEY: json.dumps(spec), _USER_KEY: user}
-    _atomic_write(Path(path), safetensors.numpy.save(tensors, metadata=header))
 
 
 def _encode(node, path: tuple, tensors: dict):
@@ -121,34 +128,6 @@ def _to_host(leaf, name: str):
         raise TypeError(f"checkpoint.save: leaf {_where(name)} has dtype {arr.dtype}, which "
                         "safetensors cannot store. Fix: cast it to a real or integer dtype.")
     return kind, np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:  # after a successful replace there is nothing left to remove
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable; not every platform can open a folder, which is fine."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------- load

@@ -15,17 +15,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
+import re
 import shutil
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
+
+import numpy as np
 
 from fuseflow import __version__, backend, checkpoint, data, distributed, random
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import num_batches
-from fuseflow.train import (LAST, METRICS_FILE, Interrupted, Recipe, RecipeError, evaluate,
-                            fit, init_state, load_dataset, load_split, load_state, make_step)
+from fuseflow._files import atomic_write, fsync_dir
+from fuseflow.train import (CURVES_FILE, LAST, METRICS_FILE, Interrupted, Recipe, RecipeError,
+                            evaluate, fit, init_state, load_dataset, load_state,
+                            make_step, read_metrics)
+from fuseflow.train._checkpoints import hold_interrupts
+from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
 
@@ -41,7 +51,6 @@ DEFAULTS = dict(dataset="mnist", hidden=(512, 512), activation="relu", epochs=5,
 #: recipe fields an explicit option may not change on --resume (they define the run)
 _FIXED_ON_RESUME = ("hidden", "activation", "optimizer", "lr", "weight_decay", "schedule",
                     "batch_size", "seed", "precision")
-_RUN_FILES = (LAST, METRICS_FILE)
 
 
 class CLIError(Exception):
@@ -67,11 +76,23 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        if value is None or not value > 0 or not math.isfinite(value):
+            finite = " finite" if kind is float else ""
+            raise argparse.ArgumentTypeError(
+                f"expected a positive{finite} {kind.__name__}, got {text!r}")
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _backend_option(p):
@@ -113,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                        f"{k} {v:g}" for k, v in DEFAULT_LR.items()))
     t.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help=f"cosine: lr decays to 0 over all epochs. Default: {d['schedule']}")
-    t.add_argument("--weight-decay", type=float, default=None, metavar="WD",
+    t.add_argument("--weight-decay", type=_non_negative_float, default=None, metavar="WD",
                    help="decoupled weight decay of the weights (not biases); adamw only. "
                         "Default: 0 (1e-4 with adamw)")
     t.add_argument("--seed", type=int, default=None,
@@ -129,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run saved in CKPT (e.g. runs/mnist/last.safetensors); "
                         "the result is bit for bit that of an uninterrupted run")
     t.add_argument("--overwrite", action="store_true",
-                   help="replace a previous run's files in --out instead of refusing")
+                   help="replace the run files already in --out (another run's, or later "
+                        "epochs of the resumed one) instead of refusing; they are kept aside "
+                        "until the new run has saved an epoch, and put back if it stops before")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     e = sub.add_parser("eval", help="test accuracy of a checkpoint; prints test_accuracy=0.XXXX",
@@ -180,8 +203,15 @@ def _to_device(state, device: str):
                           opt_state=backend.device_put(state.opt_state, "cuda"))
 
 
-def _read_recipe(path) -> Recipe:
-    path = Path(path)
+def _read_recipe(path: Path, option: str) -> Recipe:
+    """The recipe in the checkpoint ``path`` given as ``option`` (for the messages)."""
+    if path.is_dir():
+        latest = _latest_checkpoint(path)
+        fix = (f"Fix: {option} {latest}" if latest else
+               "It holds no checkpoint (last.safetensors or ckpt-epoch{N}.safetensors). Fix: "
+               "pass a checkpoint file such as runs/mnist/last.safetensors")
+        raise CLIError(f"{option} {path} is a folder, but a checkpoint file is expected. "
+                       f"{fix}.")
     if not path.is_file():
         raise CLIError(f"checkpoint {path} does not exist. Fix: pass a file such as "
                        "runs/mnist/last.safetensors.")
@@ -197,18 +227,271 @@ def _check_data_fits(recipe: Recipe, width: int, classes: int, where: str):
                        "trained on.")
 
 
-def _prepare_out(out: Path, overwrite: bool, same_run: bool):
-    """Refuse to mix two runs in one folder, unless asked to replace the old one."""
-    existing = [n for n in _RUN_FILES if (out / n).exists()]
-    if not existing or same_run:
-        return
-    if not overwrite:
-        raise CLIError(f"{out} already holds a run ({', '.join(existing)}). Fix: --resume "
-                       f"{out / LAST} to continue it, --out NEW_DIR, or --overwrite to "
-                       "replace it.")
-    for f in [*out.glob("ckpt-epoch*.safetensors"), out / LAST, out / METRICS_FILE,
-              out / "curves.png"]:
-        f.unlink(missing_ok=True)
+def _no_data_dir_for_digits(data_dir, who: str):
+    if data_dir is not None:
+        fix = (", or drop --dataset digits to train on the IDX files in that folder"
+               if who.startswith("--dataset") else "")
+        raise CLIError(f"--data-dir {data_dir}: {who} scikit-learn's built-in digits, which "
+                       f"read no folder, so --data-dir would be ignored. Fix: drop "
+                       f"--data-dir{fix}.")
+
+
+def _check_metrics(path: Path):
+    """A damaged ``metrics.jsonl`` that a resumed run would read, reported before any work.
+    (A last line cut short by a crash is no error: the run drops it, with a warning.)"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            read_metrics(path)
+    except (ValueError, OSError) as e:
+        raise CLIError(str(e)) from None
+
+
+#: float32 copies of the params that training holds: params and gradients, then the
+#: optimizer's slots (momentum: 1, adam/adamw: 2)
+_COPIES = {"sgd": 2, "momentum": 3, "adam": 4, "adamw": 4}
+
+
+def _check_model_fits(recipe: Recipe) -> int:
+    """The model's parameter count; an absurd --hidden is refused before an allocation
+    fails with a traceback (or the system starts swapping)."""
+    widths = (recipe.input_width, *recipe.hidden, recipe.classes)
+    params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+    need = params * 4 * _COPIES[recipe.optimizer]
+    memory = _physical_memory()
+    if memory and need > memory:
+        raise CLIError(f"--hidden {_show(recipe.hidden)}: the model would have {params:,} "
+                       f"parameters, and training it takes at least {_bytes(need)} (params, "
+                       f"gradients and {recipe.optimizer}'s state in float32), more than this "
+                       f"machine's {_bytes(memory)} of memory. Fix: smaller --hidden widths, "
+                       "e.g. --hidden 512,512.")
+    return params
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError
+
+
+# ------------------------------------------------------------------------- output folder
+
+_EPOCH_FILE = re.compile(r"^ckpt-epoch(\d+)\.safetensors$")
+
+
+def _epoch_files(folder: Path) -> dict:
+    """``{N: path}`` of the ``ckpt-epoch{N}.safetensors`` files in ``folder``."""
+    if not folder.is_dir():
+        return {}
+    return {int(m.group(1)): p for p in folder.iterdir() if (m := _EPOCH_FILE.match(p.name))}
+
+
+def _run_files(folder: Path) -> list:
+    """The files of a run in ``folder``: every ``ckpt-epoch{N}.safetensors``,
+    ``last.safetensors``, ``metrics.jsonl`` (unless empty) and ``curves.png``."""
+    files = [p for _, p in sorted(_epoch_files(folder).items())]
+    for name in (LAST, METRICS_FILE, CURVES_FILE):
+        path = folder / name
+        if path.exists() and not (name == METRICS_FILE and path.stat().st_size == 0):
+            files.append(path)
+    return files
+
+
+def _saved_epoch(path: Path) -> int | None:
+    """The epoch a checkpoint written by ``fit`` holds (its metadata), None if unreadable."""
+    try:
+        return int(checkpoint.read_metadata(path)["metrics"]["epoch"])
+    except (checkpoint.CheckpointError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _latest_checkpoint(folder: Path) -> Path | None:
+    """The folder's newest checkpoint: last.safetensors, unless a ckpt-epoch file is newer."""
+    epochs = _epoch_files(folder)
+    last = folder / LAST
+    if last.is_file() and (not epochs or (_saved_epoch(last) or 0) >= max(epochs)):
+        return last
+    return epochs[max(epochs)] if epochs else None
+
+
+def _names(files) -> str:
+    """``ckpt-epoch2..9.safetensors (8 files), last.safetensors`` for the messages."""
+    epochs = sorted(int(m.group(1)) for p in files if (m := _EPOCH_FILE.match(p.name)))
+    others = [p.name for p in files if not _EPOCH_FILE.match(p.name)]
+    if len(epochs) > 3:
+        listed = [f"ckpt-epoch{epochs[0]}..{epochs[-1]}.safetensors ({len(epochs)} files)"]
+    else:
+        listed = [f"ckpt-epoch{n}.safetensors" for n in epochs]
+    return ", ".join(listed + others)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class _Output:
+    """The folder one ``fuseflow train`` writes to, and the promise that nothing saved in
+    it is lost by accident.
+
+    ``check()`` (as early as the folder is known) makes sure it is, or can be made, a folder
+    this process can write in. ``claim()`` (just before training) refuses to replace any run
+    file (every ``ckpt-epoch{N}``, ``last``, ``metrics.jsonl``, ``curves.png``) of another
+    run, or the later epochs of the run a ``--resume`` continues in place, unless
+    ``--overwrite``. With ``--overwrite`` those files are not deleted up front: they are
+    moved into a ``replaced-<time>-<random>/`` folder inside the output folder, and
+    ``close()`` (when the command ends, however it ends) deletes that folder if the new run
+    has saved at least one epoch, or else moves the files back. Only a kill that allows no
+    clean-up (SIGKILL, power loss) leaves the folder behind, with the old files intact.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.made = None       # the outermost folder this command created, if any
+        self.backup = None     # where replaced files wait (--overwrite)
+        self.kept = set()      # names of run files left in place by claim()
+        self.start_epoch = None
+        self.closed = False
+
+    def check(self):
+        out = self.path
+        if out.exists() and not out.is_dir():
+            raise CLIError(f"--out {out} is a file, but --out names the folder a run writes "
+                           "to. Fix: --out a folder path (it is created if missing), e.g. "
+                           f"--out {out.with_name(out.name + '-run')}.")
+        missing = [p for p in (out, *out.parents) if not p.exists()]
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            self.made = missing[-1] if missing else None
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        except OSError as e:
+            blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+            if blocker is not None:
+                raise CLIError(f"--out {out}: {blocker} is a file, so no folder can be made "
+                               "inside it. Fix: --out a path whose parent folders are "
+                               "folders.") from None
+            what = "write in" if out.is_dir() else "create"
+            raise CLIError(f"--out {out}: cannot {what} this folder ({e.strerror or e}). Fix: "
+                           "--out a folder you can write to, e.g. in your home folder.") from None
+
+    def claim(self, overwrite: bool, resume: Path | None, start_epoch: int):
+        out = self.path
+        same_run = resume is not None and out.resolve() == resume.parent.resolve()
+        if same_run:
+            moved, copied = self._later_epochs(resume, start_epoch)
+            replaced = moved + copied
+        else:
+            moved, copied = _run_files(out), []
+            replaced = moved
+        if replaced and not overwrite:
+            raise CLIError(self._refusal(replaced, resume, start_epoch, same_run))
+        for left in sorted(p for p in out.glob("replaced-*") if p.is_dir()):
+            print(f"note: {left} holds files an earlier --overwrite set aside and could not "
+                  "put back or delete (its process was killed); move them back, or delete "
+                  "the folder", flush=True)
+        if replaced:
+            self._set_aside(moved, copied)
+        self.kept = {p.name for p in _run_files(out)}
+        self.start_epoch = start_epoch
+        source = resume.parent / METRICS_FILE if resume is not None else None
+        if not same_run and source is not None and source.is_file():
+            with atomic_write(out / METRICS_FILE, "wb") as f, open(source, "rb") as src:
+                shutil.copyfileobj(src, f)  # the epochs so far, carried into the new folder
+
+    def _later_epochs(self, resume: Path, epoch: int):
+        """The files of epochs after ``epoch`` in the resumed checkpoint's own folder: (files
+        a continuation would replace, files it would rewrite keeping epochs <= ``epoch``)."""
+        out = self.path
+        moved = [p for n, p in sorted(_epoch_files(out).items()) if n > epoch]
+        last = out / LAST
+        if last.exists() and not _same_file(last, resume):
+            last_epoch = _saved_epoch(last)
+            if last_epoch is None or last_epoch > epoch:  # unreadable counts as later
+                moved.append(last)
+        copied = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            later_records = any(r.get("epoch", 0) > epoch
+                                for r in read_metrics(out / METRICS_FILE))
+        if later_records or moved:
+            copied = [out / n for n in (METRICS_FILE, CURVES_FILE) if (out / n).is_file()]
+            if not later_records:
+                copied = [p for p in copied if p.name != METRICS_FILE]
+        return moved, copied
+
+    def _refusal(self, replaced, resume, epoch, same_run) -> str:
+        out = self.path
+        if same_run:
+            latest = _latest_checkpoint(out)
+            other = (f" --resume {latest} to continue from the latest epoch," if latest and
+                     not _same_file(latest, resume) else "")
+            return (f"--resume {resume} continues the run after epoch {epoch}, but {out} "
+                    f"already holds later epochs of it ({_names(replaced)}), which this run "
+                    f"would overwrite. Fix: --out NEW_DIR to continue in another folder,"
+                    f"{other} or --overwrite to replace them.")
+        latest = _latest_checkpoint(out)
+        cont = f" --resume {latest} to continue it," if latest and resume is None else ""
+        return (f"{out} already holds a run ({_names(replaced)}). Fix:{cont} --out NEW_DIR, "
+                "or --overwrite to replace it.")
+
+    def _set_aside(self, moved, copied):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.backup = Path(tempfile.mkdtemp(prefix=f"replaced-{stamp}-", dir=self.path))
+        with hold_interrupts():  # all of them or, after a Ctrl-C here, still all of them
+            for p in copied:
+                shutil.copy2(p, self.backup / p.name)
+            for p in moved:
+                os.replace(p, self.backup / p.name)
+            fsync_dir(self.backup)
+            fsync_dir(self.path)
+        print(f"overwrite: {_names(moved + copied)} moved to {self.backup}; deleted when this "
+              "run has saved an epoch, put back if it stops before", flush=True)
+
+    def close(self):
+        """Delete the replaced files if the new run saved an epoch, else put them back and
+        remove what this command created; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        out = self.path
+        saved = self.start_epoch is not None and \
+            any(n > self.start_epoch for n in _epoch_files(out))
+        if saved:
+            if self.backup is not None:
+                shutil.rmtree(self.backup, ignore_errors=True)
+            return
+        with hold_interrupts():
+            for name in (METRICS_FILE, CURVES_FILE):  # made by this command, no epoch in them
+                path = out / name
+                if self.start_epoch is not None and name not in self.kept and path.is_file():
+                    path.unlink()
+            if self.backup is not None:
+                for p in self.backup.iterdir():
+                    os.replace(p, out / p.name)
+                self.backup.rmdir()
+                fsync_dir(out)
+                print(f"overwrite: no epoch was saved; the replaced files are back in {out}",
+                      flush=True)
+        if self.made is not None:  # remove the folders made here, if still empty
+            for folder in (out, *out.parents):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+                if folder == self.made:
+                    break
 
 
 # ------------------------------------------------------------------------------- commands
@@ -273,59 +556,83 @@ def _train(args) -> int:
               "rank 0 reports and writes checkpoints", flush=True)
     resume = Path(args.resume) if args.resume else None
     if resume is not None:
-        recipe = _resumed_recipe(args, _read_recipe(resume))
-        ds = load_dataset(recipe.dataset, args.data_dir or recipe.data_dir)
-        _check_data_fits(recipe, ds.input_width, ds.classes, "--resume")
-    else:
-        ds = load_dataset(args.dataset or DEFAULTS["dataset"], args.data_dir,
-                          fallback=args.dataset is None)
-        recipe = _fresh_recipe(args, ds)
-    if ds.note:
-        print(ds.note)
-    print(ds.describe(), flush=True)
-
-    out = Path(args.out) if args.out else (resume.parent if resume else Path("runs") / ds.name)
-    same_run = resume is not None and out.resolve() == resume.parent.resolve()
-    if comm.is_main:
-        _prepare_out(out, args.overwrite, same_run)
-    if comm.is_main and resume is not None and not same_run and \
-            (resume.parent / METRICS_FILE).is_file():
-        out.mkdir(parents=True, exist_ok=True)  # carry the epochs so far into the new folder
-        shutil.copyfile(resume.parent / METRICS_FILE, out / METRICS_FILE)
-
-    if recipe.batch_size % comm.size:
-        raise CLIError(f"--batch-size {recipe.batch_size} cannot be split evenly over "
-                       f"{comm.size} ranks. Fix: a batch size divisible by {comm.size}, e.g. "
-                       f"--batch-size {recipe.batch_size - recipe.batch_size % comm.size}.")
-    steps_per_epoch = num_batches(len(ds.train[0]), recipe.batch_size, drop_last=True)
-    if steps_per_epoch == 0:
-        raise CLIError(f"--batch-size {recipe.batch_size} is larger than the "
-                       f"{len(ds.train[0])} training examples. Fix: a smaller --batch-size.")
-    model, optimizer = recipe.model(), recipe.optimizer_for(steps_per_epoch)
-    state = init_state(model, optimizer, recipe.in_shape, random.key(recipe.seed))
-    if resume is not None:
-        state = load_state(resume, like=state)
-        if state.epoch > recipe.epochs:
-            raise CLIError(f"{resume} has already trained {state.epoch} epochs, more than "
-                           f"--epochs {recipe.epochs}. Fix: --epochs {state.epoch} or more.")
-        print(f"resuming {resume} at epoch {state.epoch}, step {state.step}")
-    print(f"model: {recipe.input_width} -> {' -> '.join(map(str, recipe.hidden))} "
-          f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
-          f"{recipe.schedule}; {recipe.precision}; {recipe.epochs} epochs of {steps_per_epoch} "
-          f"steps; out {out}", flush=True)
+        recipe = _resumed_recipe(args, _read_recipe(resume, "--resume"))
+        if recipe.dataset == "digits":
+            _no_data_dir_for_digits(args.data_dir, "the checkpoint's run trained on")
+        _check_metrics(resume.parent / METRICS_FILE)
+    elif args.dataset == "digits":
+        _no_data_dir_for_digits(args.data_dir, "--dataset digits trains on")
+    out = Path(args.out) if args.out else (resume.parent if resume else None)
+    output = None
     try:
-        result = fit(model, optimizer, _to_device(state, device), ds.train, ds.test,
-                     epochs=recipe.epochs, batch_size=recipe.batch_size,
-                     out_dir=out if comm.is_main else None, comm=comm,
-                     metadata={"recipe": recipe.to_metadata()},
-                     eval_batch_size=recipe.eval_batch_size,
-                     compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
-                     progress=not args.no_progress and comm.is_main,
-                     log=lambda line: print(line, flush=True))
-    except Interrupted as e:
-        kept = e.checkpoint or resume
-        where = (f"last full checkpoint: {kept} (epoch {e.epoch}); continue with: fuseflow "
-                 f"train --resume {kept}") if kept else "no epoch finished, no checkpoint written"
+        if out is not None and comm.is_main:  # a folder that cannot be written fails now
+            output = _Output(out)
+            output.check()
+        if resume is not None:
+            ds = load_dataset(recipe.dataset, args.data_dir or recipe.data_dir)
+            _check_data_fits(recipe, ds.input_width, ds.classes, "--resume")
+        else:
+            ds = load_dataset(args.dataset or DEFAULTS["dataset"], args.data_dir,
+                              fallback=args.dataset is None)
+            recipe = _fresh_recipe(args, ds)
+        if ds.note:
+            print(ds.note)
+        print(ds.describe(), flush=True)
+        if out is None:
+            out = Path("runs") / ds.name
+            if comm.is_main:
+                output = _Output(out)
+                output.check()
+
+        if recipe.batch_size % comm.size:
+            fits = recipe.batch_size - recipe.batch_size % comm.size
+            raise CLIError(f"--batch-size {recipe.batch_size} cannot be split evenly over "
+                           f"{comm.size} ranks. Fix: a batch size divisible by {comm.size}, "
+                           f"e.g. --batch-size {fits}.")
+        steps_per_epoch = num_batches(len(ds.train[0]), recipe.batch_size, drop_last=True)
+        if steps_per_epoch == 0:
+            raise CLIError(f"--batch-size {recipe.batch_size} is larger than the "
+                           f"{len(ds.train[0])} training examples. Fix: a smaller --batch-size.")
+        params = _check_model_fits(recipe)
+        model, optimizer = recipe.model(), recipe.optimizer_for(steps_per_epoch)
+        try:
+            state = init_state(model, optimizer, recipe.in_shape, random.key(recipe.seed))
+        except MemoryError as e:
+            raise CLIError(f"--hidden {_show(recipe.hidden)}: the model's {params:,} parameters "
+                           f"({_bytes(params * 4)} in float32) do not fit in memory ({e}). Fix: "
+                           "smaller --hidden widths, e.g. --hidden 512,512.") from None
+        if resume is not None:
+            state = load_state(resume, like=state)
+            if state.epoch > recipe.epochs:
+                raise CLIError(f"{resume} has already trained {state.epoch} epochs, more than "
+                               f"--epochs {recipe.epochs}. Fix: --epochs {state.epoch} or more.")
+            print(f"resuming {resume} at epoch {state.epoch}, step {state.step}")
+        if output is not None:
+            output.claim(args.overwrite, resume, state.epoch)
+        print(f"model: {recipe.input_width} -> {' -> '.join(map(str, recipe.hidden))} "
+              f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
+              f"{recipe.schedule}; {recipe.precision}; {recipe.epochs} epochs of "
+              f"{steps_per_epoch} steps; out {out}", flush=True)
+        try:
+            result = fit(model, optimizer, _to_device(state, device), ds.train, ds.test,
+                         epochs=recipe.epochs, batch_size=recipe.batch_size,
+                         out_dir=out if comm.is_main else None, comm=comm,
+                         metadata={"recipe": recipe.to_metadata()},
+                         eval_batch_size=recipe.eval_batch_size,
+                         compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
+                         progress=not args.no_progress and comm.is_main,
+                         log=lambda line: print(line, flush=True))
+            interrupted = None
+        except Interrupted as e:
+            interrupted = e
+    finally:
+        if output is not None:  # the replaced files: deleted, or back if no epoch was saved
+            output.close()
+    if interrupted is not None:
+        kept = interrupted.checkpoint or resume
+        where = (f"last full checkpoint: {kept} (epoch {interrupted.epoch}); continue with: "
+                 f"fuseflow train --resume {kept}") if kept else \
+            "no epoch finished, no checkpoint written"
         print(f"interrupted: {where}", flush=True)
         return EXIT_INTERRUPTED
     print(f"checkpoint: {result.checkpoint or resume}")
@@ -336,8 +643,17 @@ def _train(args) -> int:
 def _eval(args) -> int:
     device = _select_backend(args.backend)
     path = Path(args.checkpoint)
-    recipe = _read_recipe(path)
-    x, y = load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+    recipe = _read_recipe(path, "CKPT")
+    if recipe.dataset == "digits":
+        _no_data_dir_for_digits(args.data_dir, "the checkpoint's run trained on")
+    x, y, source = _load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+    bad = (y < 0) | (y >= recipe.classes)
+    if int(x.shape[1]) == recipe.input_width and bad.any():
+        i = int(np.argmax(bad))
+        raise CLIError(f"{source.labels}: label {int(y[i])} at index {i} is outside the "
+                       f"checkpoint's {recipe.classes} classes (0..{recipe.classes - 1}). Fix: "
+                       "--data-dir with the data it was trained on; if this is that data, the "
+                       "file is damaged: restore it from the original data set.")
     _check_data_fits(recipe, int(x.shape[1]), int(y.max()) + 1, "eval")
     model = recipe.model()
     like = init_state(model, recipe.optimizer_for(1), recipe.in_shape, random.key(0))
@@ -392,14 +708,24 @@ _REPORTED = (CLIError, RecipeError, data.DatasetError, data.DatasetNotFoundError
 def main(argv=None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     args = build_parser().parse_args(argv)
-    try:
-        return _COMMANDS[args.command](args)
-    except _REPORTED as e:
-        print(f"fuseflow {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted: no checkpoint written", flush=True)
-        return EXIT_INTERRUPTED
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"fuseflow {args.command}: warning: {message}", file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show_warning  # one line, like the errors
+        try:
+            return _COMMANDS[args.command](args)
+        except _REPORTED as e:
+            print(f"fuseflow {args.command}: error: {e}", file=sys.stderr)
+            return EXIT_ERROR
+        except MemoryError as e:
+            print(f"fuseflow {args.command}: error: out of memory ({e or 'MemoryError'}). "
+                  "Fix: smaller --hidden widths or --batch-size.", file=sys.stderr)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            print("interrupted: no checkpoint written", flush=True)
+            return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

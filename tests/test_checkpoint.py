@@ -270,6 +270,26 @@ def test_save_creates_parent_folders_and_replaces(tmp_path):
     assert os.listdir(path.parent) == ["c.safetensors"]
 
 
+def test_atomic_write_is_all_or_nothing_in_text_and_binary(tmp_path):
+    # the helper behind checkpoint.save, the download, metrics.jsonl and curves.png
+    from fuseflow._files import atomic_write
+
+    path = tmp_path / "sub" / "f.txt"
+    with atomic_write(path, "w") as f:
+        f.write("old\n")
+    for mode, data in (("w", "new\n"), ("wb", b"new\n")):
+        with pytest.raises(RuntimeError), atomic_write(path, mode, suffix=".part") as f:
+            f.write(data)
+            assert [p.name for p in path.parent.iterdir() if p.name.endswith(".part")]
+            raise RuntimeError("stop before the end")
+        assert path.read_text() == "old\n" and os.listdir(path.parent) == ["f.txt"]
+    with atomic_write(path) as f:
+        f.write(b"new\n")
+    assert path.read_text() == "new\n" and os.listdir(path.parent) == ["f.txt"]
+    with pytest.raises(ValueError, match="mode"), atomic_write(path, "a"):
+        pass
+
+
 _SAVER = textwrap.dedent("""
     import os, sys, time
     import numpy as np

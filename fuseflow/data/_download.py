@@ -1,19 +1,20 @@
 """Fetching a file into a folder, all or nothing, verified against its sha256.
 
-A download is written under a temporary name in the destination folder, hashed as it
-arrives, and moved onto its final name only when the hash matches; so a broken connection,
-a Ctrl-C or a wrong mirror never leaves a half file where a loader would find it.
+A download is written under a temporary name in the destination folder
+(``fuseflow._files.atomic_write``), hashed as it arrives, and moved onto its final name only
+when the hash matches; so a broken connection, a Ctrl-C or a wrong mirror never leaves a
+half file where a loader would find it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import secrets
 import urllib.request
 from pathlib import Path
 
 from tqdm import tqdm
+
+from fuseflow._files import atomic_write
 
 __all__ = ["fetch", "sha256_file"]
 
@@ -45,20 +46,16 @@ def fetch(name: str, folder: Path, mirrors, sha256: str, timeout: float = 60.0) 
 
 
 def _fetch_one(url: str, dest: Path, sha256: str, timeout: float) -> Path:
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
     h = hashlib.sha256()
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as out:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name,
-                      disable=None, leave=False) as bar:
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    h.update(chunk)
-                    bar.update(len(chunk))
-        if h.hexdigest() != sha256:
+    with urllib.request.urlopen(url, timeout=timeout) as response, \
+            atomic_write(dest, suffix=".part") as out:
+        total = int(response.headers.get("Content-Length") or 0) or None
+        with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name,
+                  disable=None, leave=False) as bar:
+            while chunk := response.read(_CHUNK):
+                out.write(chunk)
+                h.update(chunk)
+                bar.update(len(chunk))
+        if h.hexdigest() != sha256:  # raised inside the block: the file is not kept
             raise ValueError(f"sha256 {h.hexdigest()} does not match the expected {sha256}")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     return dest

@@ -105,6 +105,9 @@ def _read_split_cached(stamps, num_classes):
     if labels.ndim != 1 or labels.dtype != np.uint8:
         _fail(labels_path, f"should hold labels, uint8 of shape (count,); found "
                            f"{labels.dtype} of shape {labels.shape}", swapped)
+    if len(images) == 0 or 0 in images.shape[1:]:
+        _fail(images_path, f"holds no image data: dims {images.shape} (count, rows, cols); a "
+                           "split needs at least one image of at least 1x1 pixels")
     if len(images) != len(labels):
         _fail(labels_path, f"holds {len(labels)} labels but {images_path} holds "
                            f"{len(images)} images; the two must match", _REFETCH)

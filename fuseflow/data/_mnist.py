@@ -70,7 +70,7 @@ def _find(folder: Path, names):
 
 
 def _as_arrays(images, labels):
-    x = images.reshape(len(images), -1).astype(np.float32)
+    x = images.reshape(len(images), int(np.prod(images.shape[1:]))).astype(np.float32)
     x /= 255.0
     return x, labels.astype(np.int64)
 

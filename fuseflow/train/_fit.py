@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fuseflow import random, tree
+from fuseflow.checkpoint import metadata_json
 from fuseflow._namespace import device_of, namespace
 from fuseflow.backend import device_put
 from fuseflow._compile import compile as compile_step
@@ -85,9 +86,19 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     if not isinstance(state, TrainState):
         raise TypeError(f"fit: state must be a TrainState, got {type(state).__name__}. "
                         "Fix: state = ff.train.init_state(model, optimizer, in_shape, key).")
-    if not isinstance(epochs, int) or epochs < state.epoch:
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
+        raise TypeError(f"fit: epochs must be an int (the number of epochs complete when fit "
+                        f"returns), got {epochs!r} ({type(epochs).__name__}). Fix: "
+                        f"epochs={_as_int_hint(epochs)}.")
+    epochs = int(epochs)
+    if epochs < state.epoch:
         raise ValueError(f"fit: epochs={epochs!r} but the state has already completed "
                          f"{state.epoch} epochs. Fix: epochs >= {state.epoch}.")
+    if metadata is not None:  # checked now, not when the first epoch's checkpoint is saved
+        try:
+            metadata_json(metadata)
+        except TypeError as e:
+            raise TypeError(f"fit: {e}") from None
     put = _placer(state.params)
     x, y = put(tuple(train))
     if test is not None:
@@ -140,6 +151,16 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
         final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
     return FitResult(state=state, history=history, test=final, checkpoint=saved)
+
+
+def _as_int_hint(value) -> str:
+    """A whole-number suggestion for a non-int ``epochs`` (``5`` for 5.0), else ``5``."""
+    try:
+        if float(value) == int(value) and int(value) >= 0:
+            return str(int(value))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return "5"
 
 
 def _summing(step_fn):

@@ -8,6 +8,7 @@ the file alone. It is plain JSON in the checkpoint's metadata, readable by any t
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from fuseflow import mixed_precision, nn, optim, tree
 
@@ -68,10 +69,11 @@ class Recipe:
                                   for h in self.hidden):
             raise RecipeError(f"hidden must be one or more positive layer widths, got "
                               f"{self.hidden!r}. Fix: --hidden 512,512")
-        if not self.lr > 0:
-            raise RecipeError(f"lr must be > 0, got {self.lr}. Fix: --lr 1e-3")
-        if self.weight_decay < 0:
-            raise RecipeError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not _finite_number(self.lr) or not self.lr > 0:
+            raise RecipeError(f"lr must be a finite number > 0, got {self.lr!r}. Fix: --lr 1e-3")
+        if not _finite_number(self.weight_decay) or self.weight_decay < 0:
+            raise RecipeError(f"weight_decay must be a finite number >= 0, got "
+                              f"{self.weight_decay!r}. Fix: --weight-decay 1e-4 (adamw), or 0")
         if self.weight_decay and self.optimizer != "adamw":
             raise RecipeError(
                 f"--weight-decay {self.weight_decay} applies to --optimizer adamw (decoupled "
@@ -129,6 +131,12 @@ class Recipe:
 def _weights_only(params):
     """Weight decay mask: matrices decay, biases (1-D) do not."""
     return tree.map(lambda p: p.ndim > 1, params)
+
+
+def _finite_number(value) -> bool:
+    """An int or float (not a bool) that is neither NaN nor infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
 
 
 def _choice(name, value, choices):

@@ -2,17 +2,22 @@
 ``curves.png``.
 
 ``metrics.jsonl`` holds one JSON object per finished epoch (keys in ``FIELDS``), appended
-and flushed as each epoch ends, so a run that is stopped keeps every epoch it finished. A
-resumed run first drops the lines of epochs after its checkpoint (they belong to the
-abandoned continuation), so the file always describes the one run the checkpoints hold.
-``curves.png`` is redrawn from the file after every epoch.
+and fsynced as each epoch ends, so a run that is stopped keeps every epoch it finished. A
+crash in the middle of an append can leave the last line cut short: reading skips it with a
+warning instead of refusing the whole file. A resumed run first drops the lines of epochs
+after its checkpoint (they belong to the abandoned continuation), so the file always
+describes the one run the checkpoints hold. ``curves.png`` is redrawn from the file after
+every epoch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
+
+from fuseflow._files import atomic_write
 
 __all__ = ["FIELDS", "METRICS_FILE", "CURVES_FILE", "read_metrics", "start_metrics",
            "append_metrics", "plot_curves"]
@@ -24,19 +29,36 @@ CURVES_FILE = "curves.png"
 
 
 def read_metrics(path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file (an empty list when there is none)."""
+    """The records of a ``metrics.jsonl`` file (an empty list when there is none).
+
+    A last line that is cut short (no newline at its end, not valid JSON) is what a crash in
+    the middle of appending leaves: it is skipped with a ``RuntimeWarning``, and
+    ``start_metrics`` drops it when a run continues. Any other line that is not a JSON
+    object is a ``ValueError`` naming the file and the line.
+    """
     path = Path(path)
     if not path.is_file():
         return []
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
     records = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"found a JSON {type(record).__name__}")
         except ValueError as e:
-            raise ValueError(f"{path}:{n}: not a JSON object ({e}). Fix: delete the damaged "
-                             "line, or the file to start a new record.") from None
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            if n == len(lines):  # the last line, and no newline after it: a torn append
+                warnings.warn(f"{path}:{n}: the last line is cut short ({shown!r}), as a "
+                              "write interrupted by a crash leaves it; it is ignored (a run "
+                              "that continues here drops it)", RuntimeWarning, stacklevel=2)
+                continue
+            raise ValueError(f"{path}:{n}: expected one JSON object per line, got {shown!r} "
+                             f"({e}). Fix: delete or repair that line (the file is plain "
+                             "text), or delete the file to start a new record.") from None
+        records.append(record)
     return records
 
 
@@ -45,13 +67,8 @@ def start_metrics(out_dir, completed_epochs: int) -> list[dict]:
     run); returns the records kept. The file is replaced atomically."""
     path = Path(out_dir) / METRICS_FILE
     kept = [r for r in read_metrics(path) if r.get("epoch", 0) <= completed_epochs]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(path, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -59,6 +76,7 @@ def append_metrics(out_dir, record: dict) -> None:
     with open(Path(out_dir) / METRICS_FILE, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()
+        os.fsync(f.fileno())  # on disk with the epoch's checkpoints, not some time later
 
 
 def plot_curves(records: list[dict], path) -> None:
@@ -89,10 +107,5 @@ def plot_curves(records: list[dict], path) -> None:
         if what == "loss":
             ax.set_yscale("log")
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    try:  # a plot cut short by Ctrl-C leaves the previous one, not half a file
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(path) as f:  # a plot cut short by Ctrl-C leaves the previous one
+        fig.savefig(f, format="png")
