@@ -17,10 +17,7 @@ import argparse
 import dataclasses
 import math
 import os
-import re
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -30,11 +27,10 @@ import numpy as np
 from fuseflow import __version__, backend, checkpoint, data, distributed, random
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import num_batches
-from fuseflow._files import atomic_write, fsync_dir
-from fuseflow.train import (CURVES_FILE, LAST, METRICS_FILE, Interrupted, Recipe, RecipeError,
+from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError,
                             evaluate, fit, init_state, load_dataset, load_state,
                             make_step, read_metrics)
-from fuseflow.train._checkpoints import hold_interrupts
+from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
@@ -206,7 +202,7 @@ def _to_device(state, device: str):
 def _read_recipe(path: Path, option: str) -> Recipe:
     """The recipe in the checkpoint ``path`` given as ``option`` (for the messages)."""
     if path.is_dir():
-        latest = _latest_checkpoint(path)
+        latest = latest_checkpoint(path)
         fix = (f"Fix: {option} {latest}" if latest else
                "It holds no checkpoint (last.safetensors or ckpt-epoch{N}.safetensors). Fix: "
                "pass a checkpoint file such as runs/mnist/last.safetensors")
@@ -283,217 +279,6 @@ def _bytes(n: float) -> str:
     raise AssertionError
 
 
-# ------------------------------------------------------------------------- output folder
-
-_EPOCH_FILE = re.compile(r"^ckpt-epoch(\d+)\.safetensors$")
-
-
-def _epoch_files(folder: Path) -> dict:
-    """``{N: path}`` of the ``ckpt-epoch{N}.safetensors`` files in ``folder``."""
-    if not folder.is_dir():
-        return {}
-    return {int(m.group(1)): p for p in folder.iterdir() if (m := _EPOCH_FILE.match(p.name))}
-
-
-def _run_files(folder: Path) -> list:
-    """The files of a run in ``folder``: every ``ckpt-epoch{N}.safetensors``,
-    ``last.safetensors``, ``metrics.jsonl`` (unless empty) and ``curves.png``."""
-    files = [p for _, p in sorted(_epoch_files(folder).items())]
-    for name in (LAST, METRICS_FILE, CURVES_FILE):
-        path = folder / name
-        if path.exists() and not (name == METRICS_FILE and path.stat().st_size == 0):
-            files.append(path)
-    return files
-
-
-def _saved_epoch(path: Path) -> int | None:
-    """The epoch a checkpoint written by ``fit`` holds (its metadata), None if unreadable."""
-    try:
-        return int(checkpoint.read_metadata(path)["metrics"]["epoch"])
-    except (checkpoint.CheckpointError, OSError, KeyError, TypeError, ValueError):
-        return None
-
-
-def _latest_checkpoint(folder: Path) -> Path | None:
-    """The folder's newest checkpoint: last.safetensors, unless a ckpt-epoch file is newer."""
-    epochs = _epoch_files(folder)
-    last = folder / LAST
-    if last.is_file() and (not epochs or (_saved_epoch(last) or 0) >= max(epochs)):
-        return last
-    return epochs[max(epochs)] if epochs else None
-
-
-def _names(files) -> str:
-    """``ckpt-epoch2..9.safetensors (8 files), last.safetensors`` for the messages."""
-    epochs = sorted(int(m.group(1)) for p in files if (m := _EPOCH_FILE.match(p.name)))
-    others = [p.name for p in files if not _EPOCH_FILE.match(p.name)]
-    if len(epochs) > 3:
-        listed = [f"ckpt-epoch{epochs[0]}..{epochs[-1]}.safetensors ({len(epochs)} files)"]
-    else:
-        listed = [f"ckpt-epoch{n}.safetensors" for n in epochs]
-    return ", ".join(listed + others)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-class _Output:
-    """The folder one ``fuseflow train`` writes to, and the promise that nothing saved in
-    it is lost by accident.
-
-    ``check()`` (as early as the folder is known) makes sure it is, or can be made, a folder
-    this process can write in. ``claim()`` (just before training) refuses to replace any run
-    file (every ``ckpt-epoch{N}``, ``last``, ``metrics.jsonl``, ``curves.png``) of another
-    run, or the later epochs of the run a ``--resume`` continues in place, unless
-    ``--overwrite``. With ``--overwrite`` those files are not deleted up front: they are
-    moved into a ``replaced-<time>-<random>/`` folder inside the output folder, and
-    ``close()`` (when the command ends, however it ends) deletes that folder if the new run
-    has saved at least one epoch, or else moves the files back. Only a kill that allows no
-    clean-up (SIGKILL, power loss) leaves the folder behind, with the old files intact.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.made = None       # the outermost folder this command created, if any
-        self.backup = None     # where replaced files wait (--overwrite)
-        self.kept = set()      # names of run files left in place by claim()
-        self.start_epoch = None
-        self.closed = False
-
-    def check(self):
-        out = self.path
-        if out.exists() and not out.is_dir():
-            raise CLIError(f"--out {out} is a file, but --out names the folder a run writes "
-                           "to. Fix: --out a folder path (it is created if missing), e.g. "
-                           f"--out {out.with_name(out.name + '-run')}.")
-        missing = [p for p in (out, *out.parents) if not p.exists()]
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            self.made = missing[-1] if missing else None
-            with tempfile.TemporaryFile(dir=out):
-                pass
-        except OSError as e:
-            blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-            if blocker is not None:
-                raise CLIError(f"--out {out}: {blocker} is a file, so no folder can be made "
-                               "inside it. Fix: --out a path whose parent folders are "
-                               "folders.") from None
-            what = "write in" if out.is_dir() else "create"
-            raise CLIError(f"--out {out}: cannot {what} this folder ({e.strerror or e}). Fix: "
-                           "--out a folder you can write to, e.g. in your home folder.") from None
-
-    def claim(self, overwrite: bool, resume: Path | None, start_epoch: int):
-        out = self.path
-        same_run = resume is not None and out.resolve() == resume.parent.resolve()
-        if same_run:
-            moved, copied = self._later_epochs(resume, start_epoch)
-            replaced = moved + copied
-        else:
-            moved, copied = _run_files(out), []
-            replaced = moved
-        if replaced and not overwrite:
-            raise CLIError(self._refusal(replaced, resume, start_epoch, same_run))
-        for left in sorted(p for p in out.glob("replaced-*") if p.is_dir()):
-            print(f"note: {left} holds files an earlier --overwrite set aside and could not "
-                  "put back or delete (its process was killed); move them back, or delete "
-                  "the folder", flush=True)
-        if replaced:
-            self._set_aside(moved, copied)
-        self.kept = {p.name for p in _run_files(out)}
-        self.start_epoch = start_epoch
-        source = resume.parent / METRICS_FILE if resume is not None else None
-        if not same_run and source is not None and source.is_file():
-            with atomic_write(out / METRICS_FILE, "wb") as f, open(source, "rb") as src:
-                shutil.copyfileobj(src, f)  # the epochs so far, carried into the new folder
-
-    def _later_epochs(self, resume: Path, epoch: int):
-        """The files of epochs after ``epoch`` in the resumed checkpoint's own folder: (files
-        a continuation would replace, files it would rewrite keeping epochs <= ``epoch``)."""
-        out = self.path
-        moved = [p for n, p in sorted(_epoch_files(out).items()) if n > epoch]
-        last = out / LAST
-        if last.exists() and not _same_file(last, resume):
-            last_epoch = _saved_epoch(last)
-            if last_epoch is None or last_epoch > epoch:  # unreadable counts as later
-                moved.append(last)
-        copied = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            later_records = any(r.get("epoch", 0) > epoch
-                                for r in read_metrics(out / METRICS_FILE))
-        if later_records or moved:
-            copied = [out / n for n in (METRICS_FILE, CURVES_FILE) if (out / n).is_file()]
-            if not later_records:
-                copied = [p for p in copied if p.name != METRICS_FILE]
-        return moved, copied
-
-    def _refusal(self, replaced, resume, epoch, same_run) -> str:
-        out = self.path
-        if same_run:
-            latest = _latest_checkpoint(out)
-            other = (f" --resume {latest} to continue from the latest epoch," if latest and
-                     not _same_file(latest, resume) else "")
-            return (f"--resume {resume} continues the run after epoch {epoch}, but {out} "
-                    f"already holds later epochs of it ({_names(replaced)}), which this run "
-                    f"would overwrite. Fix: --out NEW_DIR to continue in another folder,"
-                    f"{other} or --overwrite to replace them.")
-        latest = _latest_checkpoint(out)
-        cont = f" --resume {latest} to continue it," if latest and resume is None else ""
-        return (f"{out} already holds a run ({_names(replaced)}). Fix:{cont} --out NEW_DIR, "
-                "or --overwrite to replace it.")
-
-    def _set_aside(self, moved, copied):
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.backup = Path(tempfile.mkdtemp(prefix=f"replaced-{stamp}-", dir=self.path))
-        with hold_interrupts():  # all of them or, after a Ctrl-C here, still all of them
-            for p in copied:
-                shutil.copy2(p, self.backup / p.name)
-            for p in moved:
-                os.replace(p, self.backup / p.name)
-            fsync_dir(self.backup)
-            fsync_dir(self.path)
-        print(f"overwrite: {_names(moved + copied)} moved to {self.backup}; deleted when this "
-              "run has saved an epoch, put back if it stops before", flush=True)
-
-    def close(self):
-        """Delete the replaced files if the new run saved an epoch, else put them back and
-        remove what this command created; idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        out = self.path
-        saved = self.start_epoch is not None and \
-            any(n > self.start_epoch for n in _epoch_files(out))
-        if saved:
-            if self.backup is not None:
-                shutil.rmtree(self.backup, ignore_errors=True)
-            return
-        with hold_interrupts():
-            for name in (METRICS_FILE, CURVES_FILE):  # made by this command, no epoch in them
-                path = out / name
-                if self.start_epoch is not None and name not in self.kept and path.is_file():
-                    path.unlink()
-            if self.backup is not None:
-                for p in self.backup.iterdir():
-                    os.replace(p, out / p.name)
-                self.backup.rmdir()
-                fsync_dir(out)
-                print(f"overwrite: no epoch was saved; the replaced files are back in {out}",
-                      flush=True)
-        if self.made is not None:  # remove the folders made here, if still empty
-            for folder in (out, *out.parents):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-                if folder == self.made:
-                    break
-
-
 # ------------------------------------------------------------------------------- commands
 
 def _fresh_recipe(args, ds) -> Recipe:
@@ -566,7 +351,7 @@ def _train(args) -> int:
     output = None
     try:
         if out is not None and comm.is_main:  # a folder that cannot be written fails now
-            output = _Output(out)
+            output = RunFolder(out)
             output.check()
         if resume is not None:
             ds = load_dataset(recipe.dataset, args.data_dir or recipe.data_dir)
@@ -581,7 +366,7 @@ def _train(args) -> int:
         if out is None:
             out = Path("runs") / ds.name
             if comm.is_main:
-                output = _Output(out)
+                output = RunFolder(out)
                 output.check()
 
         if recipe.batch_size % comm.size:
@@ -701,7 +486,7 @@ def _bench(args) -> int:
 
 
 _COMMANDS = {"train": _train, "eval": _eval, "bench": _bench}
-_REPORTED = (CLIError, RecipeError, data.DatasetError, data.DatasetNotFoundError,
+_REPORTED = (CLIError, RunFolderError, RecipeError, data.DatasetError, data.DatasetNotFoundError,
              checkpoint.CheckpointError, distributed.DistributedError)
 
 
