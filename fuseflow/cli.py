@@ -140,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"dynamic loss scaling); meant for GPUs. Default: {d['precision']}")
     _backend_option(t)
     t.add_argument("--out", metavar="DIR", default=None,
-                   help="output folder. Default: runs/<dataset>, or the checkpoint's folder "
-                        "with --resume")
+                   help="output folder. Default: runs/<dataset> (with --data-dir: "
+                        "runs/<that folder's name>), or the checkpoint's folder with --resume")
     t.add_argument("--resume", metavar="CKPT", default=None,
                    help="continue the run saved in CKPT (e.g. runs/mnist/last.safetensors); "
                         "the result is bit for bit that of an uninterrupted run")
@@ -281,6 +281,15 @@ def _bytes(n: float) -> str:
 
 # ------------------------------------------------------------------------------- commands
 
+def _run_name(ds) -> str:
+    """The default output folder's name: the data set's ("mnist", "digits"), or for IDX
+    files that of their folder (``--data-dir ../data/mnist`` or ``../data``: "mnist")."""
+    if ds.name != "idx":
+        return ds.name
+    folder = Path(ds.data_dir)
+    return "mnist" if (folder / "mnist").is_dir() else folder.name
+
+
 def _fresh_recipe(args, ds) -> Recipe:
     d = DEFAULTS
     optimizer = args.optimizer or d["optimizer"]
@@ -364,7 +373,7 @@ def _train(args) -> int:
             print(ds.note)
         print(ds.describe(), flush=True)
         if out is None:
-            out = Path("runs") / ds.name
+            out = Path("runs") / _run_name(ds)
             if comm.is_main:
                 output = RunFolder(out)
                 output.check()

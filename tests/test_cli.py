@@ -190,6 +190,18 @@ def test_data_dir_takes_any_idx_folder(tmp_path, cli):
     assert _last_line(cli("eval", tmp_path / "run" / "last.safetensors")) == _last_line(proc)
 
 
+@pytest.mark.parametrize("given", ["mnist", "parent"])
+def test_data_dir_names_the_default_output_folder(tmp_path, cli, monkeypatch, given):
+    """``--data-dir ../data/mnist`` (or ``../data``) writes to runs/mnist, the folder that
+    the docs' ``fuseflow eval runs/mnist/last.safetensors`` reads."""
+    folder = write_idx_folder(tmp_path / "data" / "mnist", classes=7)
+    monkeypatch.chdir(tmp_path)
+    proc = cli("train", "--data-dir", folder if given == "mnist" else folder.parent,
+               "--epochs", "1", *SMALL)
+    _accuracy(proc)
+    assert (tmp_path / "runs" / "mnist" / "last.safetensors").is_file()
+
+
 def test_data_dir_without_the_files_is_an_error_not_a_fallback(tmp_path, cli):
     proc = cli("train", "--data-dir", tmp_path, "--epochs", "1", "--out", tmp_path / "o", *SMALL)
     assert proc.returncode == 1
