@@ -415,7 +415,8 @@ def _train(args) -> int:
                          eval_batch_size=recipe.eval_batch_size,
                          compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
                          progress=not args.no_progress and comm.is_main,
-                         log=lambda line: print(line, flush=True))
+                         log=lambda line: print(line, flush=True),
+                         overwrite=True)  # RunFolder.claim has applied --overwrite's rules
             interrupted = None
         except Interrupted as e:
             interrupted = e

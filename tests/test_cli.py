@@ -238,7 +238,8 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "fuseflow", "train", "--dataset", "digits", "--epochs", "500",
          "--out", str(out), *SMALL], env=_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,  # Ctrl-C handled as from a terminal, even if
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # pytest ignores it
     deadline = time.monotonic() + 120
     while not (out / "ckpt-epoch2.safetensors").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

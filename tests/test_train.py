@@ -275,7 +275,17 @@ def test_ctrl_c_before_the_first_checkpoint_reports_none():
     assert info.value.checkpoint is None and info.value.epoch == 0
 
 
-def test_ctrl_c_while_saving_waits_for_the_files():
+@pytest.fixture
+def sigint(request):
+    """SIGINT set to ``request.param`` for the test (pytest may run with it ignored, as
+    under nohup), restored afterwards."""
+    previous = signal.signal(signal.SIGINT, request.param)
+    yield request.param
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("sigint", [signal.default_int_handler], indirect=True)
+def test_ctrl_c_while_saving_waits_for_the_files(sigint):
     from fuseflow.train._checkpoints import hold_interrupts
 
     done = []
@@ -284,7 +294,22 @@ def test_ctrl_c_while_saving_waits_for_the_files():
             os.kill(os.getpid(), signal.SIGINT)
             done.append("wrote both files")
     assert done == ["wrote both files"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is sigint
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN], indirect=True)
+def test_a_process_that_ignores_ctrl_c_goes_on_ignoring_it(sigint):
+    """Under nohup (SIGINT ignored) neither the save nor the training loop takes SIGINT
+    over: a Ctrl-C there changes nothing."""
+    from fuseflow.train._checkpoints import hold_interrupts, interrupt_between_steps
+
+    with hold_interrupts():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGINT)
+    with interrupt_between_steps() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        stop.check()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_fit_rejects_what_cannot_run():
@@ -305,6 +330,27 @@ def test_a_finished_run_resumed_only_evaluates(tmp_path):
     again = _fit(model, opt, done.state, train, test, 1, tmp_path)
     assert again.test == done.test and again.state.step == done.state.step
     assert len(T.read_metrics(tmp_path / T.METRICS_FILE)) == 1
+
+
+def test_fit_never_overwrites_saved_epochs_unless_asked(tmp_path):
+    """A fresh run, or a resumed one, into a folder holding later epochs raises before
+    training and leaves every file as it was; overwrite=True replaces them."""
+    train, test = _data()
+    model, opt, state = _fresh()
+    _fit(model, opt, state, train, test, 2, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(FileExistsError, match=r"ckpt-epoch1.safetensors, ckpt-epoch2"
+                       r".safetensors, last.safetensors, metrics.jsonl, which a fresh run "
+                       r"would overwrite. Fix: out_dir=NEW_DIR"):
+        _fit(model, opt, state, train, test, 2, tmp_path)
+    epoch1 = T.load_state(tmp_path / "ckpt-epoch1.safetensors", like=state)
+    with pytest.raises(FileExistsError, match="continuing after epoch 1 would overwrite"):
+        _fit(model, opt, epoch1, train, test, 2, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    again = _fit(model, opt, epoch1, train, test, 2, tmp_path, overwrite=True)
+    assert [r["epoch"] for r in T.read_metrics(tmp_path / T.METRICS_FILE)] == [1, 2]
+    assert again.history[-1]["train_loss"] == T.read_metrics(
+        tmp_path / T.METRICS_FILE)[-1]["train_loss"]
 
 
 # ------------------------------------------------------------------------------ recipe

@@ -47,14 +47,22 @@ def load_state(path, like: TrainState) -> TrainState:
 read_metadata = checkpoint.read_metadata
 
 
+def _handles_sigint() -> bool:
+    """Whether this code may take over SIGINT: only the main thread can install signal
+    handlers, and a process that ignores SIGINT (``nohup``, a background job of a script)
+    must go on ignoring it."""
+    return (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def hold_interrupts():
     """Hold back Ctrl-C (SIGINT) until the block ends, then raise KeyboardInterrupt.
 
-    Only the main thread can install signal handlers; elsewhere the block runs unprotected
+    Where SIGINT cannot be handled here (``_handles_sigint``) the block runs as it is
     (each file write is still atomic on its own).
     """
-    if threading.current_thread() is not threading.main_thread():
+    if not _handles_sigint():
         yield
         return
     caught = []
@@ -85,7 +93,7 @@ def interrupt_between_steps():
     on. Here the handler only records the request; a second Ctrl-C interrupts at once.
     """
     stop = _StopRequest()
-    if threading.current_thread() is not threading.main_thread():
+    if not _handles_sigint():
         yield stop
         return
 

@@ -29,6 +29,7 @@ from fuseflow.train._labels import check_labels, unchecked_cross_entropy
 from fuseflow.train._records import (CURVES_FILE, append_metrics, plot_curves,
                                      start_metrics)
 from fuseflow.train._state import TrainState
+from fuseflow.train._run_folder import files_after_epoch, names
 from fuseflow.train._step import make_step
 
 __all__ = ["fit", "FitResult", "Interrupted"]
@@ -65,7 +66,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         batch_size: int, loss_fn=None, out_dir=None, metadata: dict | None = None,
         eval_batch_size: int = 1000, drop_last: bool = True, compute_dtype=None,
         compiled: bool = False, on_step=None, progress: bool = True, log=print,
-        log_every: int = 20, comm=None) -> FitResult:
+        log_every: int = 20, comm=None, overwrite: bool = False) -> FitResult:
     """Train from ``state`` until ``epochs`` epochs are complete; returns a FitResult.
 
     ``train``/``test`` are ``(x, y)`` pairs; they are moved to the params' device once.
@@ -76,7 +77,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     model must then draw no random numbers (no Dropout), as it gets no key. With
     ``out_dir``, each epoch writes ``ckpt-epoch{N}.safetensors``,
     ``last.safetensors`` (``metadata`` plus the epoch's record under "metrics"),
-    ``metrics.jsonl`` and ``curves.png``. ``on_step(state, metrics)`` runs after every
+    ``metrics.jsonl`` and ``curves.png``; if ``out_dir`` already holds checkpoints of
+    epochs after ``state.epoch`` (another run's, or later ones of this run) or metrics of
+    them, ``fit`` raises FileExistsError before training unless ``overwrite=True``.
+    ``on_step(state, metrics)`` runs after every
     step. ``log`` prints one summary line per epoch (None: silent); ``progress`` shows a
     per-epoch tqdm bar on terminals. Ctrl-C raises ``Interrupted`` (a KeyboardInterrupt).
     ``comm`` (``ff.distributed.init()``) trains data-parallel: every rank runs ``fit`` on the
@@ -99,6 +103,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
             metadata_json(metadata)
         except TypeError as e:
             raise TypeError(f"fit: {e}") from None
+    if out_dir is not None and not overwrite:
+        _check_out_dir(Path(out_dir), state.epoch)
     put = _placer(state.params)
     x, y = put(tuple(train))
     if test is not None:
@@ -241,6 +247,17 @@ def _evaluate(model, params, test, batch_size, loss_fn):
     if test is None:
         return None
     return evaluate(model, params, *test, batch_size, loss_fn=loss_fn)
+
+
+def _check_out_dir(out_dir: Path, epoch: int):
+    """Refuse to overwrite saved epochs after ``epoch`` (nothing a user saved is lost)."""
+    doomed = files_after_epoch(out_dir, epoch)
+    if doomed:
+        start = "a fresh run" if epoch == 0 else f"a run continuing after epoch {epoch}"
+        raise FileExistsError(
+            f"fit: out_dir {out_dir} already holds {names(doomed)}, which {start} would "
+            "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
+            "(ff.train.load_state), or overwrite=True to replace them.")
 
 
 def _save_epoch(out_dir, state, record, metadata):

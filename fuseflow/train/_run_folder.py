@@ -18,7 +18,7 @@ from fuseflow._files import atomic_write, fsync_dir
 from fuseflow.train._checkpoints import LAST, hold_interrupts
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, read_metrics
 
-__all__ = ["RunFolder", "RunFolderError", "latest_checkpoint"]
+__all__ = ["RunFolder", "RunFolderError", "files_after_epoch", "latest_checkpoint", "names"]
 
 
 class RunFolderError(Exception):
@@ -63,7 +63,32 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return epochs[max(epochs)] if epochs else None
 
 
-def _names(files) -> str:
+def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
+    """(checkpoints in ``folder`` that hold epochs after ``epoch``, whether metrics.jsonl
+    records any): what a run continuing after ``epoch`` there would replace or cut.
+    ``resume``, if it is the folder's last.safetensors, is the run's own start, not later."""
+    later = [p for n, p in sorted(_epoch_files(folder).items()) if n > epoch]
+    last = folder / LAST
+    if last.exists() and not (resume is not None and _same_file(last, resume)):
+        last_epoch = _saved_epoch(last)
+        if last_epoch is None or last_epoch > epoch:  # unreadable counts as later
+            later.append(last)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        later_records = any(r.get("epoch", 0) > epoch
+                            for r in read_metrics(folder / METRICS_FILE))
+    return later, later_records
+
+
+def files_after_epoch(folder, epoch: int) -> list:
+    """The run files in ``folder`` that ``fit`` continuing after ``epoch`` would overwrite
+    (checkpoints of later epochs) or cut (a metrics.jsonl recording later epochs)."""
+    folder = Path(folder)
+    later, later_records = _after_epoch(folder, epoch)
+    return later + ([folder / METRICS_FILE] if later_records else [])
+
+
+def names(files) -> str:
     """``ckpt-epoch2..9.safetensors (8 files), last.safetensors`` for the messages."""
     epochs = sorted(int(m.group(1)) for p in files if (m := _EPOCH_FILE.match(p.name)))
     others = [p.name for p in files if not _EPOCH_FILE.match(p.name)]
@@ -155,17 +180,8 @@ class RunFolder:
         """The files of epochs after ``epoch`` in the resumed checkpoint's own folder: (files
         a continuation would replace, files it would rewrite keeping epochs <= ``epoch``)."""
         out = self.path
-        moved = [p for n, p in sorted(_epoch_files(out).items()) if n > epoch]
-        last = out / LAST
-        if last.exists() and not _same_file(last, resume):
-            last_epoch = _saved_epoch(last)
-            if last_epoch is None or last_epoch > epoch:  # unreadable counts as later
-                moved.append(last)
+        moved, later_records = _after_epoch(out, epoch, resume)
         copied = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            later_records = any(r.get("epoch", 0) > epoch
-                                for r in read_metrics(out / METRICS_FILE))
         if later_records or moved:
             copied = [out / n for n in (METRICS_FILE, CURVES_FILE) if (out / n).is_file()]
             if not later_records:
@@ -179,12 +195,12 @@ class RunFolder:
             other = (f" --resume {latest} to continue from the latest epoch," if latest and
                      not _same_file(latest, resume) else "")
             return (f"--resume {resume} continues the run after epoch {epoch}, but {out} "
-                    f"already holds later epochs of it ({_names(replaced)}), which this run "
+                    f"already holds later epochs of it ({names(replaced)}), which this run "
                     f"would overwrite. Fix: --out NEW_DIR to continue in another folder,"
                     f"{other} or --overwrite to replace them.")
         latest = latest_checkpoint(out)
         cont = f" --resume {latest} to continue it," if latest and resume is None else ""
-        return (f"{out} already holds a run ({_names(replaced)}). Fix:{cont} --out NEW_DIR, "
+        return (f"{out} already holds a run ({names(replaced)}). Fix:{cont} --out NEW_DIR, "
                 "or --overwrite to replace it.")
 
     def _set_aside(self, moved, copied):
@@ -197,7 +213,7 @@ class RunFolder:
                 os.replace(p, self.backup / p.name)
             fsync_dir(self.backup)
             fsync_dir(self.path)
-        print(f"overwrite: {_names(moved + copied)} moved to {self.backup}; deleted when this "
+        print(f"overwrite: {names(moved + copied)} moved to {self.backup}; deleted when this "
               "run has saved an epoch, put back if it stops before", flush=True)
 
     def close(self):
