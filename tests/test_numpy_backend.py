@@ -102,6 +102,11 @@ def test_backend_rejects_bad_operands():
     _, aux = be.activation(rand(rng, 4, 5), "relu")
     with pytest.raises(BackendError, match="another batch or another layer"):
         be.linear_dgrad(rand(rng, 8, 3), w, "DRELU", aux)
+    with pytest.raises(BackendError, match="unknown activation 'tanh'; expected one of "
+                       "'relu', 'gelu'"):
+        be.activation(rand(rng, 4, 5), "tanh")
+    with pytest.raises(BackendError, match="unknown activation 'tanh'"):
+        be.activation_grad(rand(rng, 4, 5), "tanh", aux)
 
 
 def test_drelu_is_a_select_even_for_non_finite_gradients():

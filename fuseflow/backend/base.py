@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 
-from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, aux_shape, lookup
+from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS,
+                                      aux_shape, lookup)
 
 
 #: DLPack device types whose memory the GPU reads in place (kDLCUDA, kDLCUDAManaged). Pinned
@@ -103,12 +104,14 @@ class Backend:
     # ---- standalone activations (when no matmul is there to fuse with) ----------------------
     def activation(self, x, activation, want_aux=True):
         """``(act(x), aux)`` for a 2-D x, aux in the same format the fused epilogs write."""
+        self._check_activation(activation)
         self._check_2d("x", x)
         self.calls["activation/" + activation] += 1
         return self._activation(x, activation, want_aux)
 
     def activation_grad(self, dy, activation, aux):
         """``dy * act'(pre)`` from the saved aux."""
+        self._check_activation(activation)
         self._check_2d("dy", dy)
         self._check_aux(activation, aux, dy.shape[1], dy.shape[0], dy.dtype)
         self.calls["activation_grad/" + activation] += 1
@@ -183,6 +186,12 @@ class Backend:
         if bias is not None and (bias.shape != (out,) or bias.dtype != dtype):
             raise BackendError(f"bias must have shape ({out},) and dtype {dtype}, "
                                f"got {bias.shape} {bias.dtype}")
+
+    @staticmethod
+    def _check_activation(activation):
+        if activation not in ACTIVATIONS:
+            raise BackendError(f"unknown activation {activation!r}; expected one of "
+                               f"{', '.join(map(repr, ACTIVATIONS))}")
 
     def _check_aux(self, activation, aux, features, batch, dtype):
         import numpy as np

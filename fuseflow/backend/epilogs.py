@@ -55,6 +55,7 @@ WGRAD_EPILOGS = dict([
     _e("BGRADB", "wgrad", bias=True),
 ])
 AUX_KEYS = {"relu": "relu_aux", "gelu": "gelu_aux"}
+ACTIVATIONS = tuple(AUX_KEYS)  # the activations an epilog fuses: "relu", "gelu"
 
 
 def forward_epilog(activation, *, bias: bool, aux: bool) -> str:

@@ -10,9 +10,10 @@ from fuseflow.nn import initializers
 from fuseflow.nn._layer import (RESIDUALS_FIX, Layer, check_2d, check_array, check_dtype,
                                 check_in_shape, check_keys, check_param, check_residuals,
                                 float_dtype, positive_int)
+from fuseflow.backend.epilogs import ACTIVATIONS as FUSED_ACTIVATIONS
 from fuseflow.ops.dense import dense_backward, dense_forward
 
-ACTIVATIONS = (None, "relu", "gelu")
+ACTIVATIONS = (None, *FUSED_ACTIVATIONS)
 
 
 class Dense(Layer):

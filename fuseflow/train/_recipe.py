@@ -11,12 +11,12 @@ import dataclasses
 import math
 
 from fuseflow import mixed_precision, nn, optim, tree
+from fuseflow.backend.epilogs import ACTIVATIONS
 
 __all__ = ["Recipe", "RecipeError", "mlp", "OPTIMIZERS", "ACTIVATIONS", "SCHEDULES",
            "PRECISIONS", "DEFAULT_LR"]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-ACTIVATIONS = ("relu", "gelu")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("float32", "float16")
 #: peak learning rates measured on MNIST with the default MLP, 5 epochs, cosine decay:
