@@ -42,8 +42,19 @@ def _fans(shape):
     return int(np.prod(shape[1:])), shape[0]
 
 
+_MODES = ("fan_in", "fan_out", "fan_avg")
+_DISTRIBUTIONS = ("truncated_normal", "normal", "uniform")
+
+
 def variance_scaling(scale, mode="fan_in", distribution="truncated_normal"):
     """Samples with variance ``scale / fan`` (fan_in, fan_out or their average)."""
+    if mode not in _MODES:
+        raise ValueError(f"variance_scaling: unknown mode {mode!r}; expected one of "
+                         f"{', '.join(map(repr, _MODES))}")
+    if distribution not in _DISTRIBUTIONS:
+        raise ValueError(f"variance_scaling: unknown distribution {distribution!r}; expected "
+                         f"one of {', '.join(map(repr, _DISTRIBUTIONS))}")
+
     def init(key, shape, dtype=np.float32):
         fan_in, fan_out = _fans(shape)
         fan = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[mode]
@@ -55,11 +66,9 @@ def variance_scaling(scale, mode="fan_in", distribution="truncated_normal"):
                 / std_of_truncated
         elif distribution == "normal":
             x = random.normal(key, shape, np.float64) * np.sqrt(var)
-        elif distribution == "uniform":
+        else:  # "uniform"
             lim = np.sqrt(3.0 * var)
             x = random.uniform(key, shape, -lim, lim, np.float64)
-        else:
-            raise ValueError(f"unknown distribution {distribution!r}")
         return x.astype(dtype)
     return init
 
