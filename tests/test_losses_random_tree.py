@@ -84,6 +84,30 @@ def test_tree_helpers():
     assert float(ff.tree.l2_norm(ff.tree.sub(doubled, t))) == pytest.approx(np.sqrt(7))
 
 
+def test_tree_builders_and_arithmetic_on_random_trees():
+    rng = np.random.default_rng(7)
+    t = {"w": rng.standard_normal((3, 4)), "layers": (rng.standard_normal(5), None)}
+    u = ff.tree.map(lambda x: rng.standard_normal(x.shape), t)
+    full = ff.tree.full_like(t, 0.5)
+    assert all(np.array_equal(f, np.full_like(x, 0.5))
+               for f, x in zip(ff.tree.leaves(full), ff.tree.leaves(t)))
+    assert all((x == 1).all() for x in ff.tree.leaves(ff.tree.ones_like(t)))
+    summed = ff.tree.add(t, u)
+    assert all(np.array_equal(s, x + y) for s, x, y in
+               zip(ff.tree.leaves(summed), ff.tree.leaves(t), ff.tree.leaves(u)))
+    half = ff.tree.astype(t, np.float16)
+    assert {x.dtype for x in ff.tree.leaves(half)} == {np.dtype(np.float16)}
+    # float16 squares sum in float32: 300 values of 300 would overflow float16 (max 65504)
+    big = {"a": np.full(300, 300, np.float16)}
+    assert float(ff.tree.l2_norm(big)) == pytest.approx(300 * np.sqrt(300), rel=1e-3)
+    assert ff.tree.all_equal_structure(t, u) and ff.tree.all_equal_structure(t, full)
+    assert not ff.tree.all_equal_structure(t, {"w": t["w"], "layers": (t["w"],)})
+    leaves, treedef = ff.tree.flatten(t)
+    again = ff.tree.unflatten(treedef, leaves)
+    assert ff.tree.all_equal_structure(again, t)
+    assert all(x is y for x, y in zip(ff.tree.leaves(again), ff.tree.leaves(t)))
+
+
 def test_fold_in_keys_are_not_keys_that_split_gives():
     k = ff.random.key(3)
     split = {tuple(s) for s in ff.random.split(k, 1000)}
