@@ -186,7 +186,8 @@ def _select_backend(name: str) -> str:
     try:
         backend.get(resolved)
     except RuntimeError as e:
-        raise CLIError(f"--backend {name}: {e}") from None
+        message = str(e).replace("use backend='numpy'", "--backend numpy (or auto)")
+        raise CLIError(f"--backend {name}: {message}") from None
     why = " (auto: no usable CUDA GPU)" if name == "auto" and resolved == "numpy" else ""
     print(f"backend: {resolved}{why}", flush=True)
     return resolved

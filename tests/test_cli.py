@@ -230,6 +230,7 @@ def test_cuda_backend_without_a_gpu_is_a_clear_error(cli):
     proc = cli("train", "--backend", "cuda", "--dataset", "digits", "--epochs", "1")
     assert proc.returncode == 1
     assert "CUDA backend is not available" in proc.stderr and "Fix:" in proc.stderr
+    assert "or --backend numpy (or auto)." in proc.stderr  # the CLI's words, not Python's
     assert "Traceback" not in proc.stderr
 
 
