@@ -40,24 +40,6 @@ def run(*args, env=None, cwd=None, timeout=300):
                           env=env or _env(), capture_output=True, text=True, timeout=timeout)
 
 
-class Result:
-    """What ``main`` did: exit code, stdout and stderr, shaped like a CompletedProcess."""
-
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-@pytest.fixture
-def cli(capsys):
-    """``cli(*args)`` runs ``fuseflow *args`` in this process."""
-    def call(*args):
-        capsys.readouterr()
-        code = main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-    return call
-
-
 def _last_line(proc):
     lines = proc.stdout.strip().splitlines()
     assert lines, f"no output; stderr:\n{proc.stderr}"

@@ -35,22 +35,6 @@ IDX_NAMES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz
              "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")}
 
 
-class Result:
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-@pytest.fixture
-def cli(capsys):
-    """``cli(*args)`` runs ``fuseflow *args`` in this process."""
-    def call(*args):
-        capsys.readouterr()
-        code = main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-    return call
-
-
 def assert_one_line_error(proc, *says, command="train", code=1):
     """Exit ``code``, no traceback, and stderr is exactly one error line holding ``says``."""
     assert proc.returncode == code, (proc.stdout, proc.stderr)

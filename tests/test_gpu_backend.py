@@ -11,7 +11,6 @@ junit properties) so a failure can be replayed with ``FUSEFLOW_TEST_SEED``.
 from __future__ import annotations
 
 import os
-import secrets
 
 import numpy as np
 import pytest
@@ -74,24 +73,6 @@ def cb(request):
 @pytest.fixture(scope="module")
 def nb():
     return NumpyBackend()
-
-
-class _Rng:
-    """A NumPy Generator that remembers its seed (for failure messages)."""
-
-    def __init__(self, seed):
-        self.seed = seed
-        self._g = np.random.default_rng(seed)
-
-    def __getattr__(self, name):
-        return getattr(self._g, name)
-
-
-@pytest.fixture
-def rng(request):
-    seed = int(os.environ.get("FUSEFLOW_TEST_SEED", secrets.randbits(32)))
-    request.node.user_properties.append(("seed", seed))
-    return _Rng(seed)
 
 
 def dev(a):

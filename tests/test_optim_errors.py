@@ -7,9 +7,7 @@ the seed (``FUSEFLOW_TEST_SEED=<seed>`` in the environment repeats it).
 """
 
 import math
-import os
 import re
-import secrets
 
 import numpy as np
 import pytest
@@ -30,25 +28,6 @@ OPTIMIZERS = {
 }
 #: optimizers whose state holds arrays like the params (a momentum buffer or moments)
 WITH_BUFFERS = ["momentum", "nesterov", "adam", "adam_schedule", "adamw", "adamw_masked"]
-
-
-class _Rng:
-    """A NumPy Generator that remembers its seed (for failure messages)."""
-
-    def __init__(self, seed):
-        self.seed = seed
-        self._g = np.random.default_rng(seed)
-
-    def __getattr__(self, name):
-        return getattr(self._g, name)
-
-
-@pytest.fixture
-def rng(request):
-    seed = int(os.environ.get("FUSEFLOW_TEST_SEED", secrets.randbits(32)))
-    request.node.user_properties.append(("seed", seed))
-    print(f"FUSEFLOW_TEST_SEED={seed}")  # shown with a failure's captured output
-    return _Rng(seed)
 
 
 def random_model(rng, hidden=None):

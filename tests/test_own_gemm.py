@@ -9,8 +9,6 @@ through the backend as the cuBLASLt path.
 
 from __future__ import annotations
 
-import os
-import secrets
 
 import numpy as np
 import pytest
@@ -28,13 +26,6 @@ SHAPES = [(100, 196, 52), (64, 128, 8), (256, 1024, 784), (33, 20, 1000), (7, 12
           (300, 36, 1024)]
 LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, bk=8),
             dict(warps=(2, 1), splits=7), dict(warps=(2, 2), splits=2, bk=8)]
-
-
-@pytest.fixture
-def rng(request):
-    seed = int(os.environ.get("FUSEFLOW_TEST_SEED", secrets.randbits(32)))
-    request.node.user_properties.append(("seed", seed))
-    return np.random.default_rng(seed)
 
 
 @pytest.fixture(scope="module")
