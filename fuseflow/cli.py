@@ -7,8 +7,9 @@
 The last line ``train`` and ``eval`` print is ``test_accuracy=0.XXXX`` (scripts can take
 it with ``tail -n 1``). Exit codes: 0 done, 1 an error with a message that names the fix
 (data, checkpoint, backend, options that contradict a checkpoint), 2 a malformed command
-line, 130 stopped by Ctrl-C. The training recipe is saved in every checkpoint, so ``eval``
-and ``train --resume`` need nothing but the file. Full reference: docs/cli.md.
+line, 130 stopped by Ctrl-C, 143 by SIGTERM. The training recipe is saved in every
+checkpoint, so ``eval`` and ``train --resume`` need nothing but the file. Full reference:
+docs/cli.md.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -37,7 +39,7 @@ from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIO
 
 __all__ = ["main", "build_parser"]
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 #: defaults of ``fuseflow train`` (options left out on the command line; on --resume the
 #: checkpoint's recipe takes their place)
@@ -100,7 +102,8 @@ def _backend_option(p):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fuseflow", description="Train and evaluate MLPs on MNIST-style data.",
-        epilog="Exit codes: 0 ok, 1 error, 2 bad command line, 130 interrupted (Ctrl-C).")
+        epilog="Exit codes: 0 ok, 1 error, 2 bad command line, 130 interrupted (Ctrl-C), "
+               "143 terminated (SIGTERM).")
     parser.add_argument("--version", action="version", version=f"fuseflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,bench}")
     d = DEFAULTS
@@ -429,6 +432,9 @@ def _train(args) -> int:
         where = (f"last full checkpoint: {kept} (epoch {interrupted.epoch}); continue with: "
                  f"fuseflow train --resume {kept}") if kept else \
             "no epoch finished, no checkpoint written"
+        if interrupted.signum == signal.SIGTERM:
+            print(f"terminated (SIGTERM): {where}", flush=True)
+            return EXIT_TERMINATED
         print(f"interrupted: {where}", flush=True)
         return EXIT_INTERRUPTED
     print(f"checkpoint: {result.checkpoint or resume}")
@@ -519,7 +525,10 @@ def main(argv=None) -> int:
             print(f"fuseflow {args.command}: error: out of memory ({e or 'MemoryError'}). "
                   "Fix: smaller --hidden widths or --batch-size.", file=sys.stderr)
             return EXIT_ERROR
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if getattr(e, "signum", None) == signal.SIGTERM:
+                print("terminated (SIGTERM): no checkpoint written", flush=True)
+                return EXIT_TERMINATED
             print("interrupted: no checkpoint written", flush=True)
             return EXIT_INTERRUPTED
 

@@ -216,7 +216,12 @@ def test_cuda_backend_without_a_gpu_is_a_clear_error(cli):
     assert "Traceback" not in proc.stderr
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGTERM, 143, r"terminated \(SIGTERM\)")])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, signum, code,
+                                                                      said):
+    """Ctrl-C, or SIGTERM (``kill``, a scheduler's preemption), stops after the step in
+    progress: the last full checkpoint stays, and the last line says how to continue."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "fuseflow", "train", "--dataset", "digits", "--epochs", "500",
@@ -227,16 +232,16 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     while not (out / "ckpt-epoch2.safetensors").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     try:
         stdout, stderr = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         stdout, stderr = proc.communicate()
-        pytest.fail(f"still running 60 s after Ctrl-C\n{stdout}\n{stderr}")
-    assert proc.returncode == 130, stdout + stderr
+        pytest.fail(f"still running 60 s after {signum!r}\n{stdout}\n{stderr}")
+    assert proc.returncode == code, stdout + stderr
     last = stdout.strip().splitlines()[-1]
-    m = re.match(r"^interrupted: last full checkpoint: (\S+) \(epoch (\d+)\); continue with: "
+    m = re.match(said + r": last full checkpoint: (\S+) \(epoch (\d+)\); continue with: "
                  r"fuseflow train --resume (\S+)$", last)
     assert m, last
     assert Path(m.group(1)) == out / "last.safetensors" and m.group(3) == m.group(1)

@@ -300,17 +300,20 @@ def _stopped_fit(error):
     return fit
 
 
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted: "),
+                                                (signal.SIGTERM, 143, "terminated (SIGTERM): ")])
 @pytest.mark.parametrize("resume", [False, True])
 def test_overwrite_puts_the_old_files_back_when_stopped_before_an_epoch(run, cli, monkeypatch,
-                                                                        resume):
+                                                                        resume, signum, code,
+                                                                        said):
     out, before = run
-    monkeypatch.setattr("fuseflow.cli.fit", _stopped_fit(T.Interrupted(None, 0)))
+    monkeypatch.setattr("fuseflow.cli.fit", _stopped_fit(T.Interrupted(None, 0, signum)))
     args = (["--resume", out / "ckpt-epoch1.safetensors", "--no-progress"] if resume else
             [*DIGITS, "--epochs", "2", "--out", out])
     proc = cli("train", *args, "--overwrite")
-    assert proc.returncode == 130, proc.stderr
+    assert proc.returncode == code, proc.stderr
     assert "the replaced files are back" in proc.stdout
-    assert proc.stdout.splitlines()[-1].startswith("interrupted: ")
+    assert proc.stdout.splitlines()[-1].startswith(said)
     assert snapshot(out) == before  # every byte, and no backup folder left
 
 

@@ -286,7 +286,7 @@ def sigint(request):
 
 @pytest.mark.parametrize("sigint", [signal.default_int_handler], indirect=True)
 def test_ctrl_c_while_saving_waits_for_the_files(sigint):
-    from fuseflow.train._checkpoints import hold_interrupts
+    from fuseflow.train._signals import hold_interrupts
 
     done = []
     with pytest.raises(KeyboardInterrupt):
@@ -301,7 +301,7 @@ def test_ctrl_c_while_saving_waits_for_the_files(sigint):
 def test_a_process_that_ignores_ctrl_c_goes_on_ignoring_it(sigint):
     """Under nohup (SIGINT ignored) neither the save nor the training loop takes SIGINT
     over: a Ctrl-C there changes nothing."""
-    from fuseflow.train._checkpoints import hold_interrupts, interrupt_between_steps
+    from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 
     with hold_interrupts():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
@@ -310,6 +310,56 @@ def test_a_process_that_ignores_ctrl_c_goes_on_ignoring_it(sigint):
         os.kill(os.getpid(), signal.SIGINT)
         stop.check()
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def test_sigterm_during_fit_stops_after_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    """SIGTERM (``kill``, a scheduler's preemption) stops like Ctrl-C, and says so."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+
+    def terminate(st, metrics):
+        if st.step == STEPS + 3:  # in the second epoch
+            # if fit had not taken SIGTERM over, the kill below would end pytest itself
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(T.Interrupted) as info:
+        _fit(model, opt, state, train, test, 3, tmp_path, on_step=terminate)
+    assert info.value.signum == signal.SIGTERM
+    assert info.value.checkpoint == tmp_path / T.LAST and info.value.epoch == 1
+    kept = T.load_state(info.value.checkpoint, like=state)
+    assert (kept.epoch, kept.step) == (1, STEPS)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+def test_sigterm_while_saving_waits_for_the_files_and_a_second_one_is_not_lost():
+    from fuseflow.train._signals import StopSignal, hold_interrupts, interrupt_between_steps
+
+    done = []
+    with interrupt_between_steps() as stop:
+        with pytest.raises(StopSignal) as info:
+            with hold_interrupts():
+                assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
+                done.append("wrote both files")
+        assert info.value.signum == signal.SIGTERM and done == ["wrote both files"]
+        stop.check()  # nothing pending: the held signals were raised above
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_sigterm_handler_of_the_users_stays_in_charge():
+    from fuseflow.train._signals import interrupt_between_steps
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with interrupt_between_steps() as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            stop.check()  # not a stop request: the user's handler took the signal
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_fit_rejects_what_cannot_run():

@@ -9,6 +9,7 @@ same batches, same keys, same optimizer state, same floating-point results.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -22,14 +23,14 @@ from fuseflow._namespace import device_of, namespace
 from fuseflow.backend import device_put
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import batches, num_batches
-from fuseflow.train._checkpoints import (LAST, epoch_checkpoint, hold_interrupts,
-                                         interrupt_between_steps, save_state)
+from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
 from fuseflow.train._records import (CURVES_FILE, append_metrics, plot_curves,
                                      start_metrics)
 from fuseflow.train._state import TrainState
 from fuseflow.train._run_folder import files_after_epoch, names
+from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import make_step
 
 __all__ = ["fit", "FitResult", "Interrupted"]
@@ -43,15 +44,16 @@ class FitResult(NamedTuple):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Training stopped by Ctrl-C (or a KeyboardInterrupt from a callback).
+    """Training stopped by Ctrl-C, SIGTERM (``signum`` says which; a KeyboardInterrupt
+    from a callback counts as Ctrl-C).
 
     ``checkpoint`` is the last full checkpoint this call wrote (None if it wrote none) and
     ``epoch`` the number of epochs it holds; nothing newer was written.
     """
 
-    def __init__(self, checkpoint: Path | None, epoch: int):
+    def __init__(self, checkpoint: Path | None, epoch: int, signum: int = signal.SIGINT):
         super().__init__(checkpoint, epoch)
-        self.checkpoint, self.epoch = checkpoint, epoch
+        self.checkpoint, self.epoch, self.signum = checkpoint, epoch, int(signum)
 
 
 def _placer(params):
@@ -82,7 +84,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     them, ``fit`` raises FileExistsError before training unless ``overwrite=True``.
     ``on_step(state, metrics)`` runs after every
     step. ``log`` prints one summary line per epoch (None: silent); ``progress`` shows a
-    per-epoch tqdm bar on terminals. Ctrl-C raises ``Interrupted`` (a KeyboardInterrupt).
+    per-epoch tqdm bar on terminals. Ctrl-C or SIGTERM stops after the step in progress and
+    raises ``Interrupted`` (a KeyboardInterrupt); a second one stops at once.
     ``comm`` (``ff.distributed.init()``) trains data-parallel: every rank runs ``fit`` on the
     same data; each global batch is split over the ranks, gradients are averaged, and the
     params start from rank 0's. Give ``out_dir``/``log``/``progress`` on rank 0 only.
@@ -152,8 +155,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                 if log is not None:
                     log(_summary(record, epochs))
                 stop.check()
-    except KeyboardInterrupt:
-        raise Interrupted(saved, saved_epoch) from None
+    except KeyboardInterrupt as e:
+        raise Interrupted(saved, saved_epoch, getattr(e, "signum", signal.SIGINT)) from None
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
         final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
     return FitResult(state=state, history=history, test=final, checkpoint=saved)

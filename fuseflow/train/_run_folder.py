@@ -15,8 +15,9 @@ from pathlib import Path
 
 from fuseflow import checkpoint
 from fuseflow._files import atomic_write, fsync_dir
-from fuseflow.train._checkpoints import LAST, hold_interrupts
+from fuseflow.train._checkpoints import LAST
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, read_metrics
+from fuseflow.train._signals import hold_interrupts
 
 __all__ = ["RunFolder", "RunFolderError", "files_after_epoch", "latest_checkpoint", "names"]
 
