@@ -389,18 +389,58 @@ def test_fit_never_overwrites_saved_epochs_unless_asked(tmp_path):
     model, opt, state = _fresh()
     _fit(model, opt, state, train, test, 2, tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    with pytest.raises(FileExistsError, match=r"ckpt-epoch1.safetensors, ckpt-epoch2"
-                       r".safetensors, last.safetensors, metrics.jsonl, which a fresh run "
-                       r"would overwrite. Fix: out_dir=NEW_DIR"):
+    with pytest.raises(FileExistsError, match=r"ckpt-epoch1\.safetensors, ckpt-epoch2"
+                       r"\.safetensors, last\.safetensors, metrics\.jsonl, curves\.png, which "
+                       r"a run from epoch 0 would overwrite\. Fix: out_dir=NEW_DIR"):
         _fit(model, opt, state, train, test, 2, tmp_path)
     epoch1 = T.load_state(tmp_path / "ckpt-epoch1.safetensors", like=state)
-    with pytest.raises(FileExistsError, match="continuing after epoch 1 would overwrite"):
+    with pytest.raises(FileExistsError, match=r"holds ckpt-epoch2\.safetensors, "
+                       r"last\.safetensors, metrics\.jsonl, which a run continuing after "
+                       r"epoch 1 would overwrite"):
         _fit(model, opt, epoch1, train, test, 2, tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
     again = _fit(model, opt, epoch1, train, test, 2, tmp_path, overwrite=True)
     assert [r["epoch"] for r in T.read_metrics(tmp_path / T.METRICS_FILE)] == [1, 2]
     assert again.history[-1]["train_loss"] == T.read_metrics(
         tmp_path / T.METRICS_FILE)[-1]["train_loss"]
+
+
+def test_fit_refuses_another_runs_folder_whatever_its_epochs(tmp_path):
+    """A state resumed from elsewhere at an epoch past every file of the folder's own run
+    would leave two runs' files mixed: refused too."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=4)
+    _fit(model, opt, state, train, test, 2, tmp_path / "x")
+    other = _fit(model, opt, _fresh(epochs=4, seed=1)[2], train, test, 3, tmp_path / "y")
+    with pytest.raises(FileExistsError, match="ckpt-epoch1.*ckpt-epoch2.*which a run "
+                       "continuing after epoch 3 would overwrite"):
+        _fit(model, opt, other.state, train, test, 4, tmp_path / "x")
+
+
+def test_overwrite_deletes_the_old_later_epochs_once_it_has_saved_one(tmp_path):
+    """A shorter run over a longer one leaves no checkpoint of the old run behind, so the
+    new run resumes from its own files."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+    _fit(model, opt, state, train, test, 3, tmp_path)
+    short = _fit(model, opt, _fresh(epochs=3, seed=1)[2], train, test, 1, tmp_path,
+                 overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-epoch1.safetensors", "curves.png", "last.safetensors", "metrics.jsonl"]
+    assert T.read_metrics(tmp_path / T.METRICS_FILE) == short.history
+    resumed = T.load_state(tmp_path / T.LAST, like=state)
+    assert _fit(model, opt, resumed, train, test, 2, tmp_path).state.epoch == 2
+
+
+def test_a_checkpoint_saved_by_hand_is_the_runs_own_epoch(tmp_path):
+    """last.safetensors written by save_state (no metrics in its metadata) is read for its
+    epoch, not taken for a later one."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+    done = _fit(model, opt, state, train, test, 2, tmp_path)
+    T.save_state(tmp_path / T.LAST, done.state)
+    resumed = T.load_state(tmp_path / T.LAST, like=state)
+    assert _fit(model, opt, resumed, train, test, 3, tmp_path).state.epoch == 3
 
 
 # ------------------------------------------------------------------------------ recipe

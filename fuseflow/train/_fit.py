@@ -29,7 +29,7 @@ from fuseflow.train._labels import check_labels, unchecked_cross_entropy
 from fuseflow.train._records import (CURVES_FILE, append_metrics, plot_curves,
                                      start_metrics)
 from fuseflow.train._state import TrainState
-from fuseflow.train._run_folder import files_after_epoch, names
+from fuseflow.train._run_folder import files_fit_would_replace, later_epoch_files, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import make_step
 
@@ -79,9 +79,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     model must then draw no random numbers (no Dropout), as it gets no key. With
     ``out_dir``, each epoch writes ``ckpt-epoch{N}.safetensors``,
     ``last.safetensors`` (``metadata`` plus the epoch's record under "metrics"),
-    ``metrics.jsonl`` and ``curves.png``; if ``out_dir`` already holds checkpoints of
-    epochs after ``state.epoch`` (another run's, or later ones of this run) or metrics of
-    them, ``fit`` raises FileExistsError before training unless ``overwrite=True``.
+    ``metrics.jsonl`` and ``curves.png``. If ``out_dir`` holds another run's files, or
+    epochs after ``state.epoch`` of the run it continues, ``fit`` raises FileExistsError
+    before training; with ``overwrite=True`` it writes over them, and deletes checkpoints of
+    later epochs once it has saved one of its own.
     ``on_step(state, metrics)`` runs after every
     step. ``log`` prints one summary line per epoch (None: silent); ``progress`` shows a
     per-epoch tqdm bar on terminals. Ctrl-C or SIGTERM stops after the step in progress and
@@ -106,8 +107,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
             metadata_json(metadata)
         except TypeError as e:
             raise TypeError(f"fit: {e}") from None
-    if out_dir is not None and not overwrite:
-        _check_out_dir(Path(out_dir), state.epoch)
+    stale = _claim_out_dir(Path(out_dir), state.epoch, overwrite) if out_dir is not None else []
     put = _placer(state.params)
     x, y = put(tuple(train))
     if test is not None:
@@ -151,6 +151,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                     with hold_interrupts():  # the pair of files and the metrics line, or none
                         _save_epoch(out, state, record, metadata)
                         saved, saved_epoch = out / LAST, state.epoch
+                    # overwrite=True: the old checkpoints of epochs after the one just saved
+                    for path in later_epoch_files(stale, state.epoch):
+                        path.unlink(missing_ok=True)
+                    stale = []
                     plot_curves(history, out / CURVES_FILE)
                 if log is not None:
                     log(_summary(record, epochs))
@@ -252,15 +256,19 @@ def _evaluate(model, params, test, batch_size, loss_fn):
     return evaluate(model, params, *test, batch_size, loss_fn=loss_fn)
 
 
-def _check_out_dir(out_dir: Path, epoch: int):
-    """Refuse to overwrite saved epochs after ``epoch`` (nothing a user saved is lost)."""
-    doomed = files_after_epoch(out_dir, epoch)
-    if doomed:
-        start = "a fresh run" if epoch == 0 else f"a run continuing after epoch {epoch}"
+def _claim_out_dir(out_dir: Path, epoch: int, overwrite: bool) -> list:
+    """Refuse to replace another run's files, or later epochs of this one, unless
+    ``overwrite`` (nothing a user saved is lost by accident). With it, returns the
+    checkpoints of epochs after ``epoch`` that are there now: stale once this run has saved
+    an epoch, when they are deleted (others are overwritten as the run goes)."""
+    replaced = files_fit_would_replace(out_dir, epoch)
+    if replaced and not overwrite:
+        start = "a run from epoch 0" if epoch == 0 else f"a run continuing after epoch {epoch}"
         raise FileExistsError(
-            f"fit: out_dir {out_dir} already holds {names(doomed)}, which {start} would "
+            f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
             "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
             "(ff.train.load_state), or overwrite=True to replace them.")
+    return later_epoch_files(replaced, epoch)
 
 
 def _save_epoch(out_dir, state, record, metadata):

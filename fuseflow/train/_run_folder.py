@@ -15,11 +15,12 @@ from pathlib import Path
 
 from fuseflow import checkpoint
 from fuseflow._files import atomic_write, fsync_dir
-from fuseflow.train._checkpoints import LAST
+from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, read_metrics
 from fuseflow.train._signals import hold_interrupts
 
-__all__ = ["RunFolder", "RunFolderError", "files_after_epoch", "latest_checkpoint", "names"]
+__all__ = ["RunFolder", "RunFolderError", "files_fit_would_replace", "later_epoch_files",
+           "latest_checkpoint", "names"]
 
 
 class RunFolderError(Exception):
@@ -48,10 +49,15 @@ def _run_files(folder: Path) -> list:
 
 
 def _saved_epoch(path: Path) -> int | None:
-    """The epoch a checkpoint written by ``fit`` holds (its metadata), None if unreadable."""
+    """The epoch a checkpoint holds: from the metrics ``fit`` writes into its metadata, else
+    (a ``save_state`` file) from the state itself; None if unreadable."""
     try:
-        return int(checkpoint.read_metadata(path)["metrics"]["epoch"])
-    except (checkpoint.CheckpointError, OSError, KeyError, TypeError, ValueError):
+        meta = checkpoint.read_metadata(path)
+        if "metrics" in meta:
+            return int(meta["metrics"]["epoch"])
+        return int(checkpoint.load(path).epoch)
+    except (checkpoint.CheckpointError, OSError, AttributeError, KeyError, TypeError,
+            ValueError):
         return None
 
 
@@ -81,12 +87,24 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
     return later, later_records
 
 
-def files_after_epoch(folder, epoch: int) -> list:
-    """The run files in ``folder`` that ``fit`` continuing after ``epoch`` would overwrite
-    (checkpoints of later epochs) or cut (a metrics.jsonl recording later epochs)."""
+def files_fit_would_replace(folder, epoch: int) -> list:
+    """The run files in ``folder`` that ``fit`` starting after ``epoch`` would overwrite or
+    cut. A folder that holds the state's own epoch (``ckpt-epoch{epoch}``, or a
+    last.safetensors of that epoch) is the run being continued: its checkpoints of later
+    epochs count, and metrics.jsonl if it records any. Any other folder's run files are
+    another run's: all of them count."""
     folder = Path(folder)
+    own = epoch > 0 and (epoch_checkpoint(folder, epoch).is_file()
+                         or ((folder / LAST).is_file() and _saved_epoch(folder / LAST) == epoch))
+    if not own:
+        return _run_files(folder)
     later, later_records = _after_epoch(folder, epoch)
     return later + ([folder / METRICS_FILE] if later_records else [])
+
+
+def later_epoch_files(files, epoch: int) -> list:
+    """The ``ckpt-epoch{N}`` files among ``files`` with N > ``epoch``."""
+    return [p for p in files if (m := _EPOCH_FILE.match(p.name)) and int(m.group(1)) > epoch]
 
 
 def names(files) -> str:
