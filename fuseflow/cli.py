@@ -33,6 +33,7 @@ from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError,
                             evaluate, fit, init_state, load_dataset, load_state,
                             make_step, read_metrics)
 from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint
+from fuseflow.train._signals import sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
@@ -405,8 +406,9 @@ def _train(args) -> int:
                 raise CLIError(f"{resume} has already trained {state.epoch} epochs, more than "
                                f"--epochs {recipe.epochs}. Fix: --epochs {state.epoch} or more.")
             print(f"resuming {resume} at epoch {state.epoch}, step {state.step}")
+        history = None
         if output is not None:
-            output.claim(args.overwrite, resume, state.epoch)
+            history = output.claim(args.overwrite, resume, state.epoch)
         print(f"model: {recipe.input_width} -> {' -> '.join(map(str, recipe.hidden))} "
               f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
               f"{recipe.schedule}; {recipe.precision}; {recipe.epochs} epochs of "
@@ -419,7 +421,7 @@ def _train(args) -> int:
                          eval_batch_size=recipe.eval_batch_size,
                          compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
                          progress=not args.no_progress and comm.is_main,
-                         log=lambda line: print(line, flush=True),
+                         log=lambda line: print(line, flush=True), history=history,
                          overwrite=True)  # RunFolder.claim has applied --overwrite's rules
             interrupted = None
         except Interrupted as e:
@@ -517,7 +519,8 @@ def main(argv=None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = show_warning  # one line, like the errors
         try:
-            return _COMMANDS[args.command](args)
+            with sigterm_as_interrupt():  # clean-up (the --overwrite files) runs on SIGTERM
+                return _COMMANDS[args.command](args)
         except _REPORTED as e:
             print(f"fuseflow {args.command}: error: {e}", file=sys.stderr)
             return EXIT_ERROR

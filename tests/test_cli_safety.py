@@ -291,12 +291,13 @@ def test_overwrite_replaces_the_old_run_once_the_new_one_has_an_epoch(run, cli):
 
 
 def _stopped_fit(error):
-    """A fit that begins its record, as the real one does, then stops before any epoch."""
-    def fit(model, optimizer, state, *args, out_dir=None, **kwargs):
-        from fuseflow.train._records import start_metrics
-        if out_dir is not None:
-            start_metrics(out_dir, state.epoch)
-        raise error
+    """The real fit, stopped by ``error`` at its first step, before any epoch is saved."""
+    real = T.fit
+
+    def fit(*args, **kwargs):
+        def stop(state, metrics):
+            raise error
+        return real(*args, on_step=stop, **kwargs)
     return fit
 
 
@@ -315,6 +316,27 @@ def test_overwrite_puts_the_old_files_back_when_stopped_before_an_epoch(run, cli
     assert "the replaced files are back" in proc.stdout
     assert proc.stdout.splitlines()[-1].startswith(said)
     assert snapshot(out) == before  # every byte, and no backup folder left
+
+
+def test_sigterm_before_training_starts_still_puts_the_old_files_back(run, cli, monkeypatch):
+    """SIGTERM between setting the old files aside and fit's loop (data on the device, label
+    checks) takes the same clean way out as Ctrl-C: files back, exit 143."""
+    out, before = run
+    real = T.fit
+
+    def fit(*args, **kwargs):
+        # if the command had not taken SIGTERM over, the kill below would end pytest itself
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("fuseflow.cli.fit", fit)
+    proc = cli("train", *DIGITS, "--epochs", "2", "--out", out, "--overwrite")
+    assert proc.returncode == 143, proc.stderr
+    assert "the replaced files are back" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "terminated (SIGTERM): no checkpoint written"
+    assert snapshot(out) == before
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
 def test_overwrite_puts_the_old_files_back_after_an_error(run, cli, monkeypatch):

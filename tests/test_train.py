@@ -432,13 +432,62 @@ def test_overwrite_deletes_the_old_later_epochs_once_it_has_saved_one(tmp_path):
     assert _fit(model, opt, resumed, train, test, 2, tmp_path).state.epoch == 2
 
 
-def test_a_checkpoint_saved_by_hand_is_the_runs_own_epoch(tmp_path):
+def test_overwrite_over_another_runs_folder_leaves_only_this_run(tmp_path):
+    """A resumed state written over another run's folder: the other run's checkpoints and
+    records go once an epoch is saved, and the history given is the new record's start."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=4)
+    _fit(model, opt, _fresh(epochs=4, seed=1)[2], train, test, 4, tmp_path / "other")
+    mine = _fit(model, opt, state, train, test, 2, tmp_path / "mine")
+    result = _fit(model, opt, mine.state, train, test, 3, tmp_path / "other", overwrite=True,
+                  history=mine.history)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == [
+        "ckpt-epoch3.safetensors", "curves.png", "last.safetensors", "metrics.jsonl"]
+    records = T.read_metrics(tmp_path / "other" / T.METRICS_FILE)
+    assert records == result.history and records[:2] == mine.history
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+
+
+def test_overwrite_touches_nothing_until_an_epoch_is_saved(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+    _fit(model, opt, state, train, test, 3, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    epoch1 = T.load_state(tmp_path / "ckpt-epoch1.safetensors", like=state)
+
+    def stop(st, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, epoch1, train, test, 3, tmp_path, overwrite=True, on_step=stop)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_mid_epoch_state_resumes_in_its_own_folder(tmp_path):
+    """A state saved by hand in the middle of epoch 0 as last.safetensors continues there."""
+    train, test = _data()
+    model, opt, state = _fresh()
+
+    def save_and_stop(st, metrics):
+        if st.step == 5:
+            T.save_state(tmp_path / T.LAST, st)
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state, train, test, 2, on_step=save_and_stop)
+    mid = T.load_state(tmp_path / T.LAST, like=state)
+    assert (mid.epoch, mid.batch_in_epoch) == (0, 5)
+    assert _fit(model, opt, mid, train, test, 1, tmp_path).state.epoch == 1
+
+
+@pytest.mark.parametrize("metadata", [None, {"metrics": {"note": "no epoch here"}}])
+def test_a_checkpoint_saved_by_hand_is_the_runs_own_epoch(tmp_path, metadata):
     """last.safetensors written by save_state (no metrics in its metadata) is read for its
     epoch, not taken for a later one."""
     train, test = _data()
     model, opt, state = _fresh(epochs=3)
     done = _fit(model, opt, state, train, test, 2, tmp_path)
-    T.save_state(tmp_path / T.LAST, done.state)
+    T.save_state(tmp_path / T.LAST, done.state, metadata)
     resumed = T.load_state(tmp_path / T.LAST, like=state)
     assert _fit(model, opt, resumed, train, test, 3, tmp_path).state.epoch == 3
 

@@ -26,10 +26,10 @@ from fuseflow.data import batches, num_batches
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
-from fuseflow.train._records import (CURVES_FILE, append_metrics, plot_curves,
-                                     start_metrics)
+from fuseflow.train._records import (CURVES_FILE, append_metrics, kept_metrics, plot_curves,
+                                     write_metrics)
 from fuseflow.train._state import TrainState
-from fuseflow.train._run_folder import files_fit_would_replace, later_epoch_files, names
+from fuseflow.train._run_folder import epoch_files, fit_folder, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import make_step
 
@@ -68,7 +68,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         batch_size: int, loss_fn=None, out_dir=None, metadata: dict | None = None,
         eval_batch_size: int = 1000, drop_last: bool = True, compute_dtype=None,
         compiled: bool = False, on_step=None, progress: bool = True, log=print,
-        log_every: int = 20, comm=None, overwrite: bool = False) -> FitResult:
+        log_every: int = 20, comm=None, overwrite: bool = False,
+        history: list | None = None) -> FitResult:
     """Train from ``state`` until ``epochs`` epochs are complete; returns a FitResult.
 
     ``train``/``test`` are ``(x, y)`` pairs; they are moved to the params' device once.
@@ -81,12 +82,15 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     ``last.safetensors`` (``metadata`` plus the epoch's record under "metrics"),
     ``metrics.jsonl`` and ``curves.png``. If ``out_dir`` holds another run's files, or
     epochs after ``state.epoch`` of the run it continues, ``fit`` raises FileExistsError
-    before training; with ``overwrite=True`` it writes over them, and deletes checkpoints of
-    later epochs once it has saved one of its own.
-    ``on_step(state, metrics)`` runs after every
-    step. ``log`` prints one summary line per epoch (None: silent); ``progress`` shows a
-    per-epoch tqdm bar on terminals. Ctrl-C or SIGTERM stops after the step in progress and
-    raises ``Interrupted`` (a KeyboardInterrupt); a second one stops at once.
+    before training; with ``overwrite=True`` it replaces them once it has saved an epoch of
+    its own (nothing is touched before). ``history``: the records of the epochs before
+    ``state.epoch``, put at the top of metrics.jsonl when the run continues in a new
+    ``out_dir`` (in its own folder, the records there are kept).
+    ``on_step(state, metrics)`` runs after every step. ``log`` prints one summary line per
+    epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
+    SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,
+    on every rank) and raises ``Interrupted`` (a KeyboardInterrupt); a second one stops at
+    once.
     ``comm`` (``ff.distributed.init()``) trains data-parallel: every rank runs ``fit`` on the
     same data; each global batch is split over the ranks, gradients are averaged, and the
     params start from rank 0's. Give ``out_dir``/``log``/``progress`` on rank 0 only.
@@ -107,7 +111,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
             metadata_json(metadata)
         except TypeError as e:
             raise TypeError(f"fit: {e}") from None
-    stale = _claim_out_dir(Path(out_dir), state.epoch, overwrite) if out_dir is not None else []
+    stale, history = {}, list(history or [])
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        stale, history = _claim_out_dir(out_dir, state, overwrite, history)
     put = _placer(state.params)
     x, y = put(tuple(train))
     if test is not None:
@@ -134,30 +141,31 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                                  comm=comm))
     if compiled:
         step_fn = _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
-    history = start_metrics(out_dir, state.epoch) if out_dir is not None else []
     saved, saved_epoch, final = None, state.epoch, None
     try:
         with interrupt_between_steps() as stop:
             for epoch in range(state.epoch, epochs):
                 state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
                                              steps_per_epoch, drop_last, on_step, progress,
-                                             log_every, comm, stop)
+                                             log_every, comm, None if comm else stop)
                 final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
                 if final is not None:
                     record.update(test_loss=final.loss, test_acc=final.accuracy)
                 history.append(record)
                 if out_dir is not None:
-                    out = Path(out_dir)
-                    with hold_interrupts():  # the pair of files and the metrics line, or none
-                        _save_epoch(out, state, record, metadata)
-                        saved, saved_epoch = out / LAST, state.epoch
-                    # overwrite=True: the old checkpoints of epochs after the one just saved
-                    for path in later_epoch_files(stale, state.epoch):
-                        path.unlink(missing_ok=True)
-                    stale = []
-                    plot_curves(history, out / CURVES_FILE)
+                    with hold_interrupts():  # the epoch's files and metrics line, or none
+                        _save_epoch(out_dir, state, record, metadata,
+                                    rewrite=history if saved is None else None)
+                        saved, saved_epoch = out_dir / LAST, state.epoch
+                        for n, path in stale.items():  # overwrite=True: the old checkpoints
+                            if n != state.epoch:
+                                path.unlink(missing_ok=True)
+                        stale = {}
+                    plot_curves(history, out_dir / CURVES_FILE)
                 if log is not None:
                     log(_summary(record, epochs))
+                if comm is not None:
+                    _agree_on_stop(stop, comm)
                 stop.check()
     except KeyboardInterrupt as e:
         raise Interrupted(saved, saved_epoch, getattr(e, "signum", signal.SIGINT)) from None
@@ -256,26 +264,44 @@ def _evaluate(model, params, test, batch_size, loss_fn):
     return evaluate(model, params, *test, batch_size, loss_fn=loss_fn)
 
 
-def _claim_out_dir(out_dir: Path, epoch: int, overwrite: bool) -> list:
+def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: list):
     """Refuse to replace another run's files, or later epochs of this one, unless
-    ``overwrite`` (nothing a user saved is lost by accident). With it, returns the
-    checkpoints of epochs after ``epoch`` that are there now: stale once this run has saved
-    an epoch, when they are deleted (others are overwritten as the run goes)."""
-    replaced = files_fit_would_replace(out_dir, epoch)
+    ``overwrite`` (nothing a user saved is lost by accident). Returns the checkpoints
+    ``{N: path}`` to delete once this run has saved an epoch (with ``overwrite``, the old
+    ones it does not write itself), and the records its metrics.jsonl starts from."""
+    epoch = state.epoch
+    own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:
         start = "a run from epoch 0" if epoch == 0 else f"a run continuing after epoch {epoch}"
         raise FileExistsError(
             f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
             "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
             "(ff.train.load_state), or overwrite=True to replace them.")
-    return later_epoch_files(replaced, epoch)
+    return epoch_files(replaced), (kept_metrics(out_dir, epoch) if own else history)
 
 
-def _save_epoch(out_dir, state, record, metadata):
+def _save_epoch(out_dir, state, record, metadata, rewrite=None):
+    """The epoch's checkpoint, last.safetensors and metrics line; ``rewrite`` (the first
+    epoch a call saves): every record, written in place of metrics.jsonl."""
     meta = dict(metadata or {}, metrics=record)
     save_state(epoch_checkpoint(out_dir, state.epoch), state, meta)
     save_state(out_dir / LAST, state, meta)
-    append_metrics(out_dir, record)
+    if rewrite is None:
+        append_metrics(out_dir, record)
+    else:
+        write_metrics(out_dir, rewrite)
+
+
+def _agree_on_stop(stop, comm):
+    """With several ranks, a stop request takes effect at the same epoch end on all of them
+    (a rank that stopped alone would leave the others waiting in the next allreduce); the
+    signal is SIGTERM if any rank got one, else SIGINT."""
+    asked = comm.allreduce_mean(np.array([stop.signum == signal.SIGINT,
+                                          stop.signum == signal.SIGTERM], np.float64))
+    if asked[1] > 0:
+        stop.signum = signal.SIGTERM
+    elif asked[0] > 0:
+        stop.signum = signal.SIGINT
 
 
 def _summary(r, epochs):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from fuseflow._files import atomic_write
 
-__all__ = ["FIELDS", "METRICS_FILE", "CURVES_FILE", "read_metrics", "start_metrics",
-           "append_metrics", "plot_curves"]
+__all__ = ["FIELDS", "METRICS_FILE", "CURVES_FILE", "read_metrics", "kept_metrics",
+           "write_metrics", "append_metrics", "plot_curves"]
 
 FIELDS = ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "seconds",
           "samples_per_s")
@@ -32,8 +32,8 @@ def read_metrics(path) -> list[dict]:
     """The records of a ``metrics.jsonl`` file (an empty list when there is none).
 
     A last line that is cut short (no newline at its end, not valid JSON) is what a crash in
-    the middle of appending leaves: it is skipped with a ``RuntimeWarning``, and
-    ``start_metrics`` drops it when a run continues. Any other line that is not a JSON
+    the middle of appending leaves: it is skipped with a ``RuntimeWarning``, and a run
+    that continues drops it. Any other line that is not a JSON
     object is a ``ValueError`` naming the file and the line.
     """
     path = Path(path)
@@ -62,14 +62,17 @@ def read_metrics(path) -> list[dict]:
     return records
 
 
-def start_metrics(out_dir, completed_epochs: int) -> list[dict]:
-    """Keep only the records of epochs ``<= completed_epochs`` (all of them gone for a fresh
-    run); returns the records kept. The file is replaced atomically."""
+def kept_metrics(out_dir, completed_epochs: int) -> list[dict]:
+    """The records of ``out_dir``'s metrics.jsonl for epochs ``<= completed_epochs``: what
+    a run continuing there keeps (it rewrites the file with its first epoch)."""
     path = Path(out_dir) / METRICS_FILE
-    kept = [r for r in read_metrics(path) if r.get("epoch", 0) <= completed_epochs]
-    with atomic_write(path, "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in kept))
-    return kept
+    return [r for r in read_metrics(path) if r.get("epoch", 0) <= completed_epochs]
+
+
+def write_metrics(out_dir, records: list) -> None:
+    """Replace metrics.jsonl with ``records``, atomically."""
+    with atomic_write(Path(out_dir) / METRICS_FILE, "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
 
 
 def append_metrics(out_dir, record: dict) -> None:

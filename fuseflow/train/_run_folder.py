@@ -13,14 +13,16 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from fuseflow import checkpoint
-from fuseflow._files import atomic_write, fsync_dir
+from fuseflow._files import fsync_dir
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
-from fuseflow.train._records import CURVES_FILE, METRICS_FILE, read_metrics
+from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
 from fuseflow.train._signals import hold_interrupts
 
-__all__ = ["RunFolder", "RunFolderError", "files_fit_would_replace", "later_epoch_files",
-           "latest_checkpoint", "names"]
+__all__ = ["RunFolder", "RunFolderError", "epoch_files", "fit_folder", "latest_checkpoint",
+           "names"]
 
 
 class RunFolderError(Exception):
@@ -32,9 +34,7 @@ _EPOCH_FILE = re.compile(r"^ckpt-epoch(\d+)\.safetensors$")
 
 def _epoch_files(folder: Path) -> dict:
     """``{N: path}`` of the ``ckpt-epoch{N}.safetensors`` files in ``folder``."""
-    if not folder.is_dir():
-        return {}
-    return {int(m.group(1)): p for p in folder.iterdir() if (m := _EPOCH_FILE.match(p.name))}
+    return epoch_files(folder.iterdir()) if folder.is_dir() else {}
 
 
 def _run_files(folder: Path) -> list:
@@ -52,9 +52,9 @@ def _saved_epoch(path: Path) -> int | None:
     """The epoch a checkpoint holds: from the metrics ``fit`` writes into its metadata, else
     (a ``save_state`` file) from the state itself; None if unreadable."""
     try:
-        meta = checkpoint.read_metadata(path)
-        if "metrics" in meta:
-            return int(meta["metrics"]["epoch"])
+        metrics = checkpoint.read_metadata(path).get("metrics")
+        if isinstance(metrics, dict) and "epoch" in metrics:
+            return int(metrics["epoch"])
         return int(checkpoint.load(path).epoch)
     except (checkpoint.CheckpointError, OSError, AttributeError, KeyError, TypeError,
             ValueError):
@@ -87,24 +87,42 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
     return later, later_records
 
 
-def files_fit_would_replace(folder, epoch: int) -> list:
-    """The run files in ``folder`` that ``fit`` starting after ``epoch`` would overwrite or
-    cut. A folder that holds the state's own epoch (``ckpt-epoch{epoch}``, or a
-    last.safetensors of that epoch) is the run being continued: its checkpoints of later
-    epochs count, and metrics.jsonl if it records any. Any other folder's run files are
-    another run's: all of them count."""
+def _holds_state_of(path: Path, state, same_step: bool) -> bool:
+    """Whether the checkpoint at ``path`` is ``state``'s run at ``state.epoch`` (and
+    ``state.step`` if ``same_step``): the same epoch and the same data-order key, which a
+    run draws from its seed."""
+    try:
+        saved = checkpoint.load(path)
+        return (int(saved.epoch) == state.epoch
+                and (not same_step or int(saved.step) == state.step)
+                and np.array_equal(np.asarray(saved.data_key), np.asarray(state.data_key)))
+    except (checkpoint.CheckpointError, OSError, AttributeError, TypeError, ValueError):
+        return False
+
+
+def fit_folder(folder, state) -> tuple:
+    """(whether ``folder`` holds the run ``state`` continues, the run files there that
+    ``fit`` would overwrite or cut).
+
+    The folder is the run's own if its ``ckpt-epoch{state.epoch}``, or its
+    last.safetensors at the same step, holds this run's state: then its checkpoints of
+    later epochs count, and metrics.jsonl if it records any. Any other folder's run files
+    are another run's: all of them count.
+    """
     folder = Path(folder)
-    own = epoch > 0 and (epoch_checkpoint(folder, epoch).is_file()
-                         or ((folder / LAST).is_file() and _saved_epoch(folder / LAST) == epoch))
+    epoch, last = state.epoch, folder / LAST
+    own = ((epoch > 0 and epoch_checkpoint(folder, epoch).is_file()
+            and _holds_state_of(epoch_checkpoint(folder, epoch), state, same_step=False))
+           or (last.is_file() and _holds_state_of(last, state, same_step=True)))
     if not own:
-        return _run_files(folder)
+        return False, _run_files(folder)
     later, later_records = _after_epoch(folder, epoch)
-    return later + ([folder / METRICS_FILE] if later_records else [])
+    return True, later + ([folder / METRICS_FILE] if later_records else [])
 
 
-def later_epoch_files(files, epoch: int) -> list:
-    """The ``ckpt-epoch{N}`` files among ``files`` with N > ``epoch``."""
-    return [p for p in files if (m := _EPOCH_FILE.match(p.name)) and int(m.group(1)) > epoch]
+def epoch_files(files) -> dict:
+    """``{N: path}`` of the ``ckpt-epoch{N}.safetensors`` files among ``files``."""
+    return {int(m.group(1)): p for p in files if (m := _EPOCH_FILE.match(p.name))}
 
 
 def names(files) -> str:
@@ -172,6 +190,9 @@ class RunFolder:
                                  "folder.") from None
 
     def claim(self, overwrite: bool, resume: Path | None, start_epoch: int):
+        """Refuse or set aside what the run would replace (see the class); returns the
+        records of the epochs so far when a resumed run continues in a new folder (``fit``'s
+        ``history``), else None."""
         out = self.path
         same_run = resume is not None and out.resolve() == resume.parent.resolve()
         if same_run:
@@ -190,10 +211,11 @@ class RunFolder:
             self._set_aside(moved, copied)
         self.kept = {p.name for p in _run_files(out)}
         self.start_epoch = start_epoch
-        source = resume.parent / METRICS_FILE if resume is not None else None
-        if not same_run and source is not None and source.is_file():
-            with atomic_write(out / METRICS_FILE, "wb") as f, open(source, "rb") as src:
-                shutil.copyfileobj(src, f)  # the epochs so far, carried into the new folder
+        if resume is None or same_run:
+            return None
+        with warnings.catch_warnings():  # a torn last line was reported already
+            warnings.simplefilter("ignore")
+            return kept_metrics(resume.parent, start_epoch)  # carried into the new folder
 
     def _later_epochs(self, resume: Path, epoch: int):
         """The files of epochs after ``epoch`` in the resumed checkpoint's own folder: (files

@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["StopSignal", "hold_interrupts", "interrupt_between_steps"]
+__all__ = ["StopSignal", "hold_interrupts", "interrupt_between_steps", "sigterm_as_interrupt"]
 
 
 class StopSignal(KeyboardInterrupt):
@@ -42,16 +42,54 @@ def _signals_to_handle() -> tuple:
 
 
 @contextlib.contextmanager
+def _blocked(signals):
+    """Hold ``signals`` back at the OS level for the block (where the platform can), so
+    that handlers are swapped as one step: a signal arriving in between waits, then goes to
+    the handlers in place after."""
+    if not signals or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextlib.contextmanager
 def _handling(handler):
     """Install ``handler`` for the stop signals ``_signals_to_handle`` allows, restoring the
     previous handlers afterwards."""
     handler._fuseflow_stop = True  # hold_interrupts inside interrupt_between_steps takes over
-    previous = {s: signal.signal(s, handler) for s in _signals_to_handle()}
+    signals = _signals_to_handle()
+    with _blocked(signals):
+        previous = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
     finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
+        with _blocked(signals):
+            for s, old in previous.items():
+                signal.signal(s, old)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """For a whole command: SIGTERM raises ``StopSignal`` wherever it lands, as Python's
+    default handler does for Ctrl-C, so that clean-up in ``finally`` blocks runs (``fit``
+    takes it over while it trains). Left alone if someone else handles SIGTERM."""
+    def handler(signum, frame):
+        raise StopSignal(signum)
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    handler._fuseflow_stop = True
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
