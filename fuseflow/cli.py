@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -32,8 +33,9 @@ from fuseflow.data import num_batches
 from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError,
                             evaluate, fit, init_state, load_dataset, load_state,
                             make_step, read_metrics)
-from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint
-from fuseflow.train._signals import sigterm_as_interrupt
+from fuseflow.train._fit import OutDirConflict
+from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint, names
+from fuseflow.train._signals import hold_interrupts, sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
@@ -422,18 +424,27 @@ def _train(args) -> int:
                          compute_dtype=recipe.compute_dtype, compiled=device == "cuda",
                          progress=not args.no_progress and comm.is_main,
                          log=lambda line: print(line, flush=True), history=history,
-                         overwrite=True)  # RunFolder.claim has applied --overwrite's rules
+                         overwrite=args.overwrite)
             interrupted = None
         except Interrupted as e:
             interrupted = e
+        except OutDirConflict as e:  # files RunFolder let pass, but not of the resumed run
+            raise CLIError(f"{e.out_dir} holds {names(e.files)}, which this run would "
+                           "overwrite, and they are not the checkpoints of the run --resume "
+                           "continues. Fix: --out NEW_DIR, or --overwrite to replace them."
+                           ) from None
     finally:
         if output is not None:  # the replaced files: deleted, or back if no epoch was saved
-            output.close()
+            late = types.SimpleNamespace(signum=None)  # a signal now comes after the run
+            with hold_interrupts(late):  # and stops nothing: the clean-up runs whole
+                output.close()
     if interrupted is not None:
         kept = interrupted.checkpoint or resume
+        elsewhere = (kept is not None and kept == resume
+                     and out.resolve() != resume.parent.resolve())
+        again = f"fuseflow train --resume {kept}" + (f" --out {out}" if elsewhere else "")
         where = (f"last full checkpoint: {kept} (epoch {interrupted.epoch}); continue with: "
-                 f"fuseflow train --resume {kept}") if kept else \
-            "no epoch finished, no checkpoint written"
+                 f"{again}") if kept else "no epoch finished, no checkpoint written"
         if interrupted.signum == signal.SIGTERM:
             print(f"terminated (SIGTERM): {where}", flush=True)
             return EXIT_TERMINATED

@@ -339,6 +339,53 @@ def test_sigterm_before_training_starts_still_puts_the_old_files_back(run, cli, 
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
+def test_a_resume_whose_folder_holds_other_checkpoints_is_refused(run, cli):
+    """The checkpoint renamed, its epoch's file gone: the folder's other files are not
+    the resumed run's (as far as can be told), and nothing is replaced without asking."""
+    out, _ = run
+    os.replace(out / "ckpt-epoch3.safetensors", out / "final.safetensors")
+    (out / "last.safetensors").unlink()
+    before = snapshot(out)
+    proc = cli("train", "--epochs", "4", "--resume", out / "final.safetensors",
+               "--no-progress")
+    assert_one_line_error(proc, "ckpt-epoch1.safetensors, ckpt-epoch2.safetensors",
+                          "not the checkpoints of the run --resume continues",
+                          "Fix: --out NEW_DIR, or --overwrite")
+    assert snapshot(out) == before
+
+
+def test_a_resume_into_a_new_folder_stopped_early_says_how_to_go_on(run, cli, monkeypatch,
+                                                                    tmp_path):
+    out, _ = run
+    monkeypatch.setattr("fuseflow.cli.fit", _stopped_fit(T.Interrupted(None, 1)))
+    new = tmp_path / "new"
+    proc = cli("train", "--epochs", "3", "--resume", out / "ckpt-epoch1.safetensors",
+               "--out", new, "--no-progress")
+    assert proc.returncode == 130
+    assert proc.stdout.splitlines()[-1].endswith(
+        f"continue with: fuseflow train --resume {out / 'ckpt-epoch1.safetensors'} --out {new}")
+    assert not new.exists()  # made by the command, left empty, removed
+
+
+def test_a_signal_during_the_final_clean_up_changes_nothing(run, cli, monkeypatch):
+    """Ctrl-C while --overwrite deletes the old files after a finished run: the clean-up
+    completes and the run reports its result."""
+    out, _ = run
+    from fuseflow.train import _run_folder
+
+    close = _run_folder.RunFolder.close
+
+    def close_with_ctrl_c(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return close(self)
+
+    monkeypatch.setattr(_run_folder.RunFolder, "close", close_with_ctrl_c)
+    proc = cli("train", *DIGITS, "--epochs", "1", "--out", out, "--overwrite")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("test_accuracy=")
+    assert not list(out.glob("replaced-*"))
+
+
 def test_overwrite_puts_the_old_files_back_after_an_error(run, cli, monkeypatch):
     out, before = run
     monkeypatch.setattr("fuseflow.cli.fit", _stopped_fit(RuntimeError("boom")))

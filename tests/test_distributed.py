@@ -59,11 +59,13 @@ def test_a_rank_that_dies_ends_the_job_instead_of_hanging(tmp_path):
     assert "rank 1 failed; aborting all 2 ranks" in res.stderr
 
 
-def test_a_signal_to_one_rank_stops_every_rank_after_the_same_epoch(tmp_path):
+@pytest.mark.parametrize("when", ["step", "save"])
+def test_a_signal_to_one_rank_stops_every_rank_after_the_same_epoch(tmp_path, when):
+    """SIGTERM to rank 1 after a step, or to rank 0 while it saves an epoch."""
     exe = mpiexec()
     res = run([exe, "-n", "2", sys.executable, str(Path(__file__).parent / "mpi" /
-                                                    "stop_signal.py"), str(tmp_path / "run")],
-              tmp_path, timeout=120)  # a rank left waiting would hit the timeout and fail
+                                                    "stop_signal.py"), str(tmp_path / "run"),
+               when], tmp_path, timeout=120)  # a rank left waiting would hit the timeout
     assert res.returncode == 0, res.stderr
     assert "rank 0 stopped after epoch 2 by SIGTERM" in res.stdout, res.stdout
     assert "rank 1 stopped after epoch - by SIGTERM" in res.stdout, res.stdout

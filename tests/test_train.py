@@ -332,6 +332,34 @@ def test_sigterm_during_fit_stops_after_the_step_and_keeps_the_last_checkpoint(t
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
 
 
+def test_a_signal_during_a_save_ends_the_epoch_normally_then_stops(tmp_path, monkeypatch):
+    """The epoch's curves and log line still come; the run stops after it."""
+    from fuseflow.train import _fit as F
+
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+    save, saved = F.save_state, []
+
+    def save_state(path, st, metadata):
+        save(path, st, metadata)
+        saved.append(path)
+        if len(saved) == 1:  # epoch 1's checkpoint written, last.safetensors not yet
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(F, "save_state", save_state)
+    lines = []
+    with pytest.raises(T.Interrupted) as info:
+        T.fit(model, opt, state, train, test, epochs=3, batch_size=BATCH, out_dir=tmp_path,
+              progress=False, log=lines.append)
+    assert info.value.signum == signal.SIGTERM and info.value.epoch == 1
+    assert len(lines) == 1 and lines[0].startswith("epoch 1/3")
+    assert (tmp_path / T.CURVES_FILE).is_file()
+    assert [r["epoch"] for r in T.read_metrics(tmp_path / T.METRICS_FILE)] == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-epoch1.safetensors", "curves.png", "last.safetensors", "metrics.jsonl"]
+
+
 def test_sigterm_while_saving_waits_for_the_files_and_a_second_one_is_not_lost():
     from fuseflow.train._signals import StopSignal, hold_interrupts, interrupt_between_steps
 
@@ -403,6 +431,17 @@ def test_fit_never_overwrites_saved_epochs_unless_asked(tmp_path):
     assert [r["epoch"] for r in T.read_metrics(tmp_path / T.METRICS_FILE)] == [1, 2]
     assert again.history[-1]["train_loss"] == T.read_metrics(
         tmp_path / T.METRICS_FILE)[-1]["train_loss"]
+
+
+def test_a_run_of_the_same_seed_but_another_model_is_another_run(tmp_path):
+    train, test = _data()
+    model, opt, state = _fresh()
+    _fit(model, opt, state, train, test, 1, tmp_path)
+    wide = ff.nn.Serial(ff.nn.Dense(64, "relu"), ff.nn.Dense(10))
+    other = T.init_state(wide, opt, (64,), ff.random.key(0))  # the same seed, data keys
+    first = _fit(wide, opt, other, train, test, 1)
+    with pytest.raises(FileExistsError, match="continuing after epoch 1 would overwrite"):
+        _fit(wide, opt, first.state, train, test, 2, tmp_path)
 
 
 def test_fit_refuses_another_runs_folder_whatever_its_epochs(tmp_path):

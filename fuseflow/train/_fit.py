@@ -56,6 +56,14 @@ class Interrupted(KeyboardInterrupt):
         self.checkpoint, self.epoch, self.signum = checkpoint, epoch, int(signum)
 
 
+class OutDirConflict(FileExistsError):
+    """``fit``'s ``out_dir`` holds ``files`` the run would overwrite (see ``fit``)."""
+
+    def __init__(self, message: str, out_dir: Path, files: list):
+        super().__init__(message)
+        self.out_dir, self.files = out_dir, files
+
+
 def _placer(params):
     """Moves host arrays to the params' device (the data follows the model)."""
     leaves = tree.leaves(params)
@@ -153,7 +161,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                     record.update(test_loss=final.loss, test_acc=final.accuracy)
                 history.append(record)
                 if out_dir is not None:
-                    with hold_interrupts():  # the epoch's files and metrics line, or none
+                    with hold_interrupts(stop):  # the epoch's files and metrics, or none
                         _save_epoch(out_dir, state, record, metadata,
                                     rewrite=history if saved is None else None)
                         saved, saved_epoch = out_dir / LAST, state.epoch
@@ -273,10 +281,10 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
     own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:
         start = "a run from epoch 0" if epoch == 0 else f"a run continuing after epoch {epoch}"
-        raise FileExistsError(
+        raise OutDirConflict(
             f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
             "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
-            "(ff.train.load_state), or overwrite=True to replace them.")
+            "(ff.train.load_state), or overwrite=True to replace them.", out_dir, replaced)
     return epoch_files(replaced), (kept_metrics(out_dir, epoch) if own else history)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fuseflow import checkpoint
+from fuseflow import checkpoint, tree
 from fuseflow._files import fsync_dir
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
@@ -87,33 +87,37 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
     return later, later_records
 
 
-def _holds_state_of(path: Path, state, same_step: bool) -> bool:
-    """Whether the checkpoint at ``path`` is ``state``'s run at ``state.epoch`` (and
-    ``state.step`` if ``same_step``): the same epoch and the same data-order key, which a
-    run draws from its seed."""
+def _host(leaf):
+    return leaf.get() if type(leaf).__module__.startswith("cupy") else np.asarray(leaf)
+
+
+def _holds_state_of(path: Path, state) -> bool:
+    """Whether the checkpoint at ``path`` holds exactly ``state`` (every leaf, bit for bit),
+    as it does when the state was resumed from it: then the folder is this run's."""
     try:
-        saved = checkpoint.load(path)
-        return (int(saved.epoch) == state.epoch
-                and (not same_step or int(saved.step) == state.step)
-                and np.array_equal(np.asarray(saved.data_key), np.asarray(state.data_key)))
-    except (checkpoint.CheckpointError, OSError, AttributeError, TypeError, ValueError):
+        saved = tree.leaves(checkpoint.load(path))
+    except (checkpoint.CheckpointError, OSError, TypeError, ValueError):
         return False
+    leaves = tree.leaves(state)
+    return len(saved) == len(leaves) and all(
+        np.array_equal(np.asarray(a), _host(b)) for a, b in zip(saved, leaves))
 
 
 def fit_folder(folder, state) -> tuple:
     """(whether ``folder`` holds the run ``state`` continues, the run files there that
     ``fit`` would overwrite or cut).
 
-    The folder is the run's own if its ``ckpt-epoch{state.epoch}``, or its
-    last.safetensors at the same step, holds this run's state: then its checkpoints of
+    The folder is the run's own if its ``ckpt-epoch{state.epoch}`` (for a state at an
+    epoch's end) or its last.safetensors holds exactly this state: then its checkpoints of
     later epochs count, and metrics.jsonl if it records any. Any other folder's run files
     are another run's: all of them count.
     """
     folder = Path(folder)
     epoch, last = state.epoch, folder / LAST
-    own = ((epoch > 0 and epoch_checkpoint(folder, epoch).is_file()
-            and _holds_state_of(epoch_checkpoint(folder, epoch), state, same_step=False))
-           or (last.is_file() and _holds_state_of(last, state, same_step=True)))
+    at_epoch_end = epoch > 0 and state.batch_in_epoch == 0
+    own = ((at_epoch_end and epoch_checkpoint(folder, epoch).is_file()
+            and _holds_state_of(epoch_checkpoint(folder, epoch), state))
+           or (last.is_file() and _holds_state_of(last, state)))
     if not own:
         return False, _run_files(folder)
     later, later_records = _after_epoch(folder, epoch)

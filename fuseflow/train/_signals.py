@@ -93,14 +93,18 @@ def sigterm_as_interrupt():
 
 
 @contextlib.contextmanager
-def hold_interrupts():
+def hold_interrupts(stop=None):
     """Hold back SIGINT and SIGTERM until the block ends, then raise ``StopSignal`` for the
-    first that arrived. Where a signal cannot be handled here (``_signals_to_handle``) it
-    acts as it would anyway (each file write is still atomic on its own)."""
+    first that arrived, or, given the loop's ``stop`` request, record it there (the loop
+    then stops at its next check, after what it does at every epoch end). Where a signal
+    cannot be handled here (``_signals_to_handle``) it acts as it would anyway (each file
+    write is still atomic on its own)."""
     caught = []
     with _handling(lambda signum, frame: caught.append(signum)):
         yield
-    if caught:
+    if caught and stop is not None:
+        stop.signum = stop.signum or caught[0]
+    elif caught:
         raise StopSignal(caught[0])
 
 
