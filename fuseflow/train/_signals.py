@@ -57,11 +57,10 @@ def _blocked(signals):
 
 
 @contextlib.contextmanager
-def _handling(handler):
-    """Install ``handler`` for the stop signals ``_signals_to_handle`` allows, restoring the
-    previous handlers afterwards."""
-    handler._fuseflow_stop = True  # hold_interrupts inside interrupt_between_steps takes over
-    signals = _signals_to_handle()
+def _installed(handler, signals):
+    """``handler`` for ``signals`` during the block, the previous handlers after; marked as
+    fuseflow's, so that an inner block (``hold_interrupts`` in the loop) may take over."""
+    handler._fuseflow_stop = True
     with _blocked(signals):
         previous = {s: signal.signal(s, handler) for s in signals}
     try:
@@ -72,7 +71,11 @@ def _handling(handler):
                 signal.signal(s, old)
 
 
-@contextlib.contextmanager
+def _handling(handler):
+    """``handler`` for the stop signals ``_signals_to_handle`` allows, during the block."""
+    return _installed(handler, _signals_to_handle())
+
+
 def sigterm_as_interrupt():
     """For a whole command: SIGTERM raises ``StopSignal`` wherever it lands, as Python's
     default handler does for Ctrl-C, so that clean-up in ``finally`` blocks runs (``fit``
@@ -80,16 +83,9 @@ def sigterm_as_interrupt():
     def handler(signum, frame):
         raise StopSignal(signum)
 
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
-        yield
-        return
-    handler._fuseflow_stop = True
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    return _installed(handler, (signal.SIGTERM,) if ours else ())
 
 
 @contextlib.contextmanager
