@@ -533,11 +533,13 @@ def main(argv=None) -> int:
             with sigterm_as_interrupt():  # clean-up (the --overwrite files) runs on SIGTERM
                 return _COMMANDS[args.command](args)
         except _REPORTED as e:
-            print(f"fuseflow {args.command}: error: {e}", file=sys.stderr)
+            print(f"fuseflow {args.command}: error: {e}", file=sys.stderr, flush=True)
+            distributed.abort_if_parallel(EXIT_ERROR)  # other ranks may wait on this one
             return EXIT_ERROR
         except MemoryError as e:
             print(f"fuseflow {args.command}: error: out of memory ({e or 'MemoryError'}). "
-                  "Fix: smaller --hidden widths or --batch-size.", file=sys.stderr)
+                  "Fix: smaller --hidden widths or --batch-size.", file=sys.stderr, flush=True)
+            distributed.abort_if_parallel(EXIT_ERROR)
             return EXIT_ERROR
         except KeyboardInterrupt as e:
             if getattr(e, "signum", None) == signal.SIGTERM:

@@ -143,6 +143,28 @@ def init() -> Communicator:
     return Communicator(MPI.COMM_WORLD)
 
 
+def abort_if_parallel(code: int = 1) -> None:
+    """End the whole job (MPI_Abort) when this process is one of several MPI ranks: an error
+    reported on one rank only (a folder check, say) would otherwise leave the other ranks
+    waiting in their next collective. A no-op in a single process."""
+    if not launched_by_mpi():
+        return
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return
+    world = MPI.COMM_WORLD
+    if not MPI.Is_initialized() or world.Get_size() < 2:
+        return
+    import sys
+
+    sys.stderr.write(f"fuseflow.distributed: rank {world.Get_rank()} stopped with an error; "
+                     f"aborting all {world.Get_size()} ranks\n")
+    sys.stderr.flush()
+    time.sleep(0.5)  # as below: let the launcher read the last lines first
+    world.Abort(code)
+
+
 def _abort_on_uncaught_exception(comm):
     """A rank that dies of an exception takes the job down (MPI_Abort) instead of leaving
     the other ranks waiting forever in their next collective."""

@@ -73,6 +73,44 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_epoch(tmp_path, wh
         "metrics"]["epoch"] == 2
 
 
+def test_an_error_on_rank_0_alone_ends_the_job(tmp_path):
+    """The output-folder checks run on rank 0 only: its one-line error must end the job,
+    not leave rank 1 waiting in its first collective."""
+    exe = mpiexec()
+    args = [sys.executable, "-m", "fuseflow", "train", "--dataset", "digits", "--epochs", "1",
+            "--batch-size", "64", "--no-progress", "--out", "run"]
+    assert run(args, tmp_path).returncode == 0
+    res = run([exe, "-n", "2", *args], tmp_path, timeout=60)  # a hang hits the timeout
+    assert res.returncode != 0
+    assert "run already holds a run" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_stop_votes_count_only_what_each_rank_had_when_it_voted():
+    """A signal that lands on a rank while it waits in the vote is kept for the next epoch's
+    vote: stopping on it now would stop that rank alone."""
+    import signal
+
+    from fuseflow.train._fit import _agree_on_stop
+    from fuseflow.train._signals import interrupt_between_steps
+
+    class Comm:  # one rank's view: the other rank votes ``theirs``
+        def __init__(self, stop, theirs, arrives=None):
+            self.stop, self.theirs, self.arrives = stop, np.array(theirs, float), arrives
+
+        def allreduce_mean(self, mine):
+            if self.arrives is not None:
+                self.stop.signum = self.arrives  # the handler, during the collective
+            return (mine + self.theirs) / 2
+
+    with interrupt_between_steps() as stop:
+        assert _agree_on_stop(stop, Comm(stop, [0, 0], arrives=signal.SIGTERM)) is None
+        assert stop.signum == signal.SIGTERM  # kept for the next vote
+        assert _agree_on_stop(stop, Comm(stop, [0, 0])) == signal.SIGTERM
+        stop.signum = None
+        assert _agree_on_stop(stop, Comm(stop, [1, 0])) == signal.SIGINT  # the other rank's
+        assert _agree_on_stop(stop, Comm(stop, [0, 1])) == signal.SIGTERM
+
+
 def test_single_process_communicator_is_a_no_op():
     comm = ff.distributed.Communicator(None)
     g = {"w": np.ones(3)}

@@ -360,6 +360,59 @@ def test_a_signal_during_a_save_ends_the_epoch_normally_then_stops(tmp_path, mon
         "ckpt-epoch1.safetensors", "curves.png", "last.safetensors", "metrics.jsonl"]
 
 
+@pytest.mark.parametrize("fails", ["checkpoint", "last"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_save_that_fails_half_way_leaves_records_and_checkpoints_that_agree(
+        tmp_path, monkeypatch, fails, overwrite):
+    """A write error (disk full) in epoch 3's save, continuing a 2-epoch run in its folder
+    or replacing a 5-epoch one (overwrite): the folder's latest checkpoint and its records
+    still agree, and the run goes on from there to the same end as one never stopped."""
+    from fuseflow.train import _fit as F
+
+    train, test = _data()
+    model, opt, state = _fresh(epochs=5)
+    straight = _fit(model, opt, state, train, test, 5)
+    _fit(model, opt, state, train, test, 5 if overwrite else 2, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    start = T.load_state(tmp_path / "ckpt-epoch2.safetensors", like=state)
+    save = F.save_state
+
+    def save_state(path, st, metadata):
+        if st.epoch == 3 and (path.name == T.LAST) == (fails == "last"):
+            raise OSError(28, "No space left on device")
+        save(path, st, metadata)
+
+    monkeypatch.setattr(F, "save_state", save_state)
+    with pytest.raises(OSError, match="No space left"):
+        _fit(model, opt, start, train, test, 5, tmp_path, overwrite=overwrite)
+    monkeypatch.undo()
+    latest = T._run_folder.latest_checkpoint(tmp_path)
+    if overwrite and fails == "checkpoint":  # the new run saved nothing: the old is whole
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        return
+    resumed = T.load_state(latest, like=state)
+    assert resumed.epoch == (3 if fails == "last" else 2)
+    if overwrite:  # the old run's later checkpoints went with the new epoch 3
+        assert not (tmp_path / "ckpt-epoch4.safetensors").exists()
+    if fails == "checkpoint":  # epoch 3's record has no checkpoint: it is not cut unasked
+        with pytest.raises(FileExistsError, match="holds metrics.jsonl"):
+            _fit(model, opt, resumed, train, test, 5, tmp_path)
+    done = _fit(model, opt, resumed, train, test, 5, tmp_path, overwrite=fails == "checkpoint")
+    records = T.read_metrics(tmp_path / T.METRICS_FILE)
+    assert records == done.history and _losses(records) == _losses(straight.history)
+
+
+def test_a_diverged_run_is_still_its_own_run(tmp_path):
+    """NaN in the state: the bitwise comparison still recognises the run's own folder."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=3)
+    done = _fit(model, opt, state, train, test, 1, tmp_path)
+    params = ff.tree.map(lambda w: np.full_like(w, np.nan), done.state.params)
+    T.save_state(tmp_path / T.LAST, done.state._replace(params=params))
+    nan_state = T.load_state(tmp_path / T.LAST, like=state)
+    assert _fit(model, opt, nan_state, train, test, 2, tmp_path).state.epoch == 2
+
+
 def test_sigterm_while_saving_waits_for_the_files_and_a_second_one_is_not_lost():
     from fuseflow.train._signals import StopSignal, hold_interrupts, interrupt_between_steps
 

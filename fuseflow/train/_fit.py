@@ -30,7 +30,7 @@ from fuseflow.train._records import (CURVES_FILE, append_metrics, kept_metrics, 
                                      write_metrics)
 from fuseflow.train._state import TrainState
 from fuseflow.train._run_folder import epoch_files, fit_folder, names
-from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
+from fuseflow.train._signals import StopSignal, hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import make_step
 
 __all__ = ["fit", "FitResult", "Interrupted"]
@@ -119,7 +119,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
             metadata_json(metadata)
         except TypeError as e:
             raise TypeError(f"fit: {e}") from None
-    stale, history = {}, list(history or [])
+    stale, history = [], list(history or [])
     if out_dir is not None:
         out_dir = Path(out_dir)
         stale, history = _claim_out_dir(out_dir, state, overwrite, history)
@@ -162,19 +162,16 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                 history.append(record)
                 if out_dir is not None:
                     with hold_interrupts(stop):  # the epoch's files and metrics, or none
-                        _save_epoch(out_dir, state, record, metadata,
+                        _save_epoch(out_dir, state, record, metadata, stale,
                                     rewrite=history if saved is None else None)
-                        saved, saved_epoch = out_dir / LAST, state.epoch
-                        for n, path in stale.items():  # overwrite=True: the old checkpoints
-                            if n != state.epoch:
-                                path.unlink(missing_ok=True)
-                        stale = {}
+                        saved, saved_epoch, stale = out_dir / LAST, state.epoch, []
                     plot_curves(history, out_dir / CURVES_FILE)
                 if log is not None:
                     log(_summary(record, epochs))
-                if comm is not None:
-                    _agree_on_stop(stop, comm)
-                stop.check()
+                if comm is None:
+                    stop.check()
+                elif agreed := _agree_on_stop(stop, comm):
+                    raise StopSignal(agreed)
     except KeyboardInterrupt as e:
         raise Interrupted(saved, saved_epoch, getattr(e, "signum", signal.SIGINT)) from None
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
@@ -274,9 +271,9 @@ def _evaluate(model, params, test, batch_size, loss_fn):
 
 def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: list):
     """Refuse to replace another run's files, or later epochs of this one, unless
-    ``overwrite`` (nothing a user saved is lost by accident). Returns the checkpoints
-    ``{N: path}`` to delete once this run has saved an epoch (with ``overwrite``, the old
-    ones it does not write itself), and the records its metrics.jsonl starts from."""
+    ``overwrite`` (nothing a user saved is lost by accident). Returns the checkpoints to
+    delete once this run has saved an epoch (with ``overwrite``: the old ones it replaces),
+    and the records its metrics.jsonl starts from."""
     epoch = state.epoch
     own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:
@@ -285,31 +282,47 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
             f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
             "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
             "(ff.train.load_state), or overwrite=True to replace them.", out_dir, replaced)
-    return epoch_files(replaced), (kept_metrics(out_dir, epoch) if own else history)
+    stale = [p for p in replaced if p.name == LAST or p in epoch_files(replaced).values()]
+    kept = kept_metrics(out_dir, epoch) if own else [r for r in history
+                                                      if r.get("epoch", 0) <= epoch]
+    return stale, kept
 
 
-def _save_epoch(out_dir, state, record, metadata, rewrite=None):
-    """The epoch's checkpoint, last.safetensors and metrics line; ``rewrite`` (the first
-    epoch a call saves): every record, written in place of metrics.jsonl."""
+def _save_epoch(out_dir, state, record, metadata, stale, rewrite=None):
+    """The epoch's metrics line (``rewrite``, at the first epoch a call saves: every record,
+    in place of metrics.jsonl), its checkpoint and last.safetensors, in an order that
+    leaves records and checkpoints agreeing if a write fails half-way: the record first (a
+    record without its checkpoint makes a resume from the epoch before ask for overwrite),
+    last.safetensors last. Replacing an old run (``stale``: its checkpoints), the new
+    checkpoint comes first and the old ones go at once, so a failure before leaves the old
+    run whole."""
     meta = dict(metadata or {}, metrics=record)
-    save_state(epoch_checkpoint(out_dir, state.epoch), state, meta)
-    save_state(out_dir / LAST, state, meta)
+    written = epoch_checkpoint(out_dir, state.epoch)
+    if stale:
+        save_state(written, state, meta)
+        for path in stale:
+            if path != written:
+                path.unlink(missing_ok=True)
     if rewrite is None:
         append_metrics(out_dir, record)
     else:
         write_metrics(out_dir, rewrite)
+    if not stale:
+        save_state(written, state, meta)
+    save_state(out_dir / LAST, state, meta)
 
 
 def _agree_on_stop(stop, comm):
-    """With several ranks, a stop request takes effect at the same epoch end on all of them
-    (a rank that stopped alone would leave the others waiting in the next allreduce); the
-    signal is SIGTERM if any rank got one, else SIGINT."""
-    asked = comm.allreduce_mean(np.array([stop.signum == signal.SIGINT,
-                                          stop.signum == signal.SIGTERM], np.float64))
+    """With several ranks, the signal every rank stops with at this epoch end, or None: a
+    stop request takes effect on all ranks together (a rank that stopped alone would leave
+    the others waiting in the next allreduce). Each rank votes with the request it had when
+    it got here; one that comes during the vote waits for the next epoch's."""
+    mine = stop.signum
+    asked = comm.allreduce_mean(np.array([mine == signal.SIGINT, mine == signal.SIGTERM],
+                                         np.float64))
     if asked[1] > 0:
-        stop.signum = signal.SIGTERM
-    elif asked[0] > 0:
-        stop.signum = signal.SIGINT
+        return signal.SIGTERM
+    return signal.SIGINT if asked[0] > 0 else None
 
 
 def _summary(r, epochs):
