@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 import time
-import types
 import warnings
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError,
                             make_step, read_metrics)
 from fuseflow.train._fit import OutDirConflict
 from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint, names
-from fuseflow.train._signals import hold_interrupts, sigterm_as_interrupt
+from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
@@ -435,8 +434,8 @@ def _train(args) -> int:
                            ) from None
     finally:
         if output is not None:  # the replaced files: deleted, or back if no epoch was saved
-            late = types.SimpleNamespace(signum=None)  # a signal now comes after the run
-            with hold_interrupts(late):  # and stops nothing: the clean-up runs whole
+            # a signal now comes after the run and stops nothing: the clean-up runs whole
+            with hold_interrupts(StopRequest()):
                 output.close()
     if interrupted is not None:
         kept = interrupted.checkpoint or resume
@@ -445,14 +444,19 @@ def _train(args) -> int:
         again = f"fuseflow train --resume {kept}" + (f" --out {out}" if elsewhere else "")
         where = (f"last full checkpoint: {kept} (epoch {interrupted.epoch}); continue with: "
                  f"{again}") if kept else "no epoch finished, no checkpoint written"
-        if interrupted.signum == signal.SIGTERM:
-            print(f"terminated (SIGTERM): {where}", flush=True)
-            return EXIT_TERMINATED
-        print(f"interrupted: {where}", flush=True)
-        return EXIT_INTERRUPTED
+        return _report_stop(interrupted.signum, where)
     print(f"checkpoint: {result.checkpoint or resume}")
     print(f"test_accuracy={result.test.accuracy:.4f}")
     return EXIT_OK
+
+
+def _report_stop(signum: int, where: str) -> int:
+    """Print a stopped run's last line; its exit code (130 Ctrl-C, 143 SIGTERM)."""
+    if signum == signal.SIGTERM:
+        print(f"terminated (SIGTERM): {where}", flush=True)
+        return EXIT_TERMINATED
+    print(f"interrupted: {where}", flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _eval(args) -> int:
@@ -542,11 +546,7 @@ def main(argv=None) -> int:
             distributed.abort_if_parallel(EXIT_ERROR)
             return EXIT_ERROR
         except KeyboardInterrupt as e:
-            if getattr(e, "signum", None) == signal.SIGTERM:
-                print("terminated (SIGTERM): no checkpoint written", flush=True)
-                return EXIT_TERMINATED
-            print("interrupted: no checkpoint written", flush=True)
-            return EXIT_INTERRUPTED
+            return _report_stop(getattr(e, "signum", signal.SIGINT), "no checkpoint written")
 
 
 if __name__ == "__main__":

@@ -154,15 +154,21 @@ def abort_if_parallel(code: int = 1) -> None:
     except ImportError:
         return
     world = MPI.COMM_WORLD
-    if not MPI.Is_initialized() or world.Get_size() < 2:
-        return
+    if MPI.Is_initialized() and world.Get_size() > 1:
+        _abort(world, "stopped with an error", code)
+
+
+def _abort(comm, what: str, code: int = 1):
+    """Say which rank ends the job and why, then MPI_Abort every rank."""
     import sys
 
-    sys.stderr.write(f"fuseflow.distributed: rank {world.Get_rank()} stopped with an error; "
-                     f"aborting all {world.Get_size()} ranks\n")
+    sys.stderr.write(f"fuseflow.distributed: rank {comm.Get_rank()} {what}; aborting all "
+                     f"{comm.Get_size()} ranks\n")
     sys.stderr.flush()
-    time.sleep(0.5)  # as below: let the launcher read the last lines first
-    world.Abort(code)
+    # the launcher forwards each rank's stderr through a pipe and stops reading it once
+    # the abort kills the job: give it a moment so these last lines are not lost
+    time.sleep(0.5)
+    comm.Abort(code)
 
 
 def _abort_on_uncaught_exception(comm):
@@ -174,12 +180,6 @@ def _abort_on_uncaught_exception(comm):
 
     def hook(kind, value, tb):
         previous(kind, value, tb)
-        sys.stderr.write(f"fuseflow.distributed: rank {comm.Get_rank()} failed; aborting all "
-                         f"{comm.Get_size()} ranks\n")
-        sys.stderr.flush()
-        # the launcher forwards each rank's stderr through a pipe and stops reading it once
-        # the abort kills the job: give it a moment so these last lines are not lost
-        time.sleep(0.5)
-        comm.Abort(1)
+        _abort(comm, "failed")
 
     sys.excepthook = hook

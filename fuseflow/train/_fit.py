@@ -26,10 +26,10 @@ from fuseflow.data import batches, num_batches
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
-from fuseflow.train._records import (CURVES_FILE, append_metrics, kept_metrics, plot_curves,
-                                     write_metrics)
+from fuseflow.train._records import (CURVES_FILE, METRICS_FILE, append_metrics, kept_metrics,
+                                     plot_curves, write_metrics)
 from fuseflow.train._state import TrainState
-from fuseflow.train._run_folder import epoch_files, fit_folder, names
+from fuseflow.train._run_folder import fit_folder, names
 from fuseflow.train._signals import StopSignal, hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import make_step
 
@@ -282,7 +282,7 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
             f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
             "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
             "(ff.train.load_state), or overwrite=True to replace them.", out_dir, replaced)
-    stale = [p for p in replaced if p.name == LAST or p in epoch_files(replaced).values()]
+    stale = [p for p in replaced if p.name not in (METRICS_FILE, CURVES_FILE)]  # checkpoints
     kept = kept_metrics(out_dir, epoch) if own else [r for r in history
                                                       if r.get("epoch", 0) <= epoch]
     return stale, kept

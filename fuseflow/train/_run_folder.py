@@ -17,12 +17,12 @@ import numpy as np
 
 from fuseflow import checkpoint, tree
 from fuseflow._files import fsync_dir
+from fuseflow.backend import device_put
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
 from fuseflow.train._signals import hold_interrupts
 
-__all__ = ["RunFolder", "RunFolderError", "epoch_files", "fit_folder", "latest_checkpoint",
-           "names"]
+__all__ = ["RunFolder", "RunFolderError", "fit_folder", "latest_checkpoint", "names"]
 
 
 class RunFolderError(Exception):
@@ -87,10 +87,6 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
     return later, later_records
 
 
-def _host(leaf):
-    return leaf.get() if type(leaf).__module__.startswith("cupy") else np.asarray(leaf)
-
-
 def _holds_state_of(path: Path, state) -> bool:
     """Whether the checkpoint at ``path`` holds exactly ``state`` (every leaf, bit for bit),
     as it does when the state was resumed from it: then the folder is this run's."""
@@ -98,9 +94,9 @@ def _holds_state_of(path: Path, state) -> bool:
         saved = tree.leaves(checkpoint.load(path))
     except (checkpoint.CheckpointError, OSError, TypeError, ValueError):
         return False
-    leaves = tree.leaves(state)
+    leaves = tree.leaves(device_put(state, "cpu"))
     return len(saved) == len(leaves) and all(
-        _same_bits(np.asarray(a), _host(b)) for a, b in zip(saved, leaves))
+        _same_bits(np.asarray(a), np.asarray(b)) for a, b in zip(saved, leaves))
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -136,7 +132,7 @@ def epoch_files(files) -> dict:
 
 def names(files) -> str:
     """``ckpt-epoch2..9.safetensors (8 files), last.safetensors`` for the messages."""
-    epochs = sorted(int(m.group(1)) for p in files if (m := _EPOCH_FILE.match(p.name)))
+    epochs = sorted(epoch_files(files))
     others = [p.name for p in files if not _EPOCH_FILE.match(p.name)]
     if len(epochs) > 3:
         listed = [f"ckpt-epoch{epochs[0]}..{epochs[-1]}.safetensors ({len(epochs)} files)"]

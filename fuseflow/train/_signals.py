@@ -14,7 +14,8 @@ import contextlib
 import signal
 import threading
 
-__all__ = ["StopSignal", "hold_interrupts", "interrupt_between_steps", "sigterm_as_interrupt"]
+__all__ = ["StopRequest", "StopSignal", "hold_interrupts", "interrupt_between_steps",
+           "sigterm_as_interrupt"]
 
 
 class StopSignal(KeyboardInterrupt):
@@ -104,7 +105,9 @@ def hold_interrupts(stop=None):
         raise StopSignal(caught[0])
 
 
-class _StopRequest:
+class StopRequest:
+    """A stop asked for by a signal (``signum``), acted on at ``check()``."""
+
     signum = None
 
     def check(self):
@@ -117,7 +120,7 @@ class _StopRequest:
 def interrupt_between_steps():
     """Turn SIGINT and SIGTERM into a request that the loop honours between steps
     (``stop.check()``); a second signal stops at once."""
-    stop = _StopRequest()
+    stop = StopRequest()
 
     def handler(signum, frame):
         if stop.signum is not None:
