@@ -15,7 +15,9 @@ full fp32 and, with ``--mnist-precisions fp32,tf32``, with TF32 on both sides to
 the peak memory of fuseflow's compiled step. The 16-bit step's reference rate is a plain
 8192^3 fp16 CuPy matmul with uniform and with normal operands, timed before and after the
 models (the largest counts); the JAX worker times JAX's bfloat16 8192^3 matmul the same two
-ways. Every worker writes its own JSON.
+ways. PyTorch runs eager and torch.compile (default and "reduce-overhead") on every model in
+fp32 and bf16 (TF32 eager only); the hand-written nvmath pattern runs SGD and Adam in fp32
+and, on the large model, fp16. Every worker writes its own JSON.
 """
 
 from __future__ import annotations
@@ -478,7 +480,7 @@ def worker_torch(args):
         steps, repeats = reps(name, args.quick)
         torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
         torch.backends.cudnn.allow_tf32 = prec == "tf32"
-        compile_here = not args.no_torch_compile and prec == "fp32" and (
+        compile_here = not args.no_torch_compile and prec != "tf32" and (
             args.torch_compile_models == "all" or name in args.torch_compile_models.split(","))
         modes = ["eager"] + (["default", "reduce-overhead"] if compile_here else [])
         for mode in modes:
@@ -520,17 +522,46 @@ def worker_torch(args):
 
 
 # ---- the hand-written nvmath pattern ---------------------------------------------------------
+def hand_adam(cp):
+    """Adam as a hand-written step would have it: CuPy expressions per tensor, the step count
+    on the device (so that a captured graph's replays count their steps)."""
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, LR["adam"]
+    state = {"t": cp.zeros((), cp.float32), "m": {}, "v": {}}
+
+    def update(key, p, g):
+        if key not in state["m"]:  # first (eager) step: the moments start at zero
+            state["m"][key], state["v"][key] = cp.zeros_like(p), cp.zeros_like(p)
+        m, v = state["m"][key], state["v"][key]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * g * g
+        t = state["t"]
+        p -= lr * (m / (1 - b1 ** t)) / (cp.sqrt(v / (1 - b2 ** t)) + eps)
+
+    def next_step():
+        state["t"] += 1
+
+    return update, next_step
+
+
 def worker_hand_nvmath(args):
     """The public nvmath MNIST tutorial's pattern, extended to any depth: planned Matmul
-    objects (RELU_AUX_BIAS forward, DRELU_BGRAD backward, BGRADB), CuPy for the rest, SGD."""
+    objects (RELU_AUX_BIAS forward, DRELU_BGRAD backward, BGRADB), CuPy for the rest (the
+    loss, SGD, Adam). 16-bit: float16 copies of the float32 weights each step, float16
+    activations and gradients, float32 accumulation and master weights, no loss scaling."""
     import cupy as cp
     from nvmath.linalg.advanced import Matmul, MatmulEpilog as E
 
     out = {"steps": []}
     ct = {"compute_type": __import__("nvmath").linalg.ComputeType.COMPUTE_32F}
-    for name in SELECTED:
+    for name, opt_name, prec in configs("fp16"):
+        if prec == "tf32":
+            continue  # the tutorial's pattern is full float32 (or 16-bit) only
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
+        low = cp.float16 if prec == "fp16" else cp.float32
+        cp.random.seed(0)
         W = [cp.random.standard_normal((o, i), dtype=cp.float32) * (2 / i) ** 0.5
              for i, o in zip(sizes[:-1], sizes[1:])]
         b = [cp.zeros(o, cp.float32) for o in sizes[1:]]
@@ -538,6 +569,7 @@ def worker_hand_nvmath(args):
         y = cp.random.randint(0, sizes[-1], batch)
         L = len(W)
         plans = {}
+        adam_update, adam_next = hand_adam(cp)
 
         def mm(key, a, bb, epilog=None, inputs=None):
             m = plans.get(key)
@@ -548,24 +580,36 @@ def worker_hand_nvmath(args):
                 m.reset_operands(a=a, b=bb, epilog_inputs=inputs)
             return m.execute()
 
+        def apply(key, p, g):
+            g = g.astype(cp.float32, copy=False)
+            if opt_name == "sgd":
+                p -= LR["sgd"] * g
+            else:
+                adam_update(key, p, g)
+
         def step():
-            hs, auxs = [x], []
+            Wl = [w.astype(low, copy=False) for w in W]
+            bl = [v.astype(low, copy=False) for v in b]
+            hs, auxs = [x.astype(low, copy=False)], []
             for k in range(L - 1):
-                d, aux = mm(("f", k), W[k], hs[-1].T, E.RELU_AUX_BIAS, {"bias": b[k]})
+                d, aux = mm(("f", k), Wl[k], hs[-1].T, E.RELU_AUX_BIAS, {"bias": bl[k]})
                 hs.append(d.T)
                 auxs.append(aux["relu_aux"])
-            logits = mm(("f", L - 1), hs[-1], W[L - 1].T) + b[L - 1]
+            logits = (mm(("f", L - 1), hs[-1], Wl[L - 1].T) + bl[L - 1]).astype(cp.float32)
             z = logits - logits.max(1, keepdims=True)
             e = cp.exp(z)
             g = e / e.sum(1, keepdims=True)
             g[cp.arange(batch), y] -= 1
             g /= batch
+            g = g.astype(low, copy=False)
+            if opt_name == "adam":
+                adam_next()
             for k in range(L - 1, -1, -1):  # g: gradient w.r.t. layer k's pre-activation
                 dw, aux = mm(("w", k), hs[k].T, g, E.BGRADB)  # dW.T and db in one call
                 if k > 0:  # masked by layer k-1's relu_aux: layer k-1's pre-activation grad
-                    dh, _ = mm(("d", k), W[k].T, g.T, E.DRELU_BGRAD, {"relu_aux": auxs[k - 1]})
-                W[k] -= LR["sgd"] * dw.T
-                b[k] -= LR["sgd"] * aux["bgradb"]
+                    dh, _ = mm(("d", k), Wl[k].T, g.T, E.DRELU_BGRAD, {"relu_aux": auxs[k - 1]})
+                apply(("w", k), W[k], dw.T)
+                apply(("b", k), b[k], aux["bgradb"])
                 if k > 0:
                     g = dh.T
 
@@ -580,10 +624,12 @@ def worker_hand_nvmath(args):
             step()
             graph = stream.end_capture()
         us = median_step_us(lambda: graph.launch(stream), stream.synchronize, steps, repeats)
-        row = {"model": name, "batch": batch, "optimizer": "sgd", "precision": "fp32",
-               "eager_us": eager_us, "graph_us": us}
+        finite = all(bool(cp.isfinite(w).all()) for w in W)
+        row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
+               "eager_us": eager_us, "graph_us": us, "params_finite": finite}
         out["steps"].append(row)
         print(json.dumps(row), flush=True)
+        plans.clear()
     return out
 
 
@@ -605,9 +651,9 @@ def main():
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
                     help="comma-separated subset of fp32,tf32,16bit")
     ap.add_argument("--no-torch-compile", action="store_true")
-    ap.add_argument("--torch-compile-models", default="784-1024-1024-10",
-                    help="models (comma-separated, or 'all') timed with torch.compile, fp32 only: "
-                         "each compile costs tens of seconds")
+    ap.add_argument("--torch-compile-models", default="all",
+                    help="models (comma-separated, or 'all') timed with torch.compile (default "
+                         "and reduce-overhead), in fp32 and bf16; TF32 runs eager only")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     SELECTED[:] = [m for m in args.models.split(",") if m in MODELS]
