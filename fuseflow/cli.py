@@ -95,6 +95,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"expected an int in [0, 2**64), got {text!r}")
+    return value
+
+
 def _backend_option(p):
     p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
                    help="where arrays live: numpy (any CPU), cuda (CuPy + nvmath on an NVIDIA "
@@ -138,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=_non_negative_float, default=None, metavar="WD",
                    help="decoupled weight decay of the weights (not biases); adamw only. "
                         "Default: 0 (1e-4 with adamw)")
-    t.add_argument("--seed", type=int, default=None,
+    t.add_argument("--seed", type=_seed, default=None,
                    help=f"fixes initialisation and data order. Default: {d['seed']}")
     t.add_argument("--precision", "--dtype", choices=PRECISIONS, default=None,
                    help="float16: mixed precision (16-bit compute, float32 master weights, "
@@ -309,7 +319,8 @@ def _fresh_recipe(args, ds) -> Recipe:
                   schedule=args.schedule or d["schedule"], epochs=args.epochs or d["epochs"],
                   batch_size=args.batch_size or d["batch_size"],
                   seed=d["seed"] if args.seed is None else args.seed,
-                  precision=args.precision or d["precision"])
+                  precision=args.precision or d["precision"],
+                  train_examples=len(ds.train[0]))
 
 
 def _show(value) -> str:
@@ -317,7 +328,14 @@ def _show(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
-def _resumed_recipe(args, recipe: Recipe) -> Recipe:
+def _data_shown(recipe: Recipe) -> str:
+    """The checkpoint's data set as the user gave it (the IDX folder, not "idx")."""
+    return f"--data-dir {recipe.data_dir}" if recipe.dataset == "idx" else recipe.dataset
+
+
+def _resumed_recipe(args, recipe: Recipe) -> tuple:
+    """``(recipe, note)``: the checkpoint's recipe with the options --resume may change, and
+    a note to print once the run is known to go ahead (None when there is none)."""
     conflicts = []
     for name in _FIXED_ON_RESUME:
         given, saved = getattr(args, name), getattr(recipe, name)
@@ -325,18 +343,36 @@ def _resumed_recipe(args, recipe: Recipe) -> Recipe:
             conflicts.append(f"--{name.replace('_', '-')} {_show(given)} (the checkpoint has "
                              f"{_show(saved)})")
     if args.dataset is not None and (args.dataset == "digits") != (recipe.dataset == "digits"):
-        conflicts.append(f"--dataset {args.dataset} (the checkpoint has {recipe.dataset})")
+        conflicts.append(f"--dataset {args.dataset} (the checkpoint's run trained on "
+                         f"{_data_shown(recipe)})")
     if conflicts:
         raise CLIError("--resume continues the checkpoint's run, but these options differ "
                        "from it: " + "; ".join(conflicts) + ". Fix: leave them out, or start "
                        "a new run without --resume.")
+    note = None
     if args.epochs is not None and args.epochs != recipe.epochs:
         if recipe.schedule == "cosine":
-            print(f"note: --epochs {args.epochs} changes the run's {recipe.epochs} epochs: "
-                  "the cosine schedule is stretched from here on, so the result differs from "
-                  f"a run trained for {args.epochs} epochs from the start")
+            note = (f"note: --epochs {args.epochs} changes the run's {recipe.epochs} epochs: "
+                    "the cosine schedule is stretched from here on, so the result differs "
+                    f"from a run trained for {args.epochs} epochs from the start")
         recipe = dataclasses.replace(recipe, epochs=args.epochs)
-    return recipe
+    return recipe, note
+
+
+def _check_same_examples(recipe: Recipe, ds, resume: Path):
+    """A resumed run must see as many training examples per epoch as it did: the steps
+    per epoch fix where the data order and the lr schedule stand."""
+    have = len(ds.train[0])
+    if recipe.train_examples is not None and have != recipe.train_examples:
+        raise CLIError(f"--resume {resume}: its run trained on {recipe.train_examples} "
+                       f"examples per epoch, but the data now has {have} ({ds.describe()}). "
+                       "Resuming would put its steps, data order and learning-rate schedule "
+                       "out of step. Fix: --data-dir with the data it was trained on, or a "
+                       "new run without --resume.")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
 
 
 def _quiet_unless_main(comm):
@@ -356,7 +392,7 @@ def _train(args) -> int:
               "rank 0 reports and writes checkpoints", flush=True)
     resume = Path(args.resume) if args.resume else None
     if resume is not None:
-        recipe = _resumed_recipe(args, _read_recipe(resume, "--resume"))
+        recipe, resume_note = _resumed_recipe(args, _read_recipe(resume, "--resume"))
         if recipe.dataset == "digits":
             _no_data_dir_for_digits(args.data_dir, "the checkpoint's run trained on")
         _check_metrics(resume.parent / METRICS_FILE)
@@ -371,6 +407,9 @@ def _train(args) -> int:
         if resume is not None:
             ds = load_dataset(recipe.dataset, args.data_dir or recipe.data_dir)
             _check_data_fits(recipe, ds.input_width, ds.classes, "--resume")
+            _check_same_examples(recipe, ds, resume)
+            if recipe.train_examples is None:  # a checkpoint from before it was recorded
+                recipe = dataclasses.replace(recipe, train_examples=len(ds.train[0]))
         else:
             ds = load_dataset(args.dataset or DEFAULTS["dataset"], args.data_dir,
                               fallback=args.dataset is None)
@@ -406,14 +445,21 @@ def _train(args) -> int:
             if state.epoch > recipe.epochs:
                 raise CLIError(f"{resume} has already trained {state.epoch} epochs, more than "
                                f"--epochs {recipe.epochs}. Fix: --epochs {state.epoch} or more.")
-            print(f"resuming {resume} at epoch {state.epoch}, step {state.step}")
+            if resume_note:
+                print(resume_note)
+            if state.epoch == recipe.epochs:
+                print(f"note: {resume} has trained all {_plural(recipe.epochs, 'epoch')} of "
+                      f"its run: nothing to train, it is only evaluated. Fix: --epochs "
+                      f"{recipe.epochs + 1} or more to train longer.")
+            else:
+                print(f"resuming {resume} at epoch {state.epoch}, step {state.step}")
         history = None
         if output is not None:
             history = output.claim(args.overwrite, resume, state.epoch)
         print(f"model: {recipe.input_width} -> {' -> '.join(map(str, recipe.hidden))} "
               f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
-              f"{recipe.schedule}; {recipe.precision}; {recipe.epochs} epochs of "
-              f"{steps_per_epoch} steps; out {out}", flush=True)
+              f"{recipe.schedule}; {recipe.precision}; {_plural(recipe.epochs, 'epoch')} of "
+              f"{_plural(steps_per_epoch, 'step')}; out {out}", flush=True)
         try:
             result = fit(model, optimizer, _to_device(state, device), ds.train, ds.test,
                          epochs=recipe.epochs, batch_size=recipe.batch_size,

@@ -24,11 +24,16 @@ __all__ = [
 
 
 def key(seed: int) -> np.ndarray:
-    """A key from an integer seed."""
+    """A key from an integer seed: any 64-bit int (a negative one is taken as its
+    two's complement, as JAX does). Larger seeds are refused rather than wrapped, so that two
+    different seeds never give the same key."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"ff.random.key: seed must be an int, got {type(seed).__name__}. "
                         "Fix: ff.random.key(0).")
     seed = int(seed)
+    if not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"ff.random.key: seed {seed} does not fit in 64 bits. Fix: a seed in "
+                         "[0, 2**64), e.g. seed % 2**64.")
     return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], dtype=np.uint32)
 
 

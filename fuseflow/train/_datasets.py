@@ -8,6 +8,7 @@ offline run still trains a real classifier rather than on noise.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -107,12 +108,16 @@ def load_dataset(name: str = "mnist", data_dir=None, *, fallback: bool = False) 
     except data.DatasetNotFoundError:
         if not (fallback and name == "mnist" and data_dir is None):
             raise
-        note = ("MNIST not found locally and not downloadable (offline?); training on "
-                "scikit-learn's digits instead (for MNIST: --data-dir DIR or FUSEFLOW_DATA)")
+        env = os.environ.get("FUSEFLOW_DATA")  # looked in first, so it holds none
+        given = f"; FUSEFLOW_DATA={env} holds no MNIST IDX files" if env else ""
+        note = (f"MNIST not found locally and not downloadable (offline?){given}; training "
+                "on scikit-learn's digits instead (for MNIST: --data-dir DIR or FUSEFLOW_DATA)")
         name = "digits"
         train, test = _load_split(name, None, "train"), _load_split(name, None, "test")
     _check_same_inputs(train, test)
     classes = _check_labels(train, test)
+    if name == "idx":  # the folder that held the files (``data_dir`` or its ``mnist/``)
+        data_dir = str(Path(train[2].images).parent)
     return Dataset(name, data_dir, train[:2], test[:2], int(train[0].shape[1]), classes, note)
 
 

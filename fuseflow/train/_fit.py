@@ -274,6 +274,10 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
     ``overwrite`` (nothing a user saved is lost by accident). Returns the checkpoints to
     delete once this run has saved an epoch (with ``overwrite``: the old ones it replaces),
     and the records its metrics.jsonl starts from."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"fit: out_dir {out_dir} is a file, but a folder is expected "
+                                 "(for the checkpoints and metrics.jsonl). Fix: out_dir=a "
+                                 "folder path; it is created if missing.")
     epoch = state.epoch
     own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:

@@ -28,7 +28,15 @@ def check_labels(model, params, x, y, what="data"):
             "Fix: y.astype(np.int64); for one-hot targets use y.argmax(1).")
     if not len(y):
         return
-    classes = model.apply(params, x[:1]).shape[1]
+    try:
+        classes = model.apply(params, x[:1]).shape[1]  # the first example, as a probe
+    except ValueError as e:  # a layer's shape or dtype check, on a batch of one
+        message = f"{what}: x has shape {tuple(x.shape)}; on its first example, x[:1], {e}"
+        try:
+            error = type(e)(message)  # LayerError stays a LayerError
+        except TypeError:
+            error = ValueError(message)
+        raise error from None
     lo, hi = int(y.min()), int(y.max())
     if lo < 0 or hi >= classes:
         raise losses.LossError(

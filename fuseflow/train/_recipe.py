@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from fuseflow import mixed_precision, nn, optim, tree
 from fuseflow.backend.epilogs import ACTIVATIONS
 
@@ -33,8 +35,11 @@ def mlp(hidden, classes: int, activation: str = "relu") -> nn.Serial:
     """``Serial(Dense(h, activation) for h in hidden, Dense(classes))``: the CLI's model.
 
     Each hidden Dense runs its activation in the matmul epilog; Serial fuses the
-    activation's derivative into the next layer's input-gradient matmul.
+    activation's derivative into the next layer's input-gradient matmul. ``hidden`` is a
+    sequence of widths, or one int for a single hidden layer.
     """
+    if isinstance(hidden, (int, np.integer)) and not isinstance(hidden, bool):
+        hidden = (hidden,)
     return nn.Serial(*[nn.Dense(int(h), activation) for h in hidden], nn.Dense(int(classes)))
 
 
@@ -55,14 +60,20 @@ class Recipe:
     seed: int = 0
     eval_batch_size: int = 1000
     precision: str = "float32"   # float16: mixed precision (float32 master weights)
+    #: training examples per epoch (None in checkpoints written before it was recorded):
+    #: with the batch size it fixes the steps per epoch, hence the lr schedule's horizon
+    train_examples: int | None = None
 
     def __post_init__(self):
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
-        for name in ("input_width", "classes", "epochs", "batch_size", "eval_batch_size"):
+        for name in ("input_width", "classes", "epochs", "batch_size", "eval_batch_size",
+                     "train_examples"):
             value = getattr(self, name)
+            if value is None and name == "train_examples":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RecipeError(f"{name} must be a positive int, got {value!r}")
         if not self.hidden or any(isinstance(h, bool) or not isinstance(h, int) or h < 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from fuseflow import random
 
 __all__ = ["TrainState", "init_state"]
@@ -30,8 +32,17 @@ def init_state(model, optimizer, in_shape, key) -> TrainState:
     """A fresh run: the model initialised from ``key``, the optimizer's initial state.
 
     ``key`` is split three ways (init, layers, data order), so one seed fixes the whole run.
+    ``in_shape`` is one example's shape, ``(784,)`` (an int means a 1-D example).
     """
     init_key, layer_key, data_key = random.split(key, 3)
-    _, params = model.init(init_key, tuple(in_shape))
+    if isinstance(in_shape, (int, np.integer)) and not isinstance(in_shape, bool):
+        in_shape = (int(in_shape),)
+    try:
+        in_shape = tuple(in_shape)
+    except TypeError:
+        raise TypeError(f"init_state: in_shape must be one example's shape, such as (784,), "
+                        f"got {in_shape!r}. Fix: init_state(model, optimizer, (784,), key)."
+                        ) from None
+    _, params = model.init(init_key, in_shape)
     return TrainState(params=params, opt_state=optimizer.init(params), step=0, epoch=0,
                       key=layer_key, batch_in_epoch=0, data_key=data_key)

@@ -13,7 +13,7 @@ import numpy as np
 
 from fuseflow import losses, mixed_precision, tree
 from fuseflow.grad import value_and_grad
-from fuseflow.optim import update_and_apply
+from fuseflow.optim import GradientTransformation, update_and_apply
 
 __all__ = ["make_step"]
 
@@ -31,6 +31,7 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     ``comm`` (a ``ff.distributed.Communicator``): x and y are this rank's shard, and the
     gradients are averaged over the ranks (one collective) before the update.
     """
+    _check_parts(model, loss_fn, optimizer)
     mixed = compute_dtype is not None and np.dtype(compute_dtype) != np.float32
     # Mixed precision on one device leaves the grads scaled and 16-bit: the update unscales
     # them inside its kernels. Averaging over ranks needs them unscaled (float32) first.
@@ -74,6 +75,20 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
         return params, opt_state, metrics
 
     return step
+
+
+def _check_parts(model, loss_fn, optimizer):
+    """Arguments in another order, or of another kind, fail here, not at the first step."""
+    order = "Fix: make_step(model, loss_fn, optimizer), in that order."
+    if not (hasattr(model, "forward") and hasattr(model, "backward")):
+        raise TypeError(f"make_step: model must be a layer with forward and backward (such as "
+                        f"nn.Serial), got {type(model).__name__}. {order}")
+    if not callable(loss_fn) or isinstance(loss_fn, GradientTransformation):
+        raise TypeError(f"make_step: loss_fn must be a loss function such as "
+                        f"ff.losses.softmax_cross_entropy, got {type(loss_fn).__name__}. {order}")
+    if not isinstance(optimizer, GradientTransformation):
+        raise TypeError(f"make_step: optimizer must be a GradientTransformation such as "
+                        f"ff.optim.adam(1e-3), got {type(optimizer).__name__}. {order}")
 
 
 def is_class_labels(y) -> bool:
