@@ -133,3 +133,29 @@ def test_fit_out_dir_that_is_a_file_is_refused_before_training(rng, tmp_path):
 
 def test_mlp_takes_one_int_for_one_hidden_layer():
     assert [layer.features for layer in T.mlp(32, 10).layers] == [32, 10]
+
+
+def test_read_metrics_takes_the_run_folder(idx_run):
+    _, _, out = idx_run
+    assert T.read_metrics(out) == T.read_metrics(out / T.METRICS_FILE) != []
+
+
+def test_a_checkpoint_of_another_optimizer_is_named_as_such(tmp_path):
+    model = T.mlp(16, 10)
+    path = tmp_path / "adam.safetensors"
+    T.save_state(path, T.init_state(model, ff.optim.adam(1e-3), (64,), ff.random.key(0)))
+    with pytest.raises(ff.checkpoint.CheckpointError,
+                       match="(?s)Every difference is in the optimizer state.*params match"):
+        T.load_state(path, like=T.init_state(model, ff.optim.sgd(0.1), (64,), ff.random.key(0)))
+    with pytest.raises(ff.checkpoint.CheckpointError) as info:  # another model: no such line
+        T.load_state(path, like=T.init_state(T.mlp(32, 10), ff.optim.adam(1e-3), (64,),
+                                             ff.random.key(0)))
+    assert "optimizer state" not in str(info.value)
+
+
+def test_an_old_optimizer_state_after_a_model_change_says_init_again():
+    opt = ff.optim.adam(1e-3)
+    _, old = nn.Serial(nn.Dense(16)).init(ff.random.key(0), (8,))
+    _, new = nn.Serial(nn.Dense(32)).init(ff.random.key(0), (8,))
+    with pytest.raises(ValueError, match=r"opt.init\(new_params\)"):
+        ff.optim.update_and_apply(opt, new, opt.init(old), new)

@@ -151,7 +151,8 @@ def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name):
             raise ValueError(
                 f"{where}: the update at {path!r} has shape {tuple(u.shape)}, but the "
                 f"{ref_name} there have shape {tuple(r.shape)}. Fix: pass gradients shaped "
-                "like the params given to init()")
+                "like the params given to init(); if the model changed, make a new state "
+                "with opt.init(new_params)")
         if u.dtype.kind != "f":
             raise TypeError(
                 f"{where}: the update at {path!r} has dtype {u.dtype}, but updates must be "

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fuseflow import checkpoint
+import numpy as np
+import safetensors
+
+from fuseflow import checkpoint, tree
 from fuseflow.train._state import TrainState
 
 __all__ = ["LAST", "epoch_checkpoint", "save_state", "load_state", "read_metadata"]
@@ -37,7 +40,32 @@ def load_state(path, like: TrainState) -> TrainState:
     if not isinstance(like, TrainState):
         raise TypeError(f"load_state: like must be a TrainState, got {type(like).__name__}. "
                         "Fix: like=init_state(model, optimizer, in_shape, key).")
-    return checkpoint.load(path, like=like)
+    try:
+        return checkpoint.load(path, like=like)
+    except checkpoint.CheckpointError as e:
+        if _only_optimizer_differs(path, like):
+            raise checkpoint.CheckpointError(
+                f"{e}\nEvery difference is in the optimizer state (opt_state); the params "
+                "match. The checkpoint's run used another optimizer, schedule or precision "
+                "than like's. Fix: build like with init_state(model, the optimizer of that "
+                "run, ...).") from None
+        raise
+
+
+def _only_optimizer_differs(path, like: TrainState) -> bool:
+    """Whether ``path`` holds ``like``'s params exactly (names and shapes) and only its
+    optimizer state differs: then the model is right and the optimizer is not."""
+    try:
+        with safetensors.safe_open(str(path), framework="np") as f:
+            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except Exception:  # noqa: BLE001 - unreadable: the original error says why
+        return False
+    expected = {name: tuple(np.shape(leaf)) for name, leaf in
+                zip(tree.paths(like), tree.leaves(like))}
+    params = {name for name in expected if name.startswith("0/")}
+    differ = {n for n in set(found) | set(expected) if found.get(n) != expected.get(n)}
+    return bool(params) and not differ & params and \
+        not differ & {n for n in found if n.startswith("0/")}
 
 
 read_metadata = checkpoint.read_metadata

@@ -29,7 +29,8 @@ CURVES_FILE = "curves.png"
 
 
 def read_metrics(path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file (an empty list when there is none).
+    """The records of a ``metrics.jsonl`` file, or of the one in a run folder (an empty
+    list when there is none).
 
     A last line that is cut short (no newline at its end, not valid JSON) is what a crash in
     the middle of appending leaves: it is skipped with a ``RuntimeWarning``, and a run
@@ -37,6 +38,8 @@ def read_metrics(path) -> list[dict]:
     object is a ``ValueError`` naming the file and the line.
     """
     path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
     if not path.is_file():
         return []
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
