@@ -63,6 +63,7 @@ def save(path, tree, *, metadata: dict | None = None) -> None:
     ``metadata`` is any JSON-serialisable dict (JSON rules apply: tuples come back as lists,
     keys as strings); read it back with ``read_metadata``.
     """
+    _check_not_folder(Path(path), "checkpoint.save")  # before the work, and before the OS
     tensors: dict[str, np.ndarray] = {}
     spec = _encode(tree, (), tensors)
     user = metadata_json(metadata)
@@ -141,7 +142,7 @@ def load(path, like=None):
     ``CheckpointError`` listing all of them.
     """
     path = Path(path)
-    with _open(path) as f:
+    with _open(path, "checkpoint.load") as f:
         spec = _json(path, _header(path, f), _TREE_KEY)
         tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not iterable)
     try:
@@ -159,14 +160,26 @@ def load(path, like=None):
 def read_metadata(path) -> dict:
     """The user ``metadata`` dict saved with the checkpoint (reads only the header)."""
     path = Path(path)
-    with _open(path) as f:
+    with _open(path, "checkpoint.read_metadata") as f:
         return _json(path, _header(path, f), _USER_KEY)
 
 
-def _open(path: Path):
+def _check_not_folder(path: Path, who: str) -> None:
+    """A run's folder is an easy slip for its checkpoint: say so plainly (for save, the OS
+    error would name the temporary file instead)."""
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; checkpoint.load and read_metadata expect "
-                                f"the checkpoint file itself (e.g. {path}/step_1000.safetensors)")
+        raise IsADirectoryError(f"{who}: '{path}' is a folder; save and load expect the "
+                                "checkpoint file itself. Fix: give a file path such as "
+                                f"{path / 'model.safetensors'}")
+
+
+def _open(path: Path, who: str):
+    _check_not_folder(path, who)
+    if not path.exists():  # a typo: show what is there instead
+        near = sorted(p.name for p in path.parent.glob("*.safetensors"))
+        there = f"its folder holds {', '.join(near)}" if near else "no checkpoint beside it"
+        raise FileNotFoundError(f"{who}: '{path}' does not exist ({there}). Fix: check the "
+                                "path, or write the checkpoint first with checkpoint.save")
     try:
         return safetensors.safe_open(path, framework="np")
     except safetensors.SafetensorError as e:

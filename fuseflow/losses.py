@@ -41,7 +41,9 @@ def _check_not_empty(name, outputs):
 def _check_batch(name, outputs, targets):
     if getattr(outputs, "ndim", 0) != 2:
         raise LossError(f"{name}: outputs must be (batch, classes), got shape "
-                        f"{getattr(outputs, 'shape', type(outputs).__name__)}")
+                        f"{getattr(outputs, 'shape', type(outputs).__name__)}. Fix: pass the "
+                        "model's outputs for a batch; for one sample, x[i:i+1] rather than "
+                        "x[i] (or outputs[None]).")
     shape = getattr(targets, "shape", None)
     if shape is None:
         raise LossError(f"{name}: labels must be an array, got {type(targets).__name__}. Fix: "
@@ -54,6 +56,15 @@ def _check_batch(name, outputs, targets):
         raise LossError(f"{name}: got {outputs.shape[0]} outputs but {shape[0]} labels. Fix: "
                         "pass the labels of the same batch (x[i:j] with y[i:j]).")
     _check_not_empty(name, outputs)
+
+
+def _check_same_shape(name, what, outputs, targets, fix):
+    """Element-wise losses need targets of exactly the outputs' shape: broadcasting would
+    silently compare every output with every target."""
+    shape = getattr(targets, "shape", None)
+    if shape != outputs.shape:
+        raise LossError(f"{name}: targets must have the {what} shape {outputs.shape}, got "
+                        f"{type(targets).__name__ if shape is None else shape}. Fix: {fix}")
 
 
 def _check_labels(name, logits, labels):
@@ -90,9 +101,11 @@ def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_d
 def mse(outputs, targets):
     """Mean over all elements of ``(outputs - targets) ** 2``."""
     xp = namespace(outputs)
-    if getattr(targets, "shape", None) != outputs.shape:
-        raise LossError(f"mse: targets must have the outputs' shape {outputs.shape}, got "
-                        f"{getattr(targets, 'shape', type(targets).__name__)}")
+    classes = outputs.shape[-1] if outputs.ndim else 1
+    _check_same_shape("mse", "outputs'", outputs, targets,
+                      "an array of that shape on the outputs' device; for integer class "
+                      "labels use softmax_cross_entropy, or one-hot encode them: "
+                      f"np.eye({classes}, dtype=np.float32)[labels].")
     _check_not_empty("mse", outputs)
     diff = _acc(outputs, xp) - targets
     return (diff * diff).mean(), (2.0 * diff / diff.size).astype(outputs.dtype, copy=False)
@@ -107,9 +120,10 @@ def sigmoid_binary_cross_entropy(logits, targets, *, check=True):
     """
     name = "sigmoid_binary_cross_entropy"
     xp = namespace(logits)
-    if getattr(targets, "shape", None) != logits.shape:
-        raise LossError(f"{name}: targets must have the logits' shape "
-                        f"{logits.shape}, got {getattr(targets, 'shape', type(targets).__name__)}")
+    _check_same_shape(name, "logits'", logits, targets,
+                      "an array with one target per logit; with one logit per sample, "
+                      "(batch, 1), pass targets.reshape(-1, 1). For class indices use "
+                      "softmax_cross_entropy.")
     if targets.dtype.kind not in "biuf":
         raise LossError(f"{name}: targets must be real numbers in [0, 1], got dtype "
                         f"{targets.dtype}. Fix: targets.astype(np.float32).")

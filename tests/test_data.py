@@ -149,8 +149,8 @@ def test_mnist_look_up_order(isolated, monkeypatch):
     monkeypatch.setenv("FUSEFLOW_DATA", str(isolated / "env"))
     assert len(ffd.mnist("test", data_dir=isolated / "arg")[1]) == 3
     assert len(ffd.mnist("test")[1]) == 4
-    with pytest.warns(UserWarning, match="not in data_dir=.*FUSEFLOW_DATA"):
-        assert len(ffd.mnist("test", data_dir=isolated / "nowhere")[1]) == 4
+    with pytest.raises(ffd.DatasetNotFoundError, match="only place looked"):
+        ffd.mnist("test", data_dir=isolated / "nowhere")  # an explicit folder: no fallback
     monkeypatch.delenv("FUSEFLOW_DATA")
     assert len(ffd.mnist("test")[1]) == 5
 
@@ -166,11 +166,10 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
 def test_mnist_nowhere_lists_every_place_and_the_fix(isolated, monkeypatch):
     monkeypatch.setenv("FUSEFLOW_DATA", str(isolated / "envdata"))
     with pytest.raises(FileNotFoundError) as err:
-        ffd.mnist("train", data_dir=isolated / "mine")
+        ffd.mnist("train")
     msg = str(err.value)
     assert isinstance(err.value, ffd.DatasetNotFoundError)
-    for place in (isolated / "mine", isolated / "mine" / "mnist", isolated / "envdata" / "mnist",
-                  _mnist.cache_dir()):
+    for place in (isolated / "envdata" / "mnist", isolated / "envdata", _mnist.cache_dir()):
         assert str(place) in msg
     for fix in ("data_dir=", "FUSEFLOW_DATA", "fuseflow train --data-dir", "could not download"):
         assert fix in msg

@@ -1,11 +1,13 @@
 """MNIST and its look-alikes (Fashion-MNIST, KMNIST) from the four standard IDX files.
 
-Where the files come from, in order: the ``data_dir`` argument (the folder with the files,
-or a folder holding ``mnist/``), the ``FUSEFLOW_DATA`` environment variable (a folder
-holding ``mnist/``; the files directly also work), then the user cache
-(``$XDG_CACHE_HOME/fuseflow/mnist``, else ``~/.cache/fuseflow/mnist``). When they are in none
-of these, they are downloaded into the cache from the canonical mirrors and checked against
-their published sha256.
+Where the files come from: an explicit ``data_dir`` argument (the folder with the files, or
+a folder holding ``mnist/``) is the only place looked; when it lacks them, that is an error,
+never a quiet fallback to other files or a download (a wrong path, say a Fashion-MNIST
+folder, must not train on MNIST). Without ``data_dir``, in order: the ``FUSEFLOW_DATA``
+environment variable (a folder holding ``mnist/``; the files directly also work), then the
+user cache (``$XDG_CACHE_HOME/fuseflow/mnist``, else ``~/.cache/fuseflow/mnist``). When they
+are in neither, they are downloaded into the cache from the canonical mirrors and checked
+against their published sha256.
 
 Only the cache is checksummed on load: a user's folder may legitimately hold Fashion-MNIST
 under the very same file names, and the structural checks of the IDX reader already catch
@@ -15,7 +17,6 @@ truncated or swapped files there.
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,14 @@ def _find(folder: Path, names):
     return tuple(found)
 
 
+def _not_a_folder(path: Path) -> str:
+    """Why ``path`` cannot hold the files ("" when it is a folder), for the messages: a
+    path to one of the files is an easy slip, and "no such folder" would hide it."""
+    if path.is_dir():
+        return ""
+    return "a file, not a folder" if path.exists() else "no such folder"
+
+
 def _as_arrays(images, labels):
     x = images.reshape(len(images), int(np.prod(images.shape[1:]))).astype(np.float32)
     x /= 255.0
@@ -85,17 +94,20 @@ def idx_dataset(folder, split: str = "train", *, num_classes: int | None = 10):
     folder = Path(folder)
     files = _find(folder, names)
     if files is None:
+        why = _not_a_folder(folder)
         raise DatasetNotFoundError(
-            f"{folder} does not hold the {split} split: expected {names[0]}[.gz] and "
-            f"{names[1]}[.gz] there. Fix: pass the folder that holds these files.")
+            f"{folder}{f' ({why})' if why else ''} does not hold the {split} split: expected "
+            f"{names[0]}[.gz] and {names[1]}[.gz] there. Fix: pass the folder that holds "
+            "these files.")
     return _as_arrays(*read_split(*files, num_classes))
 
 
 def _candidates(data_dir):
-    """(folder, where it came from) in look-up order."""
+    """(folder, where it came from) in look-up order; an explicit data_dir is the only place."""
     if data_dir is not None:
         yield Path(data_dir), "data_dir="
         yield Path(data_dir) / "mnist", "data_dir="
+        return
     env = os.environ.get("FUSEFLOW_DATA")
     if env:
         yield Path(env) / "mnist", "FUSEFLOW_DATA"
@@ -120,23 +132,30 @@ def _cached_or_fetch(name: str) -> Path:
 def mnist(split: str = "train", data_dir=None, *, download: bool = True):
     """Real MNIST: images float32 (N, 784) in [0, 1] and labels int64 (N,).
 
-    ``split`` is "train" (60000) or "test" (10000). See the module docstring for where
-    the files are looked for; with ``download=False`` nothing is fetched.
+    ``split`` is "train" (60000) or "test" (10000). ``data_dir`` given: only that folder
+    (or its ``mnist/``) is read, else DatasetNotFoundError. Without it, see the module
+    docstring for where the files are looked for; with ``download=False`` nothing is fetched.
     """
     names = _split_names(split)
     looked = []
     for folder, origin in _candidates(data_dir):
         files = _find(folder, names)
         if files is None:
-            state = "" if folder.is_dir() else ", no such folder"
-            looked.append(f"{folder} ({origin}{state})")
+            why = _not_a_folder(folder)
+            looked.append(f"{folder} ({origin}{', ' + why if why else ''})")
             continue
         if origin == "cache":
             _verify_cached(files)
-        elif data_dir is not None and origin != "data_dir=":
-            warnings.warn(f"MNIST is not in data_dir={str(data_dir)!r}; using {folder} "
-                          f"({origin}) instead", stacklevel=2)
         return _as_arrays(*read_split(*files))
+    wanted = f"{names[0]}[.gz] and {names[1]}[.gz]"
+    places = "".join(f"  - {line}\n" for line in looked)
+    if data_dir is not None:
+        raise DatasetNotFoundError(
+            f"MNIST ({split} split) not found in data_dir={str(data_dir)!r}: looked for "
+            f"{wanted} in\n{places}An explicit data_dir is the only place looked (nothing "
+            "else is read, nothing is downloaded).\nFix: pass the folder that holds these "
+            "files (or a folder holding mnist/), or leave data_dir out to use FUSEFLOW_DATA, "
+            f"the cache ({cache_dir()}) or a download.")
     problem = "download=False"
     if download:
         try:
@@ -146,9 +165,8 @@ def mnist(split: str = "train", data_dir=None, *, download: bool = True):
         except OSError as e:
             problem = str(e)
     raise DatasetNotFoundError(
-        f"MNIST ({split} split) not found: looked for {names[0]}[.gz] and {names[1]}[.gz] in\n"
-        + "".join(f"  - {line}\n" for line in looked)
-        + f"and did not download it ({problem}).\n"
+        f"MNIST ({split} split) not found: looked for {wanted} in\n{places}"
+        f"and did not download it ({problem}).\n"
         "Fix: point fuseflow at a folder holding the MNIST IDX files: "
         "mnist(data_dir='path/to/folder'), the environment variable FUSEFLOW_DATA (a folder "
         "holding mnist/), or `fuseflow train --data-dir path/to/folder`; or go online once so "
