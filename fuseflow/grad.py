@@ -6,6 +6,7 @@ import functools
 import inspect
 
 import numpy as np
+import optree
 
 from fuseflow import backend, random, tree
 
@@ -105,6 +106,21 @@ class GradCheckReport:
                 f"finite differences {n:.10g}, error {err:.3g}")
 
 
+def _check_like(layer, what, grad, of, value):
+    """``grad`` has the shape of ``value`` and is float64 (check_grads' dtype): otherwise the
+    comparison would fail with an IndexError or a TypeError that names neither."""
+    a = np.asarray(grad)  # host arrays here; a float is fine for a 0-d leaf
+    fix = (f"Fix: return the gradient with respect to {of} in {of}'s shape (a parameter "
+           "broadcast over the batch: sum its gradient over axis 0, without keepdims).")
+    if a.shape != value.shape:
+        raise GradientCheckError(f"{layer!r}: backward's {what} has shape {a.shape} but {of} has "
+                                 f"{value.shape}. {fix}")
+    if a.dtype != value.dtype:
+        raise GradientCheckError(f"{layer!r}: backward's {what} has dtype {a.dtype} but {of} is "
+                                 f"{value.dtype} (check_grads runs in float64). Fix: compute in "
+                                 "the dtype of the inputs, without hard-coded float32 casts.")
+
+
 def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
                 max_checks=64, seed=0, train=True):
     """Check ``layer.backward`` against central finite differences in float64.
@@ -124,6 +140,10 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     if tree.structure(grads) != tree.structure(params64):
         raise GradientCheckError(f"{layer!r}: grads structure {tree.structure(grads)} differs "
                                  f"from params structure {tree.structure(params64)}")
+    for path, g, p in zip(optree.tree_paths(params64), tree.leaves(grads), tree.leaves(params64)):
+        index = "".join(f"[{k!r}]" for k in path)
+        _check_like(layer, f"grads{index}", g, f"params{index}", p)
+    _check_like(layer, "dx", dx, "x", x64)
 
     def objective(p, xx):
         return float((layer.forward(p, xx, key=key, train=train)[0] * dy).sum())

@@ -11,7 +11,8 @@ import numpy as np
 
 from fuseflow import backend
 from fuseflow.backend.epilogs import AUX_KEYS
-from fuseflow.nn._layer import Layer, check_dtype, check_float, check_residuals, check_saved_shape
+from fuseflow.nn._layer import (Layer, as_shape, check_dtype, check_float, check_residuals,
+                                check_saved_shape)
 
 
 class _Activation(Layer):
@@ -20,7 +21,7 @@ class _Activation(Layer):
     activation = None
 
     def init(self, key, in_shape):
-        return tuple(in_shape), {}
+        return as_shape(self, in_shape), {}
 
     def forward(self, params, x, *, key=None, train=True):
         check_float(self, x)

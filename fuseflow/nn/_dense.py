@@ -9,7 +9,7 @@ from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn import initializers
 from fuseflow.nn._layer import (RESIDUALS_FIX, Layer, check_2d, check_array, check_dtype,
                                 check_in_shape, check_keys, check_param, check_residuals,
-                                float_dtype, positive_int)
+                                float_dtype, initializer, positive_int)
 from fuseflow.backend.epilogs import ACTIVATIONS as FUSED_ACTIVATIONS
 from fuseflow.ops.dense import dense_backward, dense_forward
 
@@ -38,8 +38,9 @@ class Dense(Layer):
         self.activation = activation
         self.use_bias = bool(use_bias)
         gain = 2.0 if activation else 1.0
-        self.w_init = w_init or initializers.variance_scaling(gain, "fan_in", "truncated_normal")
-        self.b_init = b_init or initializers.zeros
+        self.w_init = initializer(Dense, "w_init", w_init) or \
+            initializers.variance_scaling(gain, "fan_in", "truncated_normal")
+        self.b_init = initializer(Dense, "b_init", b_init) or initializers.zeros
         self.param_dtype = float_dtype(Dense, param_dtype,
                                        f"Dense({features}, param_dtype=np.float32).")
 
@@ -51,10 +52,26 @@ class Dense(Layer):
     def init(self, key, in_shape):
         in_shape = check_in_shape(self, in_shape)
         kw, kb = random.split(key)
-        params = {"w": self.w_init(kw, (self.features, in_shape[0]), self.param_dtype)}
+        params = {"w": self._draw("w_init", kw, (self.features, in_shape[0]))}
         if self.use_bias:
-            params["b"] = self.b_init(kb, (self.features,), self.param_dtype)
+            params["b"] = self._draw("b_init", kb, (self.features,))
         return (self.features,), params
+
+    def _draw(self, name, key, shape):
+        """Call an initializer and check its array: a wrong one would pass init and fail in
+        forward, as if the params came from another model."""
+        a, dtype = getattr(self, name)(key, shape, self.param_dtype), self.param_dtype
+        fix = (f"Fix: {name} is called as init(key, shape, dtype) and must return an array of "
+               "that shape and dtype")
+        check_array(self, a, f"{name}'s result", fix=fix + ", e.g. np.asarray(a, dtype).")
+        if a.shape != shape:
+            layout = " = (out, in)" if name == "w_init" else ""
+            raise self.error(f"{name} returned shape {tuple(a.shape)}, expected {shape}{layout}. "
+                             f"{fix}.")
+        if a.dtype != dtype:
+            raise self.error(f"{name} returned dtype {a.dtype}, expected {dtype} (param_dtype). "
+                             f"{fix}: return a.astype(dtype).")
+        return a
 
     def check_params(self, params, x=None):
         check_keys(self, params, {"w", "b"} if self.use_bias else {"w"})

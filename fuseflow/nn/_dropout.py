@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fuseflow import backend, random
-from fuseflow.nn._layer import (Layer, check_array, check_dtype, check_float, check_residuals,
-                                check_saved_shape, number)
+from fuseflow.nn._layer import (Layer, as_shape, check_array, check_dtype, check_float,
+                                check_residuals, check_saved_shape, number)
 
 
 class Dropout(Layer):
@@ -17,7 +17,7 @@ class Dropout(Layer):
         return f"Dropout({self.rate})"
 
     def init(self, key, in_shape):
-        return tuple(in_shape), {}
+        return as_shape(self, in_shape), {}
 
     def forward(self, params, x, *, key=None, train=True):
         check_float(self, x)

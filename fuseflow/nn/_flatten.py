@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 
-from fuseflow.nn._layer import Layer, check_array, check_residuals, check_saved_shape
+from fuseflow.nn._layer import Layer, as_shape, check_array, check_residuals, check_saved_shape
 
 
 class Flatten(Layer):
     def init(self, key, in_shape):
-        return (int(np.prod(in_shape)),), {}
+        return (int(np.prod(as_shape(self, in_shape))),), {}
 
     def forward(self, params, x, *, key=None, train=True):
         check_array(self, x)

@@ -15,6 +15,8 @@ may skip writing residuals that only backward needs (no relu_aux in inference).
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 
@@ -174,6 +176,19 @@ def check_saved_shape(layer, dy, shape, what="dy"):
                           "another layer. " + RESIDUALS_FIX)
 
 
+def as_shape(layer, in_shape):
+    """``in_shape`` as a tuple; an int is a width (``init(key, 784)`` means ``(784,)``)."""
+    if _is_int(in_shape):
+        return (int(in_shape),)
+    if not isinstance(in_shape, (str, bytes)):
+        try:
+            return tuple(in_shape)
+        except TypeError:  # not iterable: None, a float
+            pass
+    raise layer.error(f"in_shape must be a tuple such as (784,), got {in_shape!r}. Fix: give "
+                      "init the input's shape without the batch axis, x.shape[1:].")
+
+
 def check_in_shape(layer, in_shape):
     """``in_shape`` is ``(features,)``; returns it as a tuple of one int."""
     ok = (isinstance(in_shape, (tuple, list)) and len(in_shape) == 1
@@ -217,3 +232,32 @@ def float_dtype(cls, value, fix):
         raise LayerError(f"{cls.__name__}: param_dtype must be {_FLOATS}, got "
                          f"{dtype if dtype is not None else repr(value)}. Fix: {fix}")
     return dtype
+
+
+def initializer(cls, name, fn):
+    """``fn`` (``w_init``, ...) if it can be called as ``init(key, shape, dtype)``, or None.
+    Caught here, at construction: a factory passed uncalled (``glorot_uniform`` for
+    ``glorot_uniform()``) would fail in init with a bare TypeError."""
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise LayerError(f"{cls.__name__}: {name} must be an initializer init(key, shape, dtype), "
+                         f"got {fn!r}. Fix: e.g. {name}=nn.initializers.glorot_uniform().")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no introspectable signature (a builtin): trust it
+        return fn
+    fname = getattr(fn, "__name__", type(fn).__name__)
+    # our factories take their settings; our initializers (zeros, ...) take the key first
+    if getattr(fn, "__module__", None) == "fuseflow.nn.initializers" \
+            and list(sig.parameters)[:1] != ["key"]:
+        args = ", ".join(p.name for p in sig.parameters.values() if p.default is p.empty)
+        raise LayerError(f"{cls.__name__}: {name} is the initializer factory {fname}, not an "
+                         f"initializer. Fix: pass nn.initializers.{fname}({args}), not {fname}.")
+    try:
+        sig.bind(None, (1,), np.float32)
+    except TypeError:
+        raise LayerError(f"{cls.__name__}: {name} {fname}{sig} cannot be called as init(key, "
+                         "shape, dtype). Fix: define it as init(key, shape, dtype); an initializer "
+                         "factory must be called, e.g. nn.initializers.glorot_uniform().") from None
+    return fn

@@ -30,7 +30,7 @@ from fuseflow import backend, random
 from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn._activation import GELU, ReLU
 from fuseflow.nn._dense import Dense
-from fuseflow.nn._layer import Layer, LayerError
+from fuseflow.nn._layer import Layer, LayerError, as_shape
 
 
 class _Stage(NamedTuple):
@@ -58,6 +58,11 @@ def plan_stages(layers) -> list:
     return stages
 
 
+def _shape(a) -> str:
+    """``"shape (8, 16)"`` for an array, the type's name for anything else (in messages)."""
+    return f"shape {tuple(a.shape)}" if hasattr(a, "shape") else type(a).__name__
+
+
 def _overlappable(dense) -> bool:
     """Dense's own backward_fused: it returns its weight gradient without reading it."""
     return type(dense).backward_fused is Dense.backward_fused
@@ -71,6 +76,9 @@ class Serial(Layer):
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
         for i, layer in enumerate(layers):
+            if isinstance(layer, type):  # init would fail later, missing its self
+                raise TypeError(f"Serial: argument {i} is the class {layer.__name__}, not a layer. "
+                                f"Fix: pass {layer.__name__}() (call it).")
             if not all(callable(getattr(layer, m, None)) for m in ("init", "forward", "backward")):
                 raise TypeError(f"Serial: layer {i} ({layer!r}) is not a layer: it needs init, "
                                 "forward and backward methods (see the custom-layer guide).")
@@ -98,7 +106,7 @@ class Serial(Layer):
 
     def init(self, key, in_shape):
         keys = random.split(key, max(1, len(self.layers)))
-        params, shape = [], tuple(in_shape)
+        params, shape = [], as_shape(self, in_shape)
         for i, (layer, k) in enumerate(zip(self.layers, keys)):
             try:
                 shape, p = layer.init(k, shape)
@@ -111,18 +119,46 @@ class Serial(Layer):
         self._check_tree(params, "params")
         keys = random.split(key, len(self.layers)) if key is not None else [None] * len(self.layers)
         residuals = [{} for _ in self.layers]
-        for st in self.stages:
+        for s, st in enumerate(self.stages):
             i = st.index
             try:
                 if st.dense is not None:
                     x, residuals[i] = st.dense.forward(params[i], x, train=train,
                                                        activation=st.activation)
-                else:
-                    x, residuals[i] = self.layers[i].forward(params[i], x, key=keys[i],
-                                                             train=train)
+                    continue
+                y, residuals[i] = self.layers[i].forward(params[i], x, key=keys[i], train=train)
             except LayerError as e:
                 raise self._wrap(i, e) from None
+            self._check_output(s, params, x, y)
+            x = y
         return x, tuple(residuals)
+
+    def _check_output(self, s, params, x, y):
+        """A generic stage's output must have the width its init declared: the Dense stage
+        above was initialised for it (``w`` is ``(out, in)``) and would otherwise get the
+        blame. Only known where a Dense follows: Serial keeps nothing from init."""
+        above = self.stages[s + 1] if s + 1 < len(self.stages) else None
+        p = params[above.index] if above is not None and above.dense is not None else None
+        width = getattr(p.get("w") if isinstance(p, dict) else None, "shape", ())[1:]
+        if len(width) != 1 or getattr(y, "shape", ())[1:] == width:
+            return  # no Dense above, or params the Dense itself will reject
+        got, fix = _shape(y), "make init return the output shape forward produces."
+        if s == 0 or self.stages[s - 1].dense is None:  # the input is unchecked: may be wrong
+            got, fix = (f"{got} for an input of {_shape(x)},",
+                        "pass a batch of the in_shape given to init, or " + fix)
+        raise LayerError(f"{self._where(self.stages[s].index)}: forward returned {got} but init "
+                         f"declared (batch, {width[0]}). Fix: {fix}")
+
+    def _check_dx(self, s, below, dy, dx):
+        """A generic stage's dx must have its input's shape, known where a Dense stage is
+        below (its output): otherwise that Dense would get the blame."""
+        if below is None or below.dense is None or not getattr(dy, "shape", ()):
+            return
+        want = (dy.shape[0], below.dense.features)
+        if getattr(dx, "shape", None) != want:
+            raise LayerError(f"{self._where(self.stages[s].index)}: backward returned dx of "
+                             f"{_shape(dx)} but its input had shape {want}. Fix: return dx "
+                             "with the shape of forward's input x.")
 
     def backward(self, params, residuals, dy, *, need_input_grad=True,
                  release_residuals=False):
@@ -147,12 +183,17 @@ class Serial(Layer):
             st = self.stages[s]
             i, below = st.index, (self.stages[s - 1] if s > 0 else None)
             need_dx = need_input_grad or s > 0
+            if st.dense is None:
+                try:
+                    grads[i], dx = self.layers[i].backward(params[i], residuals[i], dy)
+                except LayerError as e:
+                    raise self._wrap(i, e) from None
+                self._check_dx(s, below, dy, dx)
+                if release_residuals:
+                    residuals[i] = None
+                dy = dx
+                continue
             try:
-                if st.dense is None:
-                    grads[i], dy = self.layers[i].backward(params[i], residuals[i], dy)
-                    if release_residuals:
-                        residuals[i] = None
-                    continue
                 fuse = (below is not None and below.dense is not None
                         and below.activation is not None and need_dx)
                 below_res = residuals[below.index] if fuse else None

@@ -1,0 +1,282 @@
+"""The usability audit's findings: each bad use fails where the mistake is, with a message that
+names the layer (and its position in a Serial), the shapes or dtypes, and the fix.
+
+Sizes and inputs are drawn fresh on every run, as in tests/test_layer_errors.py."""
+
+import re
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import nn
+from fuseflow.nn import LayerError
+
+rng = np.random.default_rng()
+
+
+def randn(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def size(lo=2, hi=40):
+    return int(rng.integers(lo, hi))
+
+
+def two_sizes():
+    """Two different sizes: a transposed shape must not match by chance."""
+    a = size()
+    return a, a + size(1, 10)
+
+
+def key():
+    return ff.random.key(int(rng.integers(1 << 30)))
+
+
+def raises(exc, *parts):
+    """``pytest.raises`` whose message holds ``parts`` in this order (each taken literally)."""
+    return pytest.raises(exc, match=".*".join(map(re.escape, parts)))
+
+
+class Linear(nn.Layer):
+    """``y = x @ w.T + b``, a custom (generic) layer; ``bad`` names the one thing it gets wrong."""
+
+    def __init__(self, features, bad=None):
+        self.features, self.bad = features, bad
+
+    def __repr__(self):
+        return f"Linear({self.features})"
+
+    def init(self, key, in_shape):
+        out = self.features + (1 if self.bad == "declares_wider" else 0)
+        params = {"w": ff.random.normal(key, (self.features, in_shape[0])),
+                  "b": np.zeros(self.features, np.float32)}
+        return (out,), params
+
+    def forward(self, params, x, *, key=None, train=True):
+        return x @ params["w"].T + params["b"], {"x": x}
+
+    def backward(self, params, residuals, dy):
+        x, w = residuals["x"], params["w"]
+        dw, db, dx = dy.T @ x, dy.sum(0), dy @ w
+        if self.bad == "transposed_dw":
+            dw = x.T @ dy
+        elif self.bad == "keepdims_db":
+            db = dy.sum(0, keepdims=True)
+        elif self.bad == "scalar_db":
+            db = dy.sum()
+        elif self.bad == "float32_dw":
+            dw = dw.astype(np.float32)
+        elif self.bad == "narrow_dx":
+            dx = dx[:, :-1]
+        return {"w": dw, "b": db}, dx
+
+
+# ---- 1. check_grads checks the shapes and dtypes of grads and dx ---------------------------
+@pytest.mark.parametrize("bad,leaf,got", [
+    ("transposed_dw", "w", lambda out, inp, batch: (inp, out)),
+    ("keepdims_db", "b", lambda out, inp, batch: (1, out)),
+    ("scalar_db", "b", lambda out, inp, batch: ()),
+])
+def test_check_grads_gradient_of_another_shape(bad, leaf, got):
+    out, inp = two_sizes()
+    batch = size()
+    layer = Linear(out, bad)
+    _, p = layer.init(key(), (inp,))
+    want = p[leaf].shape
+    with raises(ff.GradientCheckError, f"Linear({out}): backward's grads['{leaf}'] has shape "
+                f"{got(out, inp, batch)} but params['{leaf}'] has {want}",
+                f"Fix: return the gradient with respect to params['{leaf}'] in params['{leaf}']'s "
+                "shape"):
+        ff.check_grads(layer, p, randn(batch, inp))
+
+
+def test_check_grads_dx_of_another_shape():
+    out, inp = two_sizes()
+    batch = size()
+    layer = Linear(out, "narrow_dx")
+    _, p = layer.init(key(), (inp,))
+    with raises(ff.GradientCheckError, f"Linear({out}): backward's dx has shape "
+                f"({batch}, {inp - 1}) but x has ({batch}, {inp})", "Fix:"):
+        ff.check_grads(layer, p, randn(batch, inp))
+
+
+def test_check_grads_gradient_of_another_dtype():
+    out, inp = two_sizes()
+    layer = Linear(out, "float32_dw")
+    _, p = layer.init(key(), (inp,))
+    with raises(ff.GradientCheckError, f"Linear({out}): backward's grads['w'] has dtype float32 "
+                "but params['w'] is float64 (check_grads runs in float64)",
+                "Fix: compute in the dtype of the inputs"):
+        ff.check_grads(layer, p, randn(size(), inp))
+
+
+def test_check_grads_names_a_nested_leaf():
+    """In a Serial the leaf is named by its whole path; a right backward still passes."""
+    out, inp = two_sizes()
+    model = nn.Serial(nn.Dense(inp, "relu"), Linear(out, "keepdims_db"))
+    _, p = model.init(key(), (inp,))
+    p = ff.tree.map(lambda a: a + randn(*a.shape), p)  # random biases: no ReLU kinks
+    with raises(ff.GradientCheckError, "Serial(Dense(", "backward's grads[1]['b'] has shape "
+                f"(1, {out}) but params[1]['b'] has ({out},)"):
+        ff.check_grads(model, p, randn(size(), inp))
+    good = nn.Serial(nn.Dense(inp, "relu"), Linear(out))
+    assert ff.check_grads(good, p, randn(size(), inp)).max_error <= 1.0
+
+
+# ---- 2. Serial blames the generic layer whose shapes disagree, not its Dense neighbour -------
+@pytest.mark.parametrize("below", ["dense", "dense_relu", "dense_then_relu_layer"])
+def test_serial_blames_a_layer_whose_dx_has_the_wrong_shape(below):
+    hidden, out, batch, inp = size(4), size(), size(), size()
+    first = {"dense": [nn.Dense(hidden)], "dense_relu": [nn.Dense(hidden, "relu")],
+             "dense_then_relu_layer": [nn.Dense(hidden), nn.ReLU()]}[below]
+    model = nn.Serial(*first, Linear(out, "narrow_dx"), nn.Dense(3))
+    pos = len(first)
+    _, p = model.init(key(), (inp,))
+    x = randn(batch, inp)
+    y, res = model.forward(p, x)
+    want = (f"Serial layer {pos} (Linear({out})): backward returned dx of shape "
+            f"({batch}, {hidden - 1}) but its input had shape ({batch}, {hidden})",
+            "Fix: return dx with the shape of forward's input x")
+    with raises(LayerError, *want):
+        model.backward(p, res, randn(*y.shape))
+    loss = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+    with raises(LayerError, *want):  # the path that releases residuals as it goes
+        loss(p, x, rng.integers(0, 3, batch))
+
+
+def test_serial_blames_a_layer_whose_output_is_not_what_its_init_declared():
+    hidden, out, batch, inp = size(), size(), size(), size()
+    model = nn.Serial(nn.Dense(hidden, "relu"), Linear(out, "declares_wider"), nn.Dense(3))
+    _, p = model.init(key(), (inp,))
+    with raises(LayerError, f"Serial layer 1 (Linear({out})): forward returned shape "
+                f"({batch}, {out}) but init declared (batch, {out + 1}). Fix: make init return "
+                "the output shape forward produces."):
+        model.forward(p, randn(batch, inp))
+
+
+def test_serial_first_layer_output_names_its_input_too():
+    """Layer 0's input is the model's: it may be the input that is wrong, so both are said."""
+    out, batch, inp = size(), size(), size()
+    model = nn.Serial(Linear(out, "declares_wider"), nn.Dense(3))
+    _, p = model.init(key(), (inp,))
+    with raises(LayerError, f"Serial layer 0 (Linear({out})): forward returned shape ({batch}, "
+                f"{out}) for an input of shape ({batch}, {inp}), but init declared (batch, "
+                f"{out + 1}). Fix: pass a batch of the in_shape given to init, or make init"):
+        model.forward(p, randn(batch, inp))
+    a, b, batch = size(), size(), size()
+    model = nn.Serial(nn.Flatten(), nn.Dense(size()))
+    _, p = model.init(key(), (a, b))
+    with raises(LayerError, f"Serial layer 0 (Flatten()): forward returned shape ({batch}, "
+                f"{(a + 1) * b}) for an input of shape ({batch}, {a + 1}, {b}), but init declared "
+                f"(batch, {a * b}). Fix: pass a batch of the in_shape given to init"):
+        model.forward(p, randn(batch, a + 1, b))
+
+
+def test_serial_with_right_custom_layers_between_fused_dense_stages_still_trains():
+    inp, hidden, batch = size(), size(), size()
+    model = nn.Serial(nn.Dense(hidden, "relu"), Linear(hidden), nn.Dense(hidden, "gelu"),
+                      nn.Dense(hidden), nn.ReLU(), nn.Dense(4))
+    _, p = model.init(key(), (inp,))
+    loss, grads = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+        p, randn(batch, inp), rng.integers(0, 4, batch))
+    assert np.isfinite(float(loss))
+    assert ff.tree.structure(grads) == ff.tree.structure(p)
+
+
+# ---- 3. Dense checks what its initializers return, and that they were called -----------------
+def test_dense_init_checks_the_weight_initializers_shape():
+    f, inp = two_sizes()
+    layer = nn.Dense(f, w_init=lambda k, s, d: randn(s[1], s[0], dtype=d))
+    with raises(LayerError, f"Dense({f}): w_init returned shape ({inp}, {f}), expected ({f}, "
+                f"{inp}) = (out, in). Fix: w_init is called as init(key, shape, dtype)"):
+        layer.init(key(), (inp,))
+
+
+def test_dense_init_checks_the_bias_initializers_shape():
+    f, inp = size(), size()
+    layer = nn.Dense(f, b_init=lambda k, s, d: randn(1, *s, dtype=d))
+    with raises(LayerError, f"Dense({f}): b_init returned shape (1, {f}), expected ({f},). Fix:"):
+        layer.init(key(), (inp,))
+
+
+@pytest.mark.parametrize("param_dtype", [np.float32, np.float16])
+def test_dense_init_checks_the_initializers_dtype(param_dtype):
+    f, inp = size(), size()
+    layer = nn.Dense(f, w_init=lambda k, s, d: rng.standard_normal(s), param_dtype=param_dtype)
+    with raises(LayerError, f"Dense({f}): w_init returned dtype float64, expected "
+                f"{np.dtype(param_dtype)} (param_dtype). Fix:", "a.astype(dtype)"):
+        layer.init(key(), (inp,))
+
+
+def test_dense_init_checks_the_initializer_returns_an_array():
+    f, inp = size(), size()
+    layer = nn.Dense(f, b_init=lambda k, s, d: randn(*s).tolist())
+    with raises(LayerError, f"Dense({f}): b_init's result must be an array (NumPy or CuPy), got "
+                "list. Fix:"):
+        layer.init(key(), (inp,))
+
+
+@pytest.mark.parametrize("factory,call", [
+    ("glorot_uniform", "glorot_uniform()"), ("he_normal", "he_normal()"),
+    ("lecun_normal", "lecun_normal()"), ("normal", "normal()"), ("constant", "constant(value)"),
+    ("variance_scaling", "variance_scaling(scale)")])
+@pytest.mark.parametrize("arg", ["w_init", "b_init"])
+def test_dense_an_initializer_factory_passed_uncalled(factory, call, arg):
+    with raises(LayerError, f"Dense: {arg} is the initializer factory {factory}, not an "
+                f"initializer. Fix: pass nn.initializers.{call}, not {factory}"):
+        nn.Dense(size(), **{arg: getattr(nn.initializers, factory)})
+
+
+def test_dense_an_initializer_of_another_signature_or_type():
+    with raises(LayerError, "Dense: w_init <lambda>(k, s) cannot be called as init(key, shape, "
+                "dtype). Fix:"):
+        nn.Dense(size(), w_init=lambda k, s: randn(*s))
+    with raises(LayerError, "Dense: w_init must be an initializer init(key, shape, dtype), got "
+                "'glorot_uniform'. Fix:"):
+        nn.Dense(size(), w_init="glorot_uniform")
+
+
+def test_dense_right_initializers_still_build():
+    f, inp = size(), size()
+    layer = nn.Dense(f, w_init=nn.initializers.glorot_uniform(), b_init=nn.initializers.zeros,
+                     param_dtype=np.float64)
+    _, p = layer.init(key(), (inp,))
+    assert p["w"].shape == (f, inp) and p["w"].dtype == p["b"].dtype == np.float64
+
+
+# ---- 4. Serial rejects a layer class that was never instantiated ----------------------------
+@pytest.mark.parametrize("cls", [nn.ReLU, nn.Flatten, nn.Dense, Linear])
+def test_serial_a_layer_class_instead_of_a_layer(cls):
+    name = cls.__name__
+    with raises(TypeError, f"Serial: argument 1 is the class {name}, not a layer. Fix: pass "
+                f"{name}() (call it)"):
+        nn.Serial(nn.Dense(10), cls)
+    with raises(TypeError, f"Serial: argument 0 is the class {name}"):
+        nn.Serial([cls, nn.Dense(10)])
+
+
+# ---- 5. an int in_shape is a width ------------------------------------------------------------
+def test_serial_init_takes_an_int_in_shape():
+    inp, k = size(), key()
+    model = nn.Serial(nn.Dense(size(), "relu"), nn.Dropout(0.2), nn.Dense(3))
+    out_int, p_int = model.init(k, inp)
+    out_tuple, p_tuple = model.init(k, (inp,))
+    assert out_int == out_tuple == (3,)
+    for a, b in zip(ff.tree.leaves(p_int), ff.tree.leaves(p_tuple)):
+        np.testing.assert_array_equal(a, b)
+    assert model.init(k, np.int64(inp))[0] == (3,)
+
+
+@pytest.mark.parametrize("layer", [nn.ReLU(), nn.GELU(), nn.Dropout(0.1), nn.Flatten(),
+                                   nn.Serial(nn.Flatten(), nn.ReLU())], ids=repr)
+def test_shape_free_layers_take_an_int_in_shape(layer):
+    inp = size()
+    assert layer.init(key(), inp)[0] == (inp,)
+
+
+@pytest.mark.parametrize("in_shape", [None, 7.0, "784"])
+def test_an_in_shape_that_is_neither_an_int_nor_a_tuple(in_shape):
+    with raises(LayerError, f"Serial(ReLU()): in_shape must be a tuple such as (784,), got "
+                f"{in_shape!r}. Fix: give init the input's shape without the batch axis"):
+        nn.Serial(nn.ReLU()).init(key(), in_shape)
