@@ -118,3 +118,13 @@ def test_mse_shape_error_says_the_fix():
 def test_every_loss_shape_error_says_the_fix(call):
     with pytest.raises(LossError, match=r"\. Fix: \S"):
         call()
+
+
+def test_a_failed_download_leaves_no_empty_cache_folder(tmp_path):
+    from fuseflow.data._download import fetch
+
+    folder = tmp_path / "cache" / "mnist"
+    with pytest.raises(OSError, match="could not download"):
+        fetch("train-labels-idx1-ubyte.gz", folder, [(tmp_path / "no-mirror").as_uri()],
+              "0" * 64, timeout=1)
+    assert not folder.exists()

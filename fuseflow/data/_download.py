@@ -8,6 +8,7 @@ half file where a loader would find it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import urllib.request
 from pathlib import Path
@@ -34,6 +35,7 @@ def fetch(name: str, folder: Path, mirrors, sha256: str, timeout: float = 60.0) 
 
     Returns the final path. Raises ``OSError`` listing every mirror's failure otherwise.
     """
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     errors = []
     for base in mirrors:
@@ -42,6 +44,9 @@ def fetch(name: str, folder: Path, mirrors, sha256: str, timeout: float = 60.0) 
             return _fetch_one(url, folder / name, sha256, timeout)
         except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
             errors.append(f"{url}: {e}")
+    if created:  # no empty cache folder left behind by an offline attempt
+        with contextlib.suppress(OSError):
+            folder.rmdir()
     raise OSError("could not download " + name + ":\n    " + "\n    ".join(errors))
 
 
