@@ -60,10 +60,13 @@ class Communicator:
 
     # ---- collectives -------------------------------------------------------------------------
     def allreduce_mean(self, grads):
-        """Average a pytree over ranks with one collective on one packed buffer."""
+        """Average a pytree over ranks with one collective on one packed buffer. Leaves of
+        several dtypes are packed in the widest and come back in their own."""
         if self.size == 1 and not self.always_reduce:
             return grads
         leaves, treedef = tree.flatten(grads)
+        if not leaves:
+            return grads
         xp = namespace(leaves[0])
         flat = xp.concatenate([g.reshape(-1) for g in leaves])
         if is_cupy(flat):
@@ -75,7 +78,8 @@ class Communicator:
         flat /= self.size
         out, offset = [], 0
         for g in leaves:
-            out.append(flat[offset:offset + g.size].reshape(g.shape))
+            out.append(flat[offset:offset + g.size].reshape(g.shape).astype(g.dtype,
+                                                                           copy=False))
             offset += g.size
         return tree.unflatten(treedef, out)
 
@@ -116,7 +120,14 @@ class Communicator:
 
     def shard(self, *arrays):
         """This rank's contiguous share of a global batch (equal shares; the size must divide)."""
+        if not arrays:
+            raise DistributedError("shard: no arrays given. Fix: comm.shard(x, y).")
         n = len(arrays[0])
+        if any(len(a) != n for a in arrays):
+            raise DistributedError(f"shard: the arrays hold {[len(a) for a in arrays]} examples; "
+                                   "they must hold the same number (one label per example), or "
+                                   "the ranks' shares would not line up. Fix: pass x and y of "
+                                   "the same global batch.")
         if n % self.size:
             raise DistributedError(f"a global batch of {n} cannot be split evenly over "
                                    f"{self.size} ranks. Fix: a batch size divisible by "

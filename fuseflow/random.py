@@ -7,6 +7,8 @@ generator, so a model initialised from a key is identical on every backend.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = [
@@ -24,37 +26,46 @@ __all__ = [
 
 
 def key(seed: int) -> np.ndarray:
-    """A key from an integer seed: any 64-bit int (a negative one is taken as its
-    two's complement, as JAX does). Larger seeds are refused rather than wrapped, so that two
-    different seeds never give the same key."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"ff.random.key: seed must be an int, got {type(seed).__name__}. "
-                        "Fix: ff.random.key(0).")
-    seed = int(seed)
-    if not -2 ** 63 <= seed < 2 ** 64:
-        raise ValueError(f"ff.random.key: seed {seed} does not fit in 64 bits. Fix: a seed in "
-                         "[0, 2**64), e.g. seed % 2**64.")
+    """A key from an integer seed: any 64-bit int (a negative seed is taken as its two's
+    complement, as JAX does: ``key(-1) == key(2**64 - 1)``). Larger seeds are refused rather
+    than wrapped onto smaller ones."""
+    seed = _int64("ff.random.key", "seed", seed, "ff.random.key(0)")
     return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], dtype=np.uint32)
 
 
-def _check_key(k) -> np.ndarray:
+def _int64(where, name, value, fix) -> int:
+    """``value`` as a Python int in [0, 2**64) (negative 64-bit ints as two's complement)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} "
+                        f"{value!r}. Fix: {fix}.")
+    value = int(value)
+    if not -2 ** 63 <= value < 2 ** 64:
+        raise ValueError(f"{where}: {name} {value} does not fit in 64 bits. Fix: a {name} in "
+                         f"[0, 2**64), e.g. {name} % 2**64.")
+    return value & (2 ** 64 - 1)
+
+
+def _check_key(k, where="ff.random") -> np.ndarray:
     k = np.asarray(k)
     if k.shape != (2,) or k.dtype != np.uint32:
-        raise TypeError(f"expected a key (uint32 array of shape (2,)), got dtype {k.dtype} "
-                        f"shape {k.shape}. Fix: make keys with ff.random.key(seed) and "
-                        "ff.random.split(key).")
+        raise TypeError(f"{where}: expected a key (uint32 array of shape (2,)), got dtype "
+                        f"{k.dtype} shape {k.shape}. Fix: make keys with ff.random.key(seed) "
+                        "and ff.random.split(key).")
     return k
 
 
-def generator(k) -> np.random.Generator:
+def generator(k, where="ff.random.generator") -> np.random.Generator:
     """The NumPy generator a key stands for (Philox seeded by the key's 64 bits)."""
-    k = _check_key(k)
+    k = _check_key(k, where)
     return np.random.Generator(np.random.Philox(key=(int(k[0]) << 32) | int(k[1])))
 
 
 def split(k, num: int = 2) -> np.ndarray:
     """``num`` new independent keys, as an array of shape (num, 2)."""
-    return generator(k).integers(0, 2**32, size=(num, 2), dtype=np.uint32)
+    if isinstance(num, (bool, np.bool_)) or not isinstance(num, (int, np.integer)) or num < 0:
+        raise ValueError(f"ff.random.split: num must be an int >= 0, got {num!r}. Fix: "
+                         "ff.random.split(key, 2).")
+    return generator(k, "ff.random.split").integers(0, 2**32, size=(num, 2), dtype=np.uint32)
 
 
 _FOLD_IN_DOMAIN = 0x466F6C64  # keeps fold_in's keys apart from split's (a separate hash input)
@@ -66,8 +77,8 @@ def fold_in(k, data: int) -> np.ndarray:
     Hashed (SeedSequence) rather than drawn from the key's own stream, so that
     ``fold_in(k, s)`` never equals a key that ``split(k, n)`` returns.
     """
-    k = _check_key(k)
-    data = int(data) & (2**64 - 1)
+    k = _check_key(k, "ff.random.fold_in")
+    data = _int64("ff.random.fold_in", "data", data, "fold_in(key, step) with an int step")
     seq = np.random.SeedSequence([int(k[0]), int(k[1]), data & 0xFFFFFFFF, data >> 32,
                                   _FOLD_IN_DOMAIN])
     return seq.generate_state(2, dtype=np.uint32)
@@ -78,8 +89,17 @@ def normal(k, shape, dtype=np.float32) -> np.ndarray:
 
 
 def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.ndarray:
-    """Standard normal restricted to [lower, upper] (by resampling)."""
-    g = generator(k)
+    """Standard normal restricted to [lower, upper] (by resampling). The interval must hold
+    at least 0.1% of the distribution (the default, [-2, 2], holds 95%): narrower ones, far in
+    a tail, would need too many rounds and are refused."""
+    mass = 0.5 * (math.erf(upper / math.sqrt(2)) - math.erf(lower / math.sqrt(2))) \
+        if lower < upper else 0.0
+    if not mass >= 1e-3:
+        raise ValueError(f"ff.random.truncated_normal: [lower, upper] = [{lower}, {upper}] holds "
+                         f"{mass:.2g} of the standard normal distribution; it must hold at "
+                         "least 0.001 (lower < upper, not far in a tail). Fix: an interval "
+                         "around 0, e.g. lower=-2.0, upper=2.0.")
+    g = generator(k, "ff.random.truncated_normal")
     out = g.standard_normal(shape)
     bad = (out < lower) | (out > upper)
     while bad.any():

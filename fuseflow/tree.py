@@ -97,8 +97,14 @@ def scale(tree, s):
 
 
 def vdot(a, b):
-    """Sum over leaves of elementwise products (a 0-d array on the leaves' device)."""
-    parts = [(x * y).sum() for x, y in zip(leaves(a), leaves(b))]
+    """Sum over leaves of elementwise products (a 0-d array on the leaves' device). The
+    trees must have the same structure."""
+    try:
+        parts = leaves(map(lambda x, y: (x * y).sum(), a, b))
+    except ValueError as e:
+        raise ValueError(f"tree.vdot: the two trees do not match ({e}). Fix: pass "
+                         "trees of the same structure and shapes, such as params and grads."
+                         ) from None
     return sum(parts[1:], parts[0]) if parts else 0.0
 
 

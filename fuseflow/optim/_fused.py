@@ -220,7 +220,10 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
         else:
             u = g if donate_grads and g.dtype == p.dtype else g.copy()  # scaled in place below
         u *= step_const
-        u += p
+        if u.dtype == np.result_type(u.dtype, p.dtype):
+            u += p
+        else:  # a narrower update than the params: add in their precision, as apply_updates
+            u = u + p
         new_p.append(u.astype(p.dtype, copy=False))
     return new_p, new_groups
 
