@@ -11,11 +11,13 @@ models: a pure step ``step(params, opt_state, x, y) -> (params, opt_state, metri
 3. every later call copies the batch into the graph's input buffers and replays the graph:
    one launch, no Python per layer.
 
-The returned params/opt_state are the donated buffers themselves; pass them back in on the
-next call (anything else is copied in first). The metrics are graph-owned buffers that the
-next call overwrites: read them (``float(m["loss"])``) or copy them before calling again. A
-change of shapes, dtypes or tree structure compiles a new graph (cached per signature).
-On NumPy arrays ``compile`` is a pass-through, so one script runs on both backends.
+On the GPU the returned params/opt_state are the donated buffers themselves; pass them back
+in on the next call (anything else is copied in first). The metrics are graph-owned buffers
+that the next call overwrites: read them (``float(m["loss"])``) or copy them before calling
+again. A change of shapes, dtypes or tree structure compiles a new graph (cached per
+signature). On NumPy arrays ``compile`` is a pass-through that returns new arrays (the inputs
+keep their values), so one script runs on both backends if it uses only the returned values,
+never the donated inputs, after a call; it checks the contract once per signature too.
 """
 
 from __future__ import annotations
@@ -51,17 +53,53 @@ def compile(step, *, donate_argnums=(0, 1), autotune=None):
         autotune = env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto")
     if autotune not in AUTOTUNE_MODES.values():
         raise ValueError(f"compile: autotune must be True, False or 'auto', got {autotune!r}")
-    return CompiledStep(step, tuple(donate_argnums), autotune)
+    return CompiledStep(step, _donated(donate_argnums), autotune)
+
+
+def _donated(donate_argnums):
+    """``donate_argnums`` as a tuple of distinct argument indices; an int names one, as in
+    ``jax.jit``."""
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums
+    try:
+        donate = tuple(donate)
+    except TypeError:
+        donate = None
+    if donate is None or len(set(donate)) != len(donate) or not all(
+            type(i) is int and i >= 0 for i in donate):
+        raise TypeError(f"compile: donate_argnums must be an argument index or a tuple of "
+                        f"distinct ones, got {donate_argnums!r}. Fix: ff.compile(step, "
+                        f"donate_argnums=(0, 1)) for step(params, opt_state, x, y)")
+    return donate
 
 
 def _is_array(x):
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def _signature(args):
-    leaves, treedef = tree.flatten(args)
+def _signature(treedef, leaves):
     return treedef, tuple((tuple(x.shape), x.dtype.str) if _is_array(x) else ("py", repr(x))
                           for x in leaves)
+
+
+def _class_difference(new, old):
+    """What a structure error cannot print: two node classes of the same name (the
+    namedtuples of a state loaded without ``like``); "" when the first difference is not
+    that."""
+    if new.type is not old.type:
+        if new.type is None or old.type is None or new.type.__name__ != old.type.__name__:
+            return ""
+        return (f". They print alike but the classes differ: {_qualname(new.type)} returned "
+                f"for {_qualname(old.type)} given (a state loaded with ff.checkpoint.load "
+                "without like?). Fix: ff.checkpoint.load(path, like=opt.init(params)), or "
+                "return the given classes")
+    for n, o in zip(new.children(), old.children()):
+        if n != o:
+            return _class_difference(n, o)
+    return ""
+
+
+def _qualname(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class _Graph:
@@ -88,7 +126,7 @@ class CompiledStep:
         self._last = None  # the graph of the previous call: the fast path's candidate
         self.compiles = 0
         self.calls = 0
-        self._numpy_checked = False
+        self._numpy_checked = set()  # the signatures whose NumPy call checked the contract
 
     def __repr__(self):
         return f"ff.compile({getattr(self.step, '__name__', self.step)!r})"
@@ -126,17 +164,18 @@ class CompiledStep:
         return True
 
     def _call_slow(self, args):
-        leaves = tree.leaves(args)
+        leaves, treedef = tree.flatten(args)
+        sig = _signature(treedef, leaves)
         if not any(is_cupy(x) for x in leaves):  # NumPy: nothing to capture
-            if self._numpy_checked:
+            if sig in self._numpy_checked:
                 return self.step(*args)
-            # the first call checks the contract, so a script that runs here runs on a GPU
+            # the first call of each signature checks the contract, as a GPU compiles a
+            # graph for each: so a script that runs here runs on a GPU
             self._check_donation(args)
             out = self.step(*args)
             self._check_outputs(out, args)
-            self._numpy_checked = True
+            self._numpy_checked.add(sig)
             return out
-        sig = _signature(args)
         g = self._graphs.get(sig)
         if g is None:
             g = self._graphs[sig] = self._compile(args)
@@ -210,7 +249,8 @@ class CompiledStep:
             if tree.structure(new) != tree.structure(old):
                 raise CompileError(f"{self!r}: output {k} must have the structure of argument "
                                    f"{i} (it is donated): {tree.structure(new)} vs "
-                                   f"{tree.structure(old)}")
+                                   f"{tree.structure(old)}"
+                                   + _class_difference(tree.structure(new), tree.structure(old)))
             for path, n, o in zip(tree.paths(old), tree.leaves(new), tree.leaves(old)):
                 if _is_array(o) and (not _is_array(n) or n.shape != o.shape
                                      or n.dtype != o.dtype):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,7 +45,7 @@ from fuseflow import backend, tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward, _own_residuals, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import check_state
+from fuseflow.optim._base import check_number, check_state, zero_count
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -62,10 +63,13 @@ COMPUTE_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.fl
 
 
 def _compute_dtype(dtype):
-    name = np.dtype(dtype).name
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:  # NumPy has no bfloat16: say so here, not "data type not understood"
+        name = str(dtype)
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"mixed precision: compute dtype must be one of {sorted(COMPUTE_DTYPES)}, "
-                         f"got {name}. (bfloat16: see docs/gpu.md)")
+                         f"got {name}. (bfloat16: see docs/gpu.md) Fix: compute_dtype='float16'")
     return np.dtype(name)
 
 
@@ -183,8 +187,10 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
 
 
 def all_finite(grads):
-    """A 0-d bool array: every element of every leaf is finite (one launch on the GPU)."""
-    return backend.all_finite(tree.leaves(grads))
+    """A 0-d bool array: every element of every leaf is finite (one launch on the GPU);
+    True for a tree without leaves (on the host: there is no device to ask)."""
+    leaves = tree.leaves(grads)
+    return backend.all_finite(leaves) if leaves else np.asarray(True)
 
 
 class DynamicScaleState(NamedTuple):
@@ -220,11 +226,14 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
     if not isinstance(optimizer, GradientTransformation):
         raise TypeError("dynamic_loss_scaling: expected an optimizer such as ff.optim.adam(1e-3), "
                         f"got {type(optimizer).__name__}")
+    init_scale, growth_interval, growth_factor, backoff_factor, min_scale = _checked_rule(
+        init_scale, growth_interval, growth_factor, backoff_factor, min_scale)
     cd = None if compute_dtype is None else _compute_dtype(compute_dtype)
 
     def init(params):
-        xp = namespace(tree.leaves(params)[0])
-        return DynamicScaleState(xp.asarray(init_scale, xp.float32), xp.zeros((), xp.int32),
+        good_steps = zero_count(params)  # on the params' device (the host for no params)
+        xp = namespace(good_steps)
+        return DynamicScaleState(xp.asarray(init_scale, xp.float32), good_steps,
                                  optimizer.init(params),
                                  None if cd is None else _cast_tree(params, cd))
 
@@ -242,9 +251,17 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                 xp.where(grow, 0, good).astype(xp.int32, copy=False))
 
     def keep_if_not(finite, new, old):
-        xp = namespace(old)
-        return tree.map(lambda n, o: n if n is o else
-                        xp.where(finite, n, o).astype(o.dtype, copy=False), new, old)
+        """``new`` where ``finite``, else ``old``, in ``old``'s structure: a state loaded
+        without ``like`` has namedtuple classes of its own, which the inner update may not
+        return (the same names and fields: the same printed structure)."""
+        n_leaves, n_def = tree.flatten(new)
+        o_leaves, o_def = tree.flatten(old)
+        if n_def != o_def and str(n_def) != str(o_def):
+            raise ValueError(f"dynamic_loss_scaling: the inner optimizer's update returned a "
+                             f"state of structure {n_def}, not that of its input, {o_def}")
+        xp = namespace(finite)
+        return tree.unflatten(o_def, [n if n is o else xp.where(finite, n, o).astype(
+            o.dtype, copy=False) for n, o in zip(n_leaves, o_leaves)])
 
     def step(grads, state, params):
         """``(updates, new state, new params or None)``: the reference step. With a compute
@@ -258,9 +275,8 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         if state.compute_params is not None:  # the params these updates give, cast
             new_params = apply_updates(params, updates)
             low = _cast_tree(new_params, cd)
-        return updates, DynamicScaleState(*next_scale(state, finite),
-                                          keep_if_not(finite, inner, state.inner),
-                                          low), new_params
+        return updates, type(state)(*next_scale(state, finite),  # the caller's class
+                                    keep_if_not(finite, inner, state.inner), low), new_params
 
     def update(grads, state, params=None):
         check_state("dynamic_loss_scaling.update", state, DynamicScaleState)
@@ -291,9 +307,32 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
             _, new_state, new_params = step(unscaled, state, params)
             return new_params, new_state
         new_params, inner, *low = out
-        return new_params, DynamicScaleState(*next_scale(state, finite()),
-                                             keep_if_not(finite(), inner, state.inner),
-                                             low[0] if low else None)
+        return new_params, type(state)(*next_scale(state, finite()),
+                                       keep_if_not(finite(), inner, state.inner),
+                                       low[0] if low else None)
 
     update.fused_apply = fused_apply
     return GradientTransformation(init, update)
+
+
+def _checked_rule(init_scale, growth_interval, growth_factor, backoff_factor, min_scale):
+    """The loss-scale rule, checked: a scale of 0, inf or NaN, or factors that shrink on
+    growth or grow on backoff, would skip or waste every step without an error."""
+    opt = "dynamic_loss_scaling"
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral):
+        raise TypeError(f"{opt}: growth_interval must be an int (good steps before the scale "
+                        f"grows), got {type(growth_interval).__name__} {growth_interval!r}. "
+                        f"Fix: {opt}(..., growth_interval=2000)")
+    if growth_interval < 1:  # a huge one is fine: it never grows
+        raise ValueError(f"{opt}: growth_interval must be >= 1, got {growth_interval}. "
+                         f"Fix: {opt}(..., growth_interval=2000)")
+    min_scale = check_number(opt, "min_scale", min_scale, low=0.0, low_open=True, example=1.0)
+    return (check_number(opt, "init_scale", init_scale, low=min_scale,
+                         high=float(np.finfo(np.float32).max), example=2.0 ** 15,
+                         note=" (at least min_scale; the scale is a float32)"),
+            int(growth_interval),
+            check_number(opt, "growth_factor", growth_factor, low=1.0, low_open=True,
+                         example=2.0),
+            check_number(opt, "backoff_factor", backoff_factor, low=0.0, low_open=True,
+                         high=1.0, example=0.5),
+            min_scale)

@@ -17,6 +17,8 @@ import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np  # dtype promotion rules only, never on leaves
+
 from fuseflow import tree
 from fuseflow._namespace import namespace
 
@@ -129,9 +131,14 @@ def scalar_like(s, leaf):
     return s if type(s) in (int, float) else s.astype(leaf.dtype)
 
 
-def check_like(where, updates, reference, ref_name):
+def check_like(where, updates, reference, ref_name, *, kept=False):
     """Raise if ``updates`` differ from ``reference`` in tree structure or leaf shapes, or
-    are not floating point (metadata only: no array values are read)."""
+    are not floating point (metadata only: no array values are read).
+
+    ``kept``: the reference is state the transform keeps (moments, momentum): an update
+    of a wider dtype (float64 grads, float32 moments) would silently widen that state, and
+    it would then no longer fit ``opt.init(params)`` (checkpoints loaded with ``like``, a
+    compiled step); narrower ones (mixed precision's float16 grads) are fine."""
     u_leaves, got = tree.flatten(updates)
     r_leaves, want = tree.flatten(reference)
     if got != want:
@@ -140,11 +147,16 @@ def check_like(where, updates, reference, ref_name):
             "Fix: pass gradients with the same structure as the params given to init() "
             "(or call init() again for the new params)")
     for u, r in zip(u_leaves, r_leaves):
-        if u.shape != r.shape or u.dtype.kind != "f":
-            _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name)
+        if u.shape != r.shape or u.dtype.kind != "f" or (kept and _widens(u, r)):
+            _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name, kept)
 
 
-def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name):
+def _widens(u, r):
+    """``u`` combined with ``r`` has a wider dtype than ``r``."""
+    return u.dtype != r.dtype and np.promote_types(u.dtype, r.dtype) != r.dtype
+
+
+def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name, kept=False):
     """The error of ``check_like`` for the first leaf that fails it."""
     for path, u, r in zip(paths, u_leaves, r_leaves):
         if u.shape != r.shape:
@@ -158,6 +170,13 @@ def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name):
                 f"{where}: the update at {path!r} has dtype {u.dtype}, but updates must be "
                 f"floating point (the {ref_name} there are {r.dtype}). Fix: pass float "
                 f"gradients, e.g. g.astype({r.dtype.name!r})")
+        if kept and _widens(u, r):
+            raise TypeError(
+                f"{where}: the update at {path!r} has dtype {u.dtype}, but the {ref_name} "
+                f"there are {r.dtype}: they would become "
+                f"{np.promote_types(u.dtype, r.dtype)}, and the state would no longer match "
+                f"opt.init(params). Fix: pass gradients in the params' dtype, e.g. "
+                f"g.astype({r.dtype.name!r})")
 
 
 def check_state(where, state, cls):

@@ -193,7 +193,8 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
     for k, (p, g) in enumerate(zip(params, grads)):
         if kind == "adam":
             m, v = groups[0][k], groups[1][k]
-            mu = g * (1 - b1)
+            g = g.astype(m.dtype, copy=False)  # narrower grads in the moments' dtype, as
+            mu = g * (1 - b1)                  # scale_by_adam (no float16 rounding, overflow)
             mu += m * b1
             nu = g * g
             nu *= 1 - b2

@@ -2,7 +2,9 @@
 
 Each follows optax's transform of the same name, to the operation order, so results agree
 with optax to float32 rounding. Hyperparameters are Python floats, so they never promote
-float32 leaves (see ``scalar_like``).
+float32 leaves (see ``scalar_like``). A new state is built as ``type(state)(...)``: a state
+loaded from a checkpoint without ``like`` keeps its classes, so a step (``ff.compile``,
+``dynamic_loss_scaling``) returns the structure it was given.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
         check(updates, state)
         step = step_size_fn(state.count)
         updates = tree.map(lambda g: g * scalar_like(step, g), updates)
-        return updates, ScaleByScheduleState(count=increment(state.count))
+        return updates, type(state)(count=increment(state.count))
 
     update.check_args = check
     return GradientTransformation(init, update)
@@ -90,7 +92,8 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
 
     def check(updates, state, params=None):
         check_state("trace.update", state, TraceState)
-        check_like("trace.update", updates, state.trace, "momentum buffers (from init)")
+        check_like("trace.update", updates, state.trace, "momentum buffers (from init)",
+                   kept=True)
 
     def update(updates, state, params=None):
         check(updates, state)
@@ -99,7 +102,7 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
             updates = tree.map(lambda g, t: g + decay * t, updates, new_trace)
         else:
             updates = new_trace
-        return updates, TraceState(trace=new_trace)
+        return updates, type(state)(trace=new_trace)
 
     update.check_args = check
     return GradientTransformation(init, update)
@@ -123,10 +126,13 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
 
     def check(updates, state, params=None):
         check_state("scale_by_adam.update", state, ScaleByAdamState)
-        check_like("scale_by_adam.update", updates, state.mu, "moments (from init)")
+        check_like("scale_by_adam.update", updates, state.mu, "moments (from init)", kept=True)
 
     def update(updates, state, params=None):
         check(updates, state)
+        # narrower updates (float16 grads) in the moments' dtype first: in float16,
+        # (1 - b1) * g would round and g * g overflow above 256
+        updates = tree.map(lambda g, m: g.astype(m.dtype, copy=False), updates, state.mu)
         mu = tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
         nu = tree.map(lambda g, v: (1 - b2) * (g * g) + b2 * v, updates, state.nu)
         count = increment(state.count)
@@ -142,7 +148,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
             return (m / c1) / (namespace(m).sqrt(v / c2) + eps)
 
         updates = tree.map(direction, mu, nu)
-        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+        return updates, type(state)(count=count, mu=mu, nu=nu)
 
     update.check_args = check
     return GradientTransformation(init, update)
