@@ -110,8 +110,9 @@ def _check_like(layer, what, grad, of, value):
     """``grad`` has the shape of ``value`` and is float64 (check_grads' dtype): otherwise the
     comparison would fail with an IndexError or a TypeError that names neither."""
     a = np.asarray(grad)  # host arrays here; a float is fine for a 0-d leaf
-    fix = (f"Fix: return the gradient with respect to {of} in {of}'s shape (a parameter "
-           "broadcast over the batch: sum its gradient over axis 0, without keepdims).")
+    fix = f"Fix: return the gradient with respect to {of} in {of}'s shape" + (
+        " (a parameter broadcast over the batch: sum its gradient over axis 0, without "
+        "keepdims)." if of.startswith("params") else ".")
     if a.shape != value.shape:
         raise GradientCheckError(f"{layer!r}: backward's {what} has shape {a.shape} but {of} has "
                                  f"{value.shape}. {fix}")

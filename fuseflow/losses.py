@@ -98,14 +98,23 @@ def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_d
         logits, labels, grad_scale, grad_dtype)
 
 
+def _mse_fix(outputs, targets) -> str:
+    """The likely fix for targets of another shape: integer labels want one-hot (or a
+    classification loss), values of one output per example want a trailing axis."""
+    shape, kind = getattr(targets, "shape", None), getattr(getattr(targets, "dtype", None),
+                                                           "kind", "")
+    if shape is not None and kind in "iu" and len(shape) == 1 and outputs.ndim == 2:
+        return ("for integer class labels use softmax_cross_entropy, or one-hot encode them: "
+                f"np.eye({outputs.shape[1]}, dtype=np.float32)[labels].")
+    if shape is not None and tuple(shape) + (1,) == tuple(outputs.shape):
+        return "targets.reshape(-1, 1), one value per example as the outputs have."
+    return "targets of the outputs' shape, on the outputs' device."
+
+
 def mse(outputs, targets):
     """Mean over all elements of ``(outputs - targets) ** 2``."""
     xp = namespace(outputs)
-    classes = outputs.shape[-1] if outputs.ndim else 1
-    _check_same_shape("mse", "outputs'", outputs, targets,
-                      "an array of that shape on the outputs' device; for integer class "
-                      "labels use softmax_cross_entropy, or one-hot encode them: "
-                      f"np.eye({classes}, dtype=np.float32)[labels].")
+    _check_same_shape("mse", "outputs'", outputs, targets, _mse_fix(outputs, targets))
     _check_not_empty("mse", outputs)
     diff = _acc(outputs, xp) - targets
     return (diff * diff).mean(), (2.0 * diff / diff.size).astype(outputs.dtype, copy=False)

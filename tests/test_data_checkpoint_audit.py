@@ -123,8 +123,16 @@ def test_every_loss_shape_error_says_the_fix(call):
 def test_a_failed_download_leaves_no_empty_cache_folder(tmp_path):
     from fuseflow.data._download import fetch
 
-    folder = tmp_path / "cache" / "mnist"
+    folder = tmp_path / "cache" / "fuseflow" / "mnist"
     with pytest.raises(OSError, match="could not download"):
         fetch("train-labels-idx1-ubyte.gz", folder, [(tmp_path / "no-mirror").as_uri()],
               "0" * 64, timeout=1)
-    assert not folder.exists()
+    assert not (tmp_path / "cache").exists()  # nor the folders made above it
+
+
+def test_mse_fix_fits_the_targets(rng):
+    out = rng.standard_normal((8, 1)).astype(np.float32)
+    with pytest.raises(ff.losses.LossError, match=r"Fix: targets.reshape\(-1, 1\)"):
+        ff.losses.mse(out, rng.standard_normal(8).astype(np.float32))
+    with pytest.raises(ff.losses.LossError, match=r"one-hot encode them: np.eye\(10"):
+        ff.losses.mse(rng.standard_normal((8, 10)).astype(np.float32), rng.integers(0, 10, 8))

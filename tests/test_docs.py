@@ -11,7 +11,8 @@ block changes how it runs:
     <!-- doctest: gpu -->           needs a GPU: runs in ``test_page_gpu`` (marked ``gpu``)
 
 To keep CI fast, ``ff.data.mnist`` hands the pages the first 2,048 examples of the real
-files (``mnist_dir``) instead of all of them: the code runs as written, on less data.
+files (``mnist_dir``, unless a page names its own folder) instead of all of them: the code
+runs as written, on less data.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _run_page(page, mnist_dir, monkeypatch, tmp_path, *, gpu: bool):
     real = fuseflow.data.mnist
 
     def first_examples(split="train", data_dir=None, **kwargs):
-        x, y = real(split, mnist_dir, **kwargs)
+        x, y = real(split, mnist_dir if data_dir is None else data_dir, **kwargs)
         return x[:MNIST_EXAMPLES], y[:MNIST_EXAMPLES]
 
     monkeypatch.setattr(fuseflow.data, "mnist", first_examples)

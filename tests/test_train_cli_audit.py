@@ -103,8 +103,13 @@ def test_make_step_refuses_swapped_arguments_at_once():
         T.make_step(model, opt, loss)
     with pytest.raises(TypeError, match="model must be a layer"):
         T.make_step(loss, model, opt)
-    with pytest.raises(TypeError, match="optimizer must be a GradientTransformation"):
+    with pytest.raises(TypeError, match="optimizer must have init and update"):
         T.make_step(model, loss, "adam")
+
+    class DuckSGD:  # any object with init and update is an optimizer, as in update_and_apply
+        init, update = opt.init, opt.update
+
+    T.make_step(model, loss, DuckSGD())
 
 
 def test_fit_names_the_data_shape_the_user_passed(rng):
@@ -159,3 +164,33 @@ def test_an_old_optimizer_state_after_a_model_change_says_init_again():
     _, new = nn.Serial(nn.Dense(32)).init(ff.random.key(0), (8,))
     with pytest.raises(ValueError, match=r"opt.init\(new_params\)"):
         ff.optim.update_and_apply(opt, new, opt.init(old), new)
+
+
+def test_the_optimizer_hint_needs_a_difference_in_the_optimizer_state(tmp_path):
+    model = T.mlp(16, 10)
+    state = T.init_state(model, ff.optim.adam(1e-3), (64,), ff.random.key(0))
+    path = tmp_path / "adam.safetensors"
+    T.save_state(path, state)
+    wider = state._replace(params=ff.tree.astype(state.params, np.float64))  # params differ
+    with pytest.raises(ff.checkpoint.CheckpointError) as info:
+        T.load_state(path, like=wider)
+    assert "optimizer state" not in str(info.value)
+    damaged = bytearray(path.read_bytes())
+    damaged[-5] ^= 0xFF  # a byte of the last tensor: the CRC check fails, nothing "differs"
+    (tmp_path / "bad.safetensors").write_bytes(bytes(damaged))
+    with pytest.raises(ff.checkpoint.CheckpointError) as info:
+        T.load_state(tmp_path / "bad.safetensors", like=state)
+    assert "optimizer state" not in str(info.value)
+
+
+def test_splits_in_two_folders_record_the_folder_given(tmp_path, cli):
+    data = idx_folder(tmp_path / "data" / "mnist")
+    for name in IDX_NAMES["test"]:  # the test split beside mnist/, the train split inside
+        (data / name).rename(tmp_path / "data" / name)
+    out = tmp_path / "run"
+    assert cli("train", "--data-dir", tmp_path / "data", "--epochs", "1", "--out", out,
+               *SMALL).returncode == 0
+    recipe = T.Recipe.from_metadata(ff.checkpoint.read_metadata(out / "last.safetensors")
+                                    ["recipe"])
+    assert recipe.data_dir == str((tmp_path / "data").resolve())
+    assert cli("eval", out / "last.safetensors").returncode == 0

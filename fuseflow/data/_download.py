@@ -35,7 +35,7 @@ def fetch(name: str, folder: Path, mirrors, sha256: str, timeout: float = 60.0) 
 
     Returns the final path. Raises ``OSError`` listing every mirror's failure otherwise.
     """
-    created = not folder.exists()
+    created = [f for f in (folder, *folder.parents) if not f.exists()]  # innermost first
     folder.mkdir(parents=True, exist_ok=True)
     errors = []
     for base in mirrors:
@@ -44,9 +44,9 @@ def fetch(name: str, folder: Path, mirrors, sha256: str, timeout: float = 60.0) 
             return _fetch_one(url, folder / name, sha256, timeout)
         except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
             errors.append(f"{url}: {e}")
-    if created:  # no empty cache folder left behind by an offline attempt
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+    with contextlib.suppress(OSError):  # no empty cache folders left by an offline attempt
+        for made in created:
+            made.rmdir()
     raise OSError("could not download " + name + ":\n    " + "\n    ".join(errors))
 
 

@@ -57,15 +57,21 @@ def _only_optimizer_differs(path, like: TrainState) -> bool:
     optimizer state differs: then the model is right and the optimizer is not."""
     try:
         with safetensors.safe_open(str(path), framework="np") as f:
-            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+            found = {name: (tuple(f.get_slice(name).get_shape()),
+                            np.dtype(_NP[f.get_slice(name).get_dtype()]))
+                     for name in f.keys()}
     except Exception:  # noqa: BLE001 - unreadable: the original error says why
         return False
-    expected = {name: tuple(np.shape(leaf)) for name, leaf in
+    expected = {name: (tuple(np.shape(leaf)), np.result_type(leaf)) for name, leaf in
                 zip(tree.paths(like), tree.leaves(like))}
-    params = {name for name in expected if name.startswith("0/")}
     differ = {n for n in set(found) | set(expected) if found.get(n) != expected.get(n)}
-    return bool(params) and not differ & params and \
-        not differ & {n for n in found if n.startswith("0/")}
+    return bool(differ) and all(n.startswith("1/") for n in differ)
+
+
+#: safetensors' dtype names (``get_dtype()``) as NumPy dtypes
+_NP = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
+       "I16": "int16", "I8": "int8", "U64": "uint64", "U32": "uint32", "U16": "uint16",
+       "U8": "uint8", "BOOL": "bool"}
 
 
 read_metadata = checkpoint.read_metadata

@@ -116,8 +116,9 @@ def load_dataset(name: str = "mnist", data_dir=None, *, fallback: bool = False) 
         train, test = _load_split(name, None, "train"), _load_split(name, None, "test")
     _check_same_inputs(train, test)
     classes = _check_labels(train, test)
-    if name == "idx":  # the folder that held the files (``data_dir`` or its ``mnist/``)
-        data_dir = str(Path(train[2].images).parent)
+    folders = {Path(split[2].images).parent for split in (train, test)} if name == "idx" else ()
+    if len(folders) == 1:  # the folder that held both splits (``data_dir`` or its ``mnist/``)
+        data_dir = str(folders.pop())
     return Dataset(name, data_dir, train[:2], test[:2], int(train[0].shape[1]), classes, note)
 
 

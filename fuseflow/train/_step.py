@@ -13,7 +13,7 @@ import numpy as np
 
 from fuseflow import losses, mixed_precision, tree
 from fuseflow.grad import value_and_grad
-from fuseflow.optim import GradientTransformation, update_and_apply
+from fuseflow.optim import update_and_apply
 
 __all__ = ["make_step"]
 
@@ -83,12 +83,17 @@ def _check_parts(model, loss_fn, optimizer):
     if not (hasattr(model, "forward") and hasattr(model, "backward")):
         raise TypeError(f"make_step: model must be a layer with forward and backward (such as "
                         f"nn.Serial), got {type(model).__name__}. {order}")
-    if not callable(loss_fn) or isinstance(loss_fn, GradientTransformation):
+    if not callable(loss_fn) or _is_optimizer(loss_fn):
         raise TypeError(f"make_step: loss_fn must be a loss function such as "
                         f"ff.losses.softmax_cross_entropy, got {type(loss_fn).__name__}. {order}")
-    if not isinstance(optimizer, GradientTransformation):
-        raise TypeError(f"make_step: optimizer must be a GradientTransformation such as "
+    if not _is_optimizer(optimizer):
+        raise TypeError(f"make_step: optimizer must have init and update, like "
                         f"ff.optim.adam(1e-3), got {type(optimizer).__name__}. {order}")
+
+
+def _is_optimizer(obj) -> bool:
+    """Duck-typed, as ``update_and_apply`` is: anything with ``init`` and ``update``."""
+    return callable(getattr(obj, "init", None)) and callable(getattr(obj, "update", None))
 
 
 def is_class_labels(y) -> bool:
