@@ -60,11 +60,12 @@ __all__ = [
 ]
 
 COMPUTE_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _compute_dtype(dtype):
     try:
-        name = np.dtype(dtype).name
+        name = "None" if dtype is None else np.dtype(dtype).name  # np.dtype(None) is float64
     except TypeError:  # NumPy has no bfloat16: say so here, not "data type not understood"
         name = str(dtype)
     if name not in COMPUTE_DTYPES:
@@ -147,7 +148,8 @@ def _takes_grad_scale(loss_fn) -> bool:
 def unscale(grads, params, loss_scale):
     """``grads / loss_scale`` in the params' dtypes: ``g.astype(p.dtype) * (1 / loss_scale)``,
     one launch on the GPU."""
-    return _times(grads, params, _inverse(loss_scale, tree.leaves(params)[0]))
+    leaves = tree.leaves(params)
+    return _times(grads, params, _inverse(loss_scale, leaves[0])) if leaves else grads
 
 
 def _inverse(loss_scale, like):
@@ -245,7 +247,10 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         xp = namespace(state.scale)
         good = xp.where(finite, state.good_steps + 1, 0).astype(xp.int32, copy=False)
         grow = good >= growth_interval
-        scale = xp.where(finite, xp.where(grow, state.scale * growth_factor, state.scale),
+        with np.errstate(over="ignore"):  # kept only while finite, as PyTorch's scaler:
+            grown = state.scale * growth_factor  # an inf scale would skip every step
+        grown = xp.where(grown <= _FLOAT32_MAX, grown, state.scale)
+        scale = xp.where(finite, xp.where(grow, grown, state.scale),
                          xp.maximum(state.scale * backoff_factor, min_scale))
         return (scale.astype(xp.float32, copy=False),
                 xp.where(grow, 0, good).astype(xp.int32, copy=False))

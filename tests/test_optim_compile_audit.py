@@ -363,3 +363,25 @@ def test_loss_scaling_of_an_empty_tree(compute_dtype):
     assert updates == {} and int(state.good_steps) == 1
     params, state = optim.update_and_apply(opt, {}, state, {})
     assert params == {} and int(state.good_steps) == 2 and int(state.inner[0].count) == 2
+
+
+def test_loss_scale_growth_stops_short_of_inf():
+    """A long run of finite steps grows the scale only while it stays finite (as PyTorch's
+    GradScaler): an inf scale would skip every later step."""
+    from fuseflow import mixed_precision as mp
+
+    opt = mp.dynamic_loss_scaling(optim.sgd(0.1), init_scale=3e38, growth_interval=1)
+    params = {"w": np.ones(2, np.float32)}
+    state = opt.init(params)
+    for _ in range(3):
+        _, state = opt.update({"w": np.full(2, 0.5, np.float32)}, state, params)
+    assert np.float32(state.scale) == np.float32(3e38) and int(state.good_steps) == 0
+
+
+def test_no_compute_dtype_is_not_float64_and_unscale_of_nothing():
+    from fuseflow import mixed_precision as mp
+
+    model = ff.nn.Serial(ff.nn.Dense(3))
+    with pytest.raises(ValueError, match="got None"):
+        mp.value_and_grad(model, ff.losses.softmax_cross_entropy, None)
+    assert mp.unscale({}, {}, 8.0) == {}

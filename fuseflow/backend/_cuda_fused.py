@@ -385,8 +385,9 @@ extern "C" __global__ void next_loss_scale(const bool* finite, const float* scal
     const bool grow = g >= interval;
     const float s = scale[0];
     const float shrunk = s * backoff;
-    // as xp.maximum: a NaN scale stays NaN
-    new_scale[0] = ok ? (grow ? s * growth : s)
+    const float grown = s * growth;
+    // as xp.maximum: a NaN scale stays NaN; a growth to inf (or NaN) keeps the scale
+    new_scale[0] = ok ? (grow && grown <= 3.402823466e38f ? grown : s)
                       : (shrunk != shrunk || shrunk > min_scale ? shrunk : min_scale);
     new_good[0] = grow ? 0 : g;
 }
