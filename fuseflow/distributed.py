@@ -114,7 +114,7 @@ class Communicator:
 
     def check_model(self, params):
         """All ranks must hold the same model: same tree, shapes and dtypes."""
-        desc = "; ".join(f"{p} {tuple(x.shape)} {x.dtype}"
+        desc = "; ".join(f"{p} {np.shape(x)} {_dtype(x)}"
                          for p, x in tree.leaves_with_paths(params))
         self.check_same("model shapes", desc or "(no params)")
 
@@ -139,6 +139,11 @@ class Communicator:
     def barrier(self):
         if self._mpi is not None:
             self._mpi.Barrier()
+
+
+def _dtype(x):
+    """A leaf's dtype; a Python number's as NumPy would store it."""
+    return x.dtype if hasattr(x, "dtype") else np.result_type(x)
 
 
 def init() -> Communicator:

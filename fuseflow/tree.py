@@ -6,6 +6,7 @@ tuple, NamedTuple of arrays). Everything here is pure: nothing is mutated.
 
 from __future__ import annotations
 
+import numpy as np
 import optree
 
 from fuseflow._namespace import namespace
@@ -109,8 +110,9 @@ def vdot(a, b):
 
 
 def l2_norm(tree):
-    """Global L2 norm over all leaves, as a 0-d array on the leaves' device."""
-    ls = leaves(tree)
+    """Global L2 norm over all leaves: a scalar on the leaves' device (a 0-d array on the
+    GPU, a NumPy scalar on the host; 0.0 without leaves). Python numbers count as 0-d."""
+    ls = [x if hasattr(x, "dtype") else np.asarray(x) for x in leaves(tree)]
     if not ls:
         return 0.0
     xp = _xp(ls[0])
@@ -121,7 +123,7 @@ def l2_norm(tree):
 
 def size(tree) -> int:
     """Total number of elements over all leaves (for example, a model's parameter count)."""
-    return int(sum(int(x.size) for x in leaves(tree)))
+    return int(sum(int(np.size(x)) for x in leaves(tree)))  # a Python number counts 1
 
 
 def all_equal_structure(a, b) -> bool:

@@ -70,3 +70,9 @@ def test_random_errors_name_the_function_and_fold_in_refuses_what_it_would_wrap(
     with pytest.raises(ValueError, match="does not fit in 64 bits"):
         ff.random.fold_in(k, 2 ** 64 + 3)
     np.testing.assert_array_equal(ff.random.fold_in(k, -1), ff.random.fold_in(k, 2 ** 64 - 1))
+
+
+def test_tree_helpers_take_python_numbers_as_leaves():
+    t = {"a": 3.0, "b": np.full(1, 4.0)}
+    assert ff.tree.size(t) == 2 and float(ff.tree.l2_norm(t)) == 5.0
+    ff.distributed.init().check_model({"a": 3, "w": np.ones(2)})  # no AttributeError
