@@ -4,9 +4,10 @@
 parameter tensor: dozens of kernel launches per step for Adam. For the named optimizers
 (sgd with or without momentum, adam, adamw; constant or scheduled lr) on CUDA arrays,
 ``update_and_apply`` runs the same arithmetic as ONE multi-tensor kernel over every tensor.
-Inside ``ff.compile`` it updates the (donated) params and moments in place. Anything else
-(NumPy arrays, chains with clipping, other transforms) runs the reference path, so the
-function is always safe to call.
+Inside ``ff.compile`` it updates the (donated) params and moments in place. On NumPy arrays
+the same optimizers run ``_host_update``: the reference operations in the same order (the
+same bits) with fewer temporaries. Anything else (chains with clipping, other transforms)
+runs the reference path, so the function is always safe to call.
 """
 
 from __future__ import annotations
