@@ -23,7 +23,10 @@ never the donated inputs, after a call; it checks the contract once per signatur
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
+
+import numpy as np
 
 from fuseflow import backend, tree
 from fuseflow._namespace import is_cupy
@@ -59,13 +62,14 @@ def compile(step, *, donate_argnums=(0, 1), autotune=None):
 def _donated(donate_argnums):
     """``donate_argnums`` as a tuple of distinct argument indices; an int names one, as in
     ``jax.jit``."""
-    donate = (donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums
+    one = isinstance(donate_argnums, (int, np.integer)) and not isinstance(donate_argnums, bool)
     try:
-        donate = tuple(donate)
-    except TypeError:
+        given = list((donate_argnums,) if one else donate_argnums)
+        donate = None if any(isinstance(i, bool) for i in given) else \
+            tuple(operator.index(i) for i in given)  # ints and NumPy integers, as jax.jit
+    except TypeError:  # not iterable, or an element that is not an integer
         donate = None
-    if donate is None or len(set(donate)) != len(donate) or not all(
-            type(i) is int and i >= 0 for i in donate):
+    if donate is None or len(set(donate)) != len(donate) or not all(i >= 0 for i in donate):
         raise TypeError(f"compile: donate_argnums must be an argument index or a tuple of "
                         f"distinct ones, got {donate_argnums!r}. Fix: ff.compile(step, "
                         f"donate_argnums=(0, 1)) for step(params, opt_state, x, y)")

@@ -69,6 +69,8 @@ class Communicator:
             return grads
         xp = namespace(leaves[0])
         flat = xp.concatenate([g.reshape(-1) for g in leaves])
+        if flat.dtype.kind != "f":  # integer leaves only: their mean is fractional
+            flat = flat.astype(xp.float64)
         if is_cupy(flat):
             self._allreduce_nccl(flat)
         elif self._mpi is not None:
@@ -78,8 +80,9 @@ class Communicator:
         flat /= self.size
         out, offset = [], 0
         for g in leaves:
-            out.append(flat[offset:offset + g.size].reshape(g.shape).astype(g.dtype,
-                                                                           copy=False))
+            mean = flat[offset:offset + g.size].reshape(g.shape)
+            # floats come back in their own dtype; an integer leaf's mean stays fractional
+            out.append(mean.astype(g.dtype, copy=False) if g.dtype.kind == "f" else mean)
             offset += g.size
         return tree.unflatten(treedef, out)
 

@@ -103,11 +103,11 @@ def _mse_fix(outputs, targets) -> str:
     classification loss), values of one output per example want a trailing axis."""
     shape, kind = getattr(targets, "shape", None), getattr(getattr(targets, "dtype", None),
                                                            "kind", "")
+    if shape is not None and tuple(shape) + (1,) == tuple(outputs.shape):
+        return "targets.reshape(-1, 1), one value per example as the outputs have."
     if shape is not None and kind in "iu" and len(shape) == 1 and outputs.ndim == 2:
         return ("for integer class labels use softmax_cross_entropy, or one-hot encode them: "
                 f"np.eye({outputs.shape[1]}, dtype=np.float32)[labels].")
-    if shape is not None and tuple(shape) + (1,) == tuple(outputs.shape):
-        return "targets.reshape(-1, 1), one value per example as the outputs have."
     return "targets of the outputs' shape, on the outputs' device."
 
 

@@ -181,11 +181,19 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
                         "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
     inv = _inverse(scale, scale)
     hook = getattr(optimizer.update, "fused_apply", None)
+    if _wider(grads, params):  # float64 compute on float32 params: unscale to their dtype
+        hook = None           # first, so the optimizer's state never sees the wide grads
     out = None if hook is None else hook(grads, opt_state, params, grad_scale=inv)
     if out is not None:
         return out
     return update_and_apply(optimizer, _times(grads, params, inv), opt_state, params,
                             donate_grads=True)
+
+
+def _wider(grads, params) -> bool:
+    """Some gradient leaf has a wider dtype than its param."""
+    return any(np.promote_types(g.dtype, p.dtype) != p.dtype
+               for g, p in zip(tree.leaves(grads), tree.leaves(params)))
 
 
 def all_finite(grads):
@@ -332,6 +340,9 @@ def _checked_rule(init_scale, growth_interval, growth_factor, backoff_factor, mi
         raise ValueError(f"{opt}: growth_interval must be >= 1, got {growth_interval}. "
                          f"Fix: {opt}(..., growth_interval=2000)")
     min_scale = check_number(opt, "min_scale", min_scale, low=0.0, low_open=True, example=1.0)
+    if not np.float32(min_scale) > 0:  # the scale is a float32: 1e-50 would be 0 there
+        raise ValueError(f"{opt}: min_scale {min_scale} is 0 in float32, the loss scale's "
+                         f"dtype. Fix: {opt}(..., min_scale=1.0)")
     return (check_number(opt, "init_scale", init_scale, low=min_scale,
                          high=float(np.finfo(np.float32).max), example=2.0 ** 15,
                          note=" (at least min_scale; the scale is a float32)"),

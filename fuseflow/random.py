@@ -8,6 +8,7 @@ generator, so a model initialised from a key is identical on every backend.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -35,14 +36,23 @@ def key(seed: int) -> np.ndarray:
 
 def _int64(where, name, value, fix) -> int:
     """``value`` as a Python int in [0, 2**64) (negative 64-bit ints as two's complement)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} "
-                        f"{value!r}. Fix: {fix}.")
-    value = int(value)
+    value = _as_int(where, name, value, fix)
     if not -2 ** 63 <= value < 2 ** 64:
         raise ValueError(f"{where}: {name} {value} does not fit in 64 bits. Fix: a {name} in "
                          f"[0, 2**64), e.g. {name} % 2**64.")
     return value & (2 ** 64 - 1)
+
+
+def _as_int(where, name, value, fix) -> int:
+    """An int, a NumPy integer or a 0-d integer array (as JAX takes them), as a Python int."""
+    if not isinstance(value, (bool, np.bool_)) and getattr(value, "dtype", np.dtype(int)).kind \
+            in "iu":
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}. "
+                    f"Fix: {fix}.")
 
 
 def _check_key(k, where="ff.random") -> np.ndarray:
@@ -62,8 +72,9 @@ def generator(k, where="ff.random.generator") -> np.random.Generator:
 
 def split(k, num: int = 2) -> np.ndarray:
     """``num`` new independent keys, as an array of shape (num, 2)."""
-    if isinstance(num, (bool, np.bool_)) or not isinstance(num, (int, np.integer)) or num < 0:
-        raise ValueError(f"ff.random.split: num must be an int >= 0, got {num!r}. Fix: "
+    num = _as_int("ff.random.split", "num", num, "ff.random.split(key, 2)")
+    if num < 0:
+        raise ValueError(f"ff.random.split: num must be an int >= 0, got {num}. Fix: "
                          "ff.random.split(key, 2).")
     return generator(k, "ff.random.split").integers(0, 2**32, size=(num, 2), dtype=np.uint32)
 
@@ -92,8 +103,9 @@ def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.nd
     """Standard normal restricted to [lower, upper] (by resampling). The interval must hold
     at least 0.1% of the distribution (the default, [-2, 2], holds 95%): narrower ones, far in
     a tail, would need too many rounds and are refused."""
-    mass = 0.5 * (math.erf(upper / math.sqrt(2)) - math.erf(lower / math.sqrt(2))) \
-        if lower < upper else 0.0
+    cdf = np.vectorize(lambda v: 0.5 * math.erf(v / math.sqrt(2)), otypes=[float])
+    lo, hi = np.asarray(lower, float), np.asarray(upper, float)  # scalars or per element
+    mass = float(np.min(np.where(lo < hi, cdf(hi) - cdf(lo), 0.0)))
     if not mass >= 1e-3:
         raise ValueError(f"ff.random.truncated_normal: [lower, upper] = [{lower}, {upper}] holds "
                          f"{mass:.2g} of the standard normal distribution; it must hold at "

@@ -100,12 +100,13 @@ def scale(tree, s):
 def vdot(a, b):
     """Sum over leaves of elementwise products (a 0-d array on the leaves' device). The
     trees must have the same structure."""
-    try:
-        parts = leaves(map(lambda x, y: (x * y).sum(), a, b))
-    except ValueError as e:
-        raise ValueError(f"tree.vdot: the two trees do not match ({e}). Fix: pass "
-                         "trees of the same structure and shapes, such as params and grads."
-                         ) from None
+    (la, sa), (lb, sb) = flatten(a), flatten(b)
+    if sa != sb or any(np.shape(x) != np.shape(y) for x, y in zip(la, lb)):
+        shapes = f"{[np.shape(x) for x in la]} vs {[np.shape(y) for y in lb]}"
+        raise ValueError(f"tree.vdot: the two trees do not match ({sa} vs {sb}; leaf shapes "
+                         f"{shapes}). Fix: pass trees of the same structure and shapes, such as "
+                         "params and grads.")
+    parts = [(x * y).sum() for x, y in zip(la, lb)]
     return sum(parts[1:], parts[0]) if parts else 0.0
 
 

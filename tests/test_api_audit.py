@@ -76,3 +76,45 @@ def test_tree_helpers_take_python_numbers_as_leaves():
     t = {"a": 3.0, "b": np.full(1, 4.0)}
     assert ff.tree.size(t) == 2 and float(ff.tree.l2_norm(t)) == 5.0
     ff.distributed.init().check_model({"a": 3, "w": np.ones(2)})  # no AttributeError
+
+
+def test_review_round_two(rng):
+    """A second review's findings: 0-d integer arrays as JAX takes them, vdot's shapes,
+    integer leaves' means, a min_scale that is 0 in float32, mse's hint for one output,
+    array bounds of truncated_normal, NumPy integers in donate_argnums."""
+    from fuseflow import mixed_precision as mp
+
+    k = ff.random.key(0)
+    np.testing.assert_array_equal(ff.random.fold_in(k, np.asarray(5)), ff.random.fold_in(k, 5))
+    assert ff.random.split(k, np.asarray(3)).shape == (3, 2)
+    with pytest.raises(TypeError, match="num must be an int"):
+        ff.random.split(k, 2.0)
+    for a, b in [({"w": np.ones(3)}, {"w": np.ones(1)}), ({"w": np.ones(3)}, {"w": {"k": 1}})]:
+        with pytest.raises(ValueError, match="tree.vdot: the two trees do not match"):
+            ff.tree.vdot(a, b)
+    out = ff.distributed.Communicator(None, always_reduce=True).allreduce_mean(
+        {"n": np.array([1, 2])})
+    assert out["n"].dtype.kind == "f"
+    with pytest.raises(ValueError, match="is 0 in float32"):
+        mp.dynamic_loss_scaling(optim.sgd(0.1), init_scale=1.0, min_scale=1e-50)
+    with pytest.raises(ff.losses.LossError, match=r"reshape\(-1, 1\)"):
+        ff.losses.mse(rng.standard_normal((4, 1)).astype(np.float32), rng.integers(0, 3, 4))
+    x = ff.random.truncated_normal(k, (2,), np.array([-1.0, 0.0]), np.array([0.0, 1.0]))
+    assert x[0] <= 0 <= x[1]
+    assert ff.compile(lambda p: p, donate_argnums=[np.int64(0)]) is not None
+
+
+def test_mixed_precision_in_float64_on_float32_params_with_adam(rng):
+    """compute_dtype='float64' (wider than the params) with a stateful optimizer: the
+    scaled grads are unscaled to the params' dtype before the state sees them."""
+    from fuseflow import mixed_precision as mp
+    from fuseflow import train as T
+
+    model = ff.nn.Serial(ff.nn.Dense(8, "relu"), ff.nn.Dense(3))
+    opt = mp.dynamic_loss_scaling(optim.adam(1e-3))
+    state = T.init_state(model, opt, (5,), ff.random.key(0))
+    x, y = rng.standard_normal((16, 5)).astype(np.float32), rng.integers(0, 3, 16)
+    step = T.make_step(model, ff.losses.softmax_cross_entropy, opt, compute_dtype="float64")
+    params, opt_state, metrics = step(state.params, state.opt_state, x, y)
+    assert np.isfinite(float(metrics["loss"]))
+    assert {a.dtype for a in ff.tree.leaves(opt_state.inner[0].mu)} == {np.dtype(np.float32)}

@@ -100,6 +100,8 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
     low_leaves = None if low is None else tree.leaves(low)
     if on_host and (finite is not None or grad_scale is not None or low is not None):
         return None  # loss scaling on the host: the reference path handles the skip
+    if on_host and any(g.dtype != p.dtype for g, p in zip(g_leaves, p_leaves)):
+        return None  # mixed dtypes: the reference's promotions, step by step (same bits)
     if low is not None and tree.structure(low) != treedef:
         return None
     *core, sched = state
@@ -194,8 +196,7 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
     for k, (p, g) in enumerate(zip(params, grads)):
         if kind == "adam":
             m, v = groups[0][k], groups[1][k]
-            g = g.astype(m.dtype, copy=False)  # narrower grads in the moments' dtype, as
-            mu = g * (1 - b1)                  # scale_by_adam (no float16 rounding, overflow)
+            mu = g * (1 - b1)
             mu += m * b1
             nu = g * g
             nu *= 1 - b2
@@ -222,10 +223,7 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
         else:
             u = g if donate_grads and g.dtype == p.dtype else g.copy()  # scaled in place below
         u *= step_const
-        if u.dtype == np.result_type(u.dtype, p.dtype):
-            u += p
-        else:  # a narrower update than the params: add in their precision, as apply_updates
-            u = u + p
+        u += p
         new_p.append(u.astype(p.dtype, copy=False))
     return new_p, new_groups
 
