@@ -52,7 +52,12 @@ _DTYPES = {np.dtype(t) for t in ("bool", "u1", "i1", "u2", "i2", "u4", "i4", "u8
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is damaged, not a fuseflow checkpoint, or does not match ``like``."""
+    """A checkpoint file is damaged, not a fuseflow checkpoint, or does not match ``like``.
+    ``paths``: for a mismatch with ``like``, the names of the tensors that differ."""
+
+    def __init__(self, message: str, paths: tuple = ()):
+        super().__init__(message)
+        self.paths = tuple(paths)
 
 
 # ---------------------------------------------------------------------------------- save
@@ -291,27 +296,31 @@ def _expected(leaf, name: str):
 def _restore_like(path: Path, like, tensors: dict):
     names, leaves = _tree.paths(like), _tree.leaves(like)
     expected = {n: _expected(leaf, n) for n, leaf in zip(names, leaves)}
-    problems = []
+    problems, paths = [], []
     for name, (shape, dtype) in expected.items():
         if name not in tensors:
             problems.append(f"missing from the file: {_where(name)} "
                             f"(like has {_desc(shape, dtype)})")
+            paths.append(name)
             continue
         found = tensors[name]
         if found.shape != shape:
             problems.append(f"{_where(name)}: shape expected {shape}, found {found.shape}")
         if found.dtype != dtype:
             problems.append(f"{_where(name)}: dtype expected {dtype}, found {found.dtype}")
+        if found.shape != shape or found.dtype != dtype:
+            paths.append(name)
     for name, found in tensors.items():
         if name not in expected:
             problems.append(f"not in like: {_where(name)} (the file has "
                             f"{_desc(found.shape, found.dtype)})")
+            paths.append(name)
     if problems:
         raise CheckpointError(
             f"{path} does not match like ({len(problems)} difference"
             f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems)
             + "\nFix: build like with the same model configuration the checkpoint was saved "
-              "from, or load without like to inspect what the file holds.")
+              "from, or load without like to inspect what the file holds.", paths)
     out = [_put_like(tensors[n], leaf) for n, leaf in zip(names, leaves)]
     return _tree.unflatten(_tree.structure(like), out)
 
