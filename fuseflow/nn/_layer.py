@@ -176,15 +176,24 @@ def check_saved_shape(layer, dy, shape, what="dy"):
                           "another layer. " + RESIDUALS_FIX)
 
 
-def as_shape(layer, in_shape):
-    """``in_shape`` as a tuple; an int is a width (``init(key, 784)`` means ``(784,)``)."""
-    if _is_int(in_shape):
-        return (int(in_shape),)
-    if not isinstance(in_shape, (str, bytes)):
+def shape_tuple(value):
+    """``value`` as a tuple, an int as a 1-tuple (``784`` means ``(784,)``); None for what is
+    neither an int nor a (non-string) iterable."""
+    if _is_int(value):
+        return (int(value),)
+    if not isinstance(value, (str, bytes)):
         try:
-            return tuple(in_shape)
+            return tuple(value)
         except TypeError:  # not iterable: None, a float
             pass
+    return None
+
+
+def as_shape(layer, in_shape):
+    """``in_shape`` as a tuple; an int is a width (``init(key, 784)`` means ``(784,)``)."""
+    shape = shape_tuple(in_shape)
+    if shape is not None:
+        return shape
     raise layer.error(f"in_shape must be a tuple such as (784,), got {in_shape!r}. Fix: give "
                       "init the input's shape without the batch axis, x.shape[1:].")
 

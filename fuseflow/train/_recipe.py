@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
 from fuseflow import mixed_precision, nn, optim, tree
+from fuseflow.nn._layer import shape_tuple
 from fuseflow.backend.epilogs import ACTIVATIONS
 
 __all__ = ["Recipe", "RecipeError", "mlp", "OPTIMIZERS", "ACTIVATIONS", "SCHEDULES",
@@ -38,8 +37,7 @@ def mlp(hidden, classes: int, activation: str = "relu") -> nn.Serial:
     activation's derivative into the next layer's input-gradient matmul. ``hidden`` is a
     sequence of widths, or one int for a single hidden layer.
     """
-    if isinstance(hidden, (int, np.integer)) and not isinstance(hidden, bool):
-        hidden = (hidden,)
+    hidden = shape_tuple(hidden) or hidden  # one int: one hidden layer
     return nn.Serial(*[nn.Dense(int(h), activation) for h in hidden], nn.Dense(int(classes)))
 
 

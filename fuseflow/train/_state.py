@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from fuseflow import random
+from fuseflow.nn._layer import shape_tuple
 
 __all__ = ["TrainState", "init_state"]
 
@@ -35,14 +34,10 @@ def init_state(model, optimizer, in_shape, key) -> TrainState:
     ``in_shape`` is one example's shape, ``(784,)`` (an int means a 1-D example).
     """
     init_key, layer_key, data_key = random.split(key, 3)
-    if isinstance(in_shape, (int, np.integer)) and not isinstance(in_shape, bool):
-        in_shape = (int(in_shape),)
-    try:
-        in_shape = tuple(in_shape)
-    except TypeError:
+    shape = shape_tuple(in_shape)
+    if shape is None:
         raise TypeError(f"init_state: in_shape must be one example's shape, such as (784,), "
-                        f"got {in_shape!r}. Fix: init_state(model, optimizer, (784,), key)."
-                        ) from None
-    _, params = model.init(init_key, in_shape)
+                        f"got {in_shape!r}. Fix: init_state(model, optimizer, (784,), key).")
+    _, params = model.init(init_key, shape)
     return TrainState(params=params, opt_state=optimizer.init(params), step=0, epoch=0,
                       key=layer_key, batch_in_epoch=0, data_key=data_key)
