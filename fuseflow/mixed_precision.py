@@ -45,7 +45,7 @@ from fuseflow import backend, tree
 from fuseflow._namespace import namespace
 from fuseflow.grad import _backward, _own_residuals, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import check_number, check_state, zero_count
+from fuseflow.optim._base import _widens, check_number, check_state, zero_count
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -192,8 +192,7 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
 
 def _wider(grads, params) -> bool:
     """Some gradient leaf has a wider dtype than its param."""
-    return any(np.promote_types(g.dtype, p.dtype) != p.dtype
-               for g, p in zip(tree.leaves(grads), tree.leaves(params)))
+    return any(_widens(g, p) for g, p in zip(tree.leaves(grads), tree.leaves(params)))
 
 
 def all_finite(grads):
@@ -344,7 +343,7 @@ def _checked_rule(init_scale, growth_interval, growth_factor, backoff_factor, mi
         raise ValueError(f"{opt}: min_scale {min_scale} is 0 in float32, the loss scale's "
                          f"dtype. Fix: {opt}(..., min_scale=1.0)")
     return (check_number(opt, "init_scale", init_scale, low=min_scale,
-                         high=float(np.finfo(np.float32).max), example=2.0 ** 15,
+                         high=_FLOAT32_MAX, example=2.0 ** 15,
                          note=" (at least min_scale; the scale is a float32)"),
             int(growth_interval),
             check_number(opt, "growth_factor", growth_factor, low=1.0, low_open=True,
