@@ -145,13 +145,23 @@ def test_dense_float_param_dtypes_build(dtype):
     assert p["w"].dtype == p["b"].dtype == np.dtype(dtype)
 
 
-@pytest.mark.parametrize("in_shape", [(4, 2), (), 784, (0,), (True,)])
+@pytest.mark.parametrize("in_shape", [(4, 2), (), "784", (0,), (True,), 2.5])
 def test_dense_init_needs_one_positive_width(in_shape):
     f = size()
-    got = repr(in_shape) if isinstance(in_shape, int) else str(tuple(in_shape))
+    got = str(tuple(in_shape)) if isinstance(in_shape, tuple) else repr(in_shape)
     with raises(LayerError, f"Dense({f}): in_shape must be (features,), got {got}",
                 f"Fix: flatten the input, e.g. Serial(Flatten(), Dense({f}))"):
         nn.Dense(f).init(ff.random.key(0), in_shape)
+
+
+@pytest.mark.parametrize("layer", [nn.Dense(5, "relu"), nn.LayerNorm()], ids=repr)
+def test_layer_init_takes_an_int_width_like_serial(layer):
+    width = size()
+    shape, params = layer.init(ff.random.key(3), width)
+    shape_t, params_t = layer.init(ff.random.key(3), (width,))
+    assert shape == shape_t
+    for name in params_t:
+        np.testing.assert_array_equal(params[name], params_t[name])
 
 
 def test_dense_errors_inside_serial_name_the_position():
@@ -329,9 +339,9 @@ def test_layernorm_params_of_mismatched_shapes_or_dtypes():
         layer.forward(dict(p, scale=p["scale"].tolist()), x)
 
 
-@pytest.mark.parametrize("in_shape", [(4, 2), (), (0,), 7])
+@pytest.mark.parametrize("in_shape", [(4, 2), (), (0,), "7"])
 def test_layernorm_init_needs_one_positive_width(in_shape):
-    got = repr(in_shape) if isinstance(in_shape, int) else str(tuple(in_shape))
+    got = str(tuple(in_shape)) if isinstance(in_shape, tuple) else repr(in_shape)
     with raises(LayerError, f"LayerNorm(): in_shape must be (features,), got {got}",
                 "Fix: flatten the input, e.g. Serial(Flatten(), LayerNorm())"):
         nn.LayerNorm().init(ff.random.key(0), in_shape)

@@ -199,15 +199,17 @@ def as_shape(layer, in_shape):
 
 
 def check_in_shape(layer, in_shape):
-    """``in_shape`` is ``(features,)``; returns it as a tuple of one int."""
-    ok = (isinstance(in_shape, (tuple, list)) and len(in_shape) == 1
-          and _is_int(in_shape[0]) and in_shape[0] >= 1)
+    """``in_shape`` is ``(features,)`` (or the int ``features``, as ``Serial.init`` takes
+    it); returns it as a tuple of one int."""
+    shape = (in_shape,) if _is_int(in_shape) else in_shape
+    ok = (isinstance(shape, (tuple, list)) and len(shape) == 1
+          and _is_int(shape[0]) and shape[0] >= 1)
     if not ok:
-        got = tuple(in_shape) if isinstance(in_shape, (tuple, list)) else repr(in_shape)
+        got = tuple(shape) if isinstance(shape, (tuple, list)) else repr(in_shape)
         raise layer.error(f"in_shape must be (features,), got {got}. Fix: flatten the input, "
                           f"e.g. Serial(Flatten(), {layer!r}), and give init its width, e.g. "
                           "(784,).")
-    return (int(in_shape[0]),)
+    return (int(shape[0]),)
 
 
 # ---- hyperparameters (constructor arguments): the error names the class -------------------
