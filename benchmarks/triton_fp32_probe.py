@@ -68,8 +68,6 @@ def graph_us(torch, fn, replays=30):
 
 
 def build_kernel(triton, tl):
-    precision = {"input_precision": "ieee"}
-
     @triton.jit
     def matmul(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn, kchunk,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr):
@@ -87,7 +85,7 @@ def build_kernel(triton, tl):
                          mask=(rm[:, None] < M) & (ks[None, :] < kend), other=0.0)
             bv = tl.load(b + ks[:, None] * sbk + rn[None, :] * sbn,
                          mask=(ks[:, None] < kend) & (rn[None, :] < N), other=0.0)
-            acc = tl.dot(av, bv, acc, **precision)
+            acc = tl.dot(av, bv, acc, input_precision="ieee")
         cp = c + rm[:, None] * scm + rn[None, :] * scn
         cmask = (rm[:, None] < M) & (rn[None, :] < N)
         if ATOMIC:
@@ -172,12 +170,16 @@ def main():
         row = {"label": label, "m": m, "n": n, "k": k, "a_layout": al, "b_layout": bl,
                "cublas_us": cublas_us, "cublas_tflops": flops / cublas_us / 1e6,
                "cublas_max_rel_err": cublas_err, "best": best,
-               "variants_timed": len(ok), "variants_failed": len(variants) - len(ok)}
+               "variants_timed": len(ok), "variants_failed": len(variants) - len(ok),
+               "errors": sorted({v["error"] for v in variants if "error" in v})[:5]}
         rows.append(row)
         write_json(os.path.join(args.out, "triton_fp32_probe.json"),
                    {"benchmark": "triton_fp32_probe", **metadata("torch", "triton"),
                     "rows": rows, "note": "us per call, 20 calls in one CUDA graph, median; "
                     "torch.mm with allow_tf32=False is cuBLAS's SIMT path"})
+        if not best:
+            print(f"{label}: every variant failed: {row['errors']}", flush=True)
+            continue
         print(f"{label:36s} cublas {cublas_us:7.2f} us  triton best {best[0]['us']:7.2f} "
               f"(again {best[0]['us_again']:.2f} vs {best[0]['cublas_us_again']:.2f}) "
               f"{ {key: best[0][key] for key in ('BM', 'BN', 'BK', 'num_warps', 'num_stages', 'splits')} }"
