@@ -36,14 +36,30 @@ LAYERS = [
     ("1024 -> 1024 forward, batch 4096", "forward", 4096, 1024, 1024),
     ("784 -> 4096 forward, batch 8192", "forward", 8192, 784, 4096),
 ]
-VARIANTS = [(w, s, bk) for w in ((2, 2), (1, 2), (4, 2)) for s in (1, 2, 4, 8)
-            for bk in (8, 16)]
+
+
+def int_list(text):
+    return [int(v) for v in text.split(",")]
+
+
+def warps_list(text):
+    return [tuple(int(v) for v in w.split("x")) for w in text.split(",")]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--warps", type=warps_list, default="2x2,1x2,4x2",
+                    help="own-kernel launch shapes swept, warps along M x N (default %(default)s)")
+    ap.add_argument("--splits", type=int_list, default="1,2,4,8",
+                    help="K splits swept (default %(default)s)")
+    ap.add_argument("--bk", type=int_list, default="8,16",
+                    help="k-tile depths swept (default %(default)s)")
+    ap.add_argument("--layers", type=int, default=len(LAYERS),
+                    help="sweep only the first N shapes (default: all %(default)s)")
+    ap.add_argument("--name", default="gemm_sweep", help="JSON file name (without .json)")
     args = ap.parse_args()
+    variants = [(w, sp, bk) for w in args.warps for sp in args.splits for bk in args.bk]
     import cupy as cp
 
     from fuseflow.backend import _cuda_gemm as G
@@ -55,7 +71,7 @@ def main():
     cublas.own_gemm_max_macs = 0
     rng = cp.random.default_rng(0)
     rows = []
-    for label, op, batch, fin, fout in LAYERS:
+    for label, op, batch, fin, fout in LAYERS[:args.layers]:
         x = cp.maximum(rng.standard_normal((batch, fin), dtype=np.float32), 0)
         w = rng.standard_normal((fout, fin), dtype=np.float32) / float(np.sqrt(fin))
         b = rng.standard_normal(fout, dtype=np.float32)
@@ -90,7 +106,7 @@ def main():
         row["cublaslt_path_us"] = graph_us(backend_op(cublas))
         row["own_default_us"] = graph_us(backend_op(own))
         row["variants"] = []
-        for warps, splits, bk in VARIANTS:
+        for warps, splits, bk in variants:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
             v = {"warps": list(warps), "splits": splits, "bk": bk}
@@ -107,7 +123,7 @@ def main():
               f"  best {best['us']:8.2f} {best['warps']} s={best['splits']} bk={best['bk']}",
               flush=True)
         rows.append(row)
-    write_json(os.path.join(args.out, "gemm_sweep.json"),
+    write_json(os.path.join(args.out, f"{args.name}.json"),
                {"benchmark": "gemm_sweep", **metadata("cupy", "nvmath"), "rows": rows,
                 "note": "median GPU time per call: 20 calls in one CUDA graph; "
                         "cublaslt_path_us = the backend op with own_gemm_max_macs = 0"})
