@@ -57,9 +57,14 @@ def main():
                     help="k-tile depths swept (default %(default)s)")
     ap.add_argument("--layers", type=int, default=len(LAYERS),
                     help="sweep only the first N shapes (default: all %(default)s)")
+    ap.add_argument("--cluster", choices=("off", "on", "both"), default="off",
+                    help="K splits added by the last block (off), in a thread-block cluster "
+                         "(on), or both (default %(default)s)")
     ap.add_argument("--name", default="gemm_sweep", help="JSON file name (without .json)")
     args = ap.parse_args()
-    variants = [(w, sp, bk) for w in args.warps for sp in args.splits for bk in args.bk]
+    clusters = {"off": (False,), "on": (True,), "both": (False, True)}[args.cluster]
+    variants = [(w, sp, bk, cl) for w in args.warps for sp in args.splits for bk in args.bk
+                for cl in clusters]
     import cupy as cp
 
     from fuseflow.backend import _cuda_gemm as G
@@ -106,12 +111,14 @@ def main():
         row["cublaslt_path_us"] = graph_us(backend_op(cublas))
         row["own_default_us"] = graph_us(backend_op(own))
         row["variants"] = []
-        for warps, splits, bk in variants:
+        for warps, splits, bk, cluster in variants:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
-            v = {"warps": list(warps), "splits": splits, "bk": bk}
+            if cluster and (splits == 1 or splits > G.MAX_CLUSTER or not G.cluster_fits(warps)):
+                continue
+            v = {"warps": list(warps), "splits": splits, "bk": bk, "cluster": cluster}
             try:
-                us = graph_us(kernel(warps=warps, splits=splits, bk=bk))
+                us = graph_us(kernel(warps=warps, splits=splits, bk=bk, cluster=cluster))
             except Exception as e:  # noqa: BLE001 - record and go on
                 row["variants"].append({**v, "error": str(e)[:200]})
                 continue
@@ -120,7 +127,8 @@ def main():
         row["best_variant"] = best
         row["speedup_default_vs_cublaslt"] = row["cublaslt_path_us"] / row["own_default_us"]
         print(f"{label:48s} cublaslt {row['cublaslt_path_us']:8.2f}  own {row['own_default_us']:8.2f}"
-              f"  best {best['us']:8.2f} {best['warps']} s={best['splits']} bk={best['bk']}",
+              f"  best {best['us']:8.2f} {best['warps']} s={best['splits']} bk={best['bk']}"
+              f" cluster={best['cluster']}",
               flush=True)
         rows.append(row)
     write_json(os.path.join(args.out, f"{args.name}.json"),

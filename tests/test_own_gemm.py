@@ -1,7 +1,8 @@
 """fuseflow's own full-float32 matmul (``_cuda_gemm``, opt-in) against float64 NumPy references.
 
-Every launch shape it can take (tile shapes, K splits finished by the last-arriving block,
-row tiles whose bias-gradient partials are added by the last tile of a column strip) must
+Every launch shape it can take (tile shapes, K splits finished by the last-arriving block or
+added within a thread-block cluster, row tiles whose bias-gradient partials are added by the
+last tile of a column strip) must
 give the product and the epilog of the reference, the same bits on a second call (the
 arrival counters are left at zero, the sums run in a fixed order), and the same results
 through the backend as the cuBLASLt path.
@@ -25,7 +26,10 @@ SIGN_MARGIN = 1e-4
 SHAPES = [(100, 196, 52), (64, 128, 8), (256, 1024, 784), (33, 20, 1000), (7, 12, 4),
           (300, 36, 1024)]
 LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, bk=8),
-            dict(warps=(2, 1), splits=7), dict(warps=(2, 2), splits=2, bk=8)]
+            dict(warps=(2, 1), splits=7), dict(warps=(2, 2), splits=2, bk=8),
+            # K splits added in a thread-block cluster through distributed shared memory
+            dict(warps=(2, 2), splits=4, cluster=True), dict(warps=(2, 1), splits=3, cluster=True),
+            dict(warps=(1, 1), splits=8, cluster=True), dict(warps=(1, 2), splits=2, cluster=True)]
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +137,15 @@ def test_wgrad(G, rng, shape, launch):
     x = rng.standard_normal((k, n)).astype(np.float32)
     (dw,) = _twice(lambda: (G.wgrad(cupy.asarray(dy), cupy.asarray(x), **launch),))
     assert _rel(dw, dy.T.astype(np.float64) @ x.astype(np.float64)) <= TOL
+
+
+def test_cluster_launch_needs_a_tile_that_fits(G, rng):
+    x = cupy.asarray(rng.standard_normal((64, 64)).astype(np.float32))
+    with pytest.raises(ValueError, match="no cluster launch for warps"):
+        G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), splits=2, cluster=True)
+    with pytest.raises(ValueError, match="splits be <= 8"):
+        G.forward(x, x, None, relu=False, aux_rows=None, warps=(2, 2), splits=16, bk=4,
+                  cluster=True)
 
 
 def test_backend_routes_float32_and_matches_cublaslt(G, rng):

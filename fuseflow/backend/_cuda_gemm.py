@@ -51,6 +51,8 @@ BK = 16
 #: a faster main loop.
 DEFAULT_MAX_MACS = 0
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
+#: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
+MAX_CLUSTER = 8
 
 _SRC = r"""
 #define BM (32 * WM)
@@ -62,6 +64,39 @@ _SRC = r"""
 #define B4 (BN * BK / 4)
 #define LA ((A4 + THREADS - 1) / THREADS)
 #define LB ((B4 + THREADS - 1) / THREADS)
+#define AS_FLOATS (2 * BK * (BM + APAD))
+#define PIPE_FLOATS (AS_FLOATS + 2 * BK * (BN + BPAD))
+// With CLUSTER > 1 the K splits of a tile form a thread-block cluster that adds its
+// partials through distributed shared memory: the tile's accumulators reuse the pipeline's
+// shared memory.
+#define PART_FLOATS (CLUSTER > 1 ? BM * BN : 0)
+#define SMEM_FLOATS (PIPE_FLOATS > PART_FLOATS ? PIPE_FLOATS : PART_FLOATS)
+#if CLUSTER > 1
+#define CLUSTER_DIMS __cluster_dims__(1, 1, CLUSTER)
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster arrives; shared-memory writes before it are
+// visible to the cluster's reads after it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// 16 bytes at ``p`` (this block's shared memory) in the shared memory of cluster block ``rank``.
+__device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
+    const unsigned int local = (unsigned int)__cvta_generic_to_shared(p);
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
+}
+#else
+#define CLUSTER_DIMS
+#endif
 
 // Quads (16 bytes) of an operand tile of R rows (BM or BN) by BK: P(r, k) is P[r * ld + k]
 // (KMAJOR) or P[k * ld + r]; zeros past rend rows and kend. L quads per thread.
@@ -101,15 +136,16 @@ __device__ __forceinline__ void store_tile(float (*S)[R + PAD], const float4 (&q
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
+extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
         const float* __restrict__ bias, unsigned char* __restrict__ aux_out,
         const unsigned char* __restrict__ aux_in, float* __restrict__ ws,
         float* __restrict__ colpart, float* __restrict__ db, unsigned int* __restrict__ cnt,
         int M, int N, int K, long long lda, long long ldb, long long ldc, long long ld_aux,
         int aux_rows, int kchunk) {
-    __shared__ __align__(16) float As[2][BK][BM + APAD];
-    __shared__ __align__(16) float Bs[2][BK][BN + BPAD];
+    __shared__ __align__(16) float smem[SMEM_FLOATS];
+    float (*As)[BK][BM + APAD] = reinterpret_cast<float (*)[BK][BM + APAD]>(smem);
+    float (*Bs)[BK][BN + BPAD] = reinterpret_cast<float (*)[BK][BN + BPAD]>(smem + AS_FLOATS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN, tm = lane >> 3, tn = lane & 7;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
@@ -162,6 +198,39 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
     // Row i of the thread's block is rbase + i (i < 4) or rbase + 12 + i; column j is
     // cbase + j (j < 4) or cbase + 28 + j.
     const int tiles = gridDim.x * gridDim.y;
+#if CLUSTER > 1
+    // The cluster's blocks are the tile's K splits. Each puts its accumulators in its shared
+    // memory (free after the loop's last barrier); after the cluster barrier, block z adds
+    // rows i = z, z + CLUSTER, ... of every thread's 8 x 8 block from all CLUSTER blocks, in
+    // rank order (the same sums whichever block finishes first), and runs their epilog.
+    const unsigned int crank = cluster_rank();
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int rl = rbase + (i < 4 ? i : 12 + i);
+        *reinterpret_cast<float4*>(smem + rl * BN + cbase) =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        *reinterpret_cast<float4*>(smem + rl * BN + cbase + 32) =
+            make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+    }
+    cluster_sync();
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        if (i % CLUSTER != (int)crank) continue;
+        const int rl = rbase + (i < 4 ? i : 12 + i);
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float* at = smem + rl * BN + cbase + 32 * h;
+            float4 sum = load_peer(at, 0u);
+            for (unsigned int z = 1; z < CLUSTER; ++z) {
+                const float4 v = load_peer(at, z);
+                sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+            }
+            acc[i][4 * h] = sum.x; acc[i][4 * h + 1] = sum.y;
+            acc[i][4 * h + 2] = sum.z; acc[i][4 * h + 3] = sum.w;
+        }
+    }
+    cluster_sync();  // no block leaves while another still reads its shared memory
+#endif
     if (SPLIT) {
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
         float* mine = ws + ((long long)tile * gridDim.z + blockIdx.z) * (BM * BN);
@@ -210,6 +279,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
     for (int j = 0; j < 8; ++j) cs[j] = 0.f;
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
+        if (CLUSTER > 1 && i % CLUSTER != (int)blockIdx.z) continue;
         const int r = m0 + rbase + (i < 4 ? i : 12 + i);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -248,7 +318,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
             }
         }
     }
-    if (AUX_OUT && blockIdx.x == gridDim.x - 1) {  // zero padding bytes past the data
+    // zero the padding bytes past the data (once per row tile: in a cluster, its first block;
+    // else the one block of the K splits that got here)
+    if (AUX_OUT && blockIdx.x == gridDim.x - 1 && (CLUSTER <= 1 || blockIdx.z == 0)) {
         const int used = (N + 7) / 8, pad = aux_rows - used;
         for (int e = tid; e < BM * pad; e += THREADS) {
             const int r = m0 + e / pad;
@@ -267,22 +339,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
             for (int j = 0; j < 8; ++j) red[wm][cbase + (j < 4 ? j : 28 + j)] = cs[j];
         }
         __syncthreads();
+        // one partial per row tile (and, in a cluster, per block of it), added in order
+        const int parts = gridDim.y * (CLUSTER > 1 ? CLUSTER : 1);
+        const int mine = blockIdx.y * (CLUSTER > 1 ? CLUSTER : 1) + (CLUSTER > 1 ? blockIdx.z : 0);
         for (int col = tid; col < BN; col += THREADS) {
             const int n = n0 + col;
             float s = red[0][col];
             #pragma unroll
             for (int w = 1; w < WM; ++w) s += red[w][col];
             if (n < N) {
-                if (gridDim.y == 1) db[n] = s;
-                else colpart[(long long)blockIdx.y * N + n] = s;
+                if (parts == 1) db[n] = s;
+                else colpart[(long long)mine * N + n] = s;
             }
         }
-        if (gridDim.y > 1 && last_arrival(cnt + tiles + blockIdx.x, gridDim.y)) {
+        if (parts > 1 && last_arrival(cnt + tiles + blockIdx.x, parts)) {
             for (int col = tid; col < BN; col += THREADS) {
                 const int n = n0 + col;
                 if (n >= N) continue;
                 float s = __ldcg(colpart + n);
-                for (int y = 1; y < (int)gridDim.y; ++y)
+                for (int y = 1; y < parts; ++y)
                     s += __ldcg(colpart + (long long)y * N + n);
                 db[n] = s;
             }
@@ -296,6 +371,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) simt_gemm(
 def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
     defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn, "BK": bk,
                "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
+               "CLUSTER": 0,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
     return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
@@ -328,22 +404,36 @@ def _chunked(k: int, splits: int, bk: int) -> tuple[int, int]:
     return _cdiv(k, chunk), chunk
 
 
+def cluster_fits(warps) -> bool:
+    """Whether a tile of ``warps`` can add its K splits in a cluster: its accumulators fit
+    in the 48 KiB of static shared memory (with the bias-gradient row sums)."""
+    wm, wn = warps
+    return (32 * wm) * (64 * wn) + wm * 64 * wn <= 48 * 1024 // 4
+
+
 def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
          aux_out=None, aux_rows=0, aux_in=None, ld_aux=0, db=None, warps=None, splits=None,
-         bk=None):
+         bk=None, cluster=False):
     wm, wn = warps or WARPS
     bk = bk or BK
     gx, gy = _tiles(m, n, (wm, wn))
     s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
+    if cluster and not (cluster_fits((wm, wn)) and s <= MAX_CLUSTER):
+        raise ValueError(f"no cluster launch for warps {(wm, wn)} with {s} K splits: the tile "
+                         f"must fit in 48 KiB of shared memory and splits be <= {MAX_CLUSTER}")
+    in_cluster = cluster and s > 1
     tiles = gx * gy
-    ws = cupy.empty(tiles * s * 32 * wm * 64 * wn, dtype=cupy.float32) if s > 1 else None
-    colpart = cupy.empty((gy, n), dtype=cupy.float32) if db is not None and gy > 1 else None
-    cnt = T.counters(tiles + gx) if s > 1 or colpart is not None else None
+    ws = (cupy.empty(tiles * s * 32 * wm * 64 * wn, dtype=cupy.float32)
+          if s > 1 and not in_cluster else None)
+    parts = gy * (s if in_cluster else 1)  # bias-gradient partials per column
+    colpart = cupy.empty((parts, n), dtype=cupy.float32) if db is not None and parts > 1 else None
+    cnt = T.counters(tiles + gx) if (s > 1 and not in_cluster) or colpart is not None else None
     if aux_out is not None:
         ld_aux = aux_rows
     kern = _kernel(a_kmajor, b_kmajor, wm, wn, bk, HAS_BIAS=bias is not None, RELU=relu,
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
-                   BGRAD=db is not None, SPLIT=s > 1)
+                   BGRAD=db is not None, SPLIT=s > 1 and not in_cluster,
+                   CLUSTER=s if in_cluster else 0)
     null = np.uintp(0)
     kern((gx, gy, s), (32 * wm * wn,),
          (a, b, c, bias if bias is not None else null,
@@ -390,8 +480,8 @@ def wgrad_supported(dy, x, max_macs) -> bool:
 
 def forward(x, w, bias, *, relu: bool, aux_rows: int | None, **launch):
     """``(y, aux)``: ``act(x @ w.T + bias)``, aux the (aux_rows, B) column-major relu_aux
-    when ``aux_rows`` is given. ``launch`` (``warps``, ``splits``, ``bk``) overrides the
-    launch shape, for tests and benchmarks."""
+    when ``aux_rows`` is given. ``launch`` (``warps``, ``splits``, ``bk``, ``cluster``)
+    overrides the launch shape, for tests and benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=cupy.float32)
