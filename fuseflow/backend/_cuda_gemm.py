@@ -9,7 +9,9 @@ an 8 x 8 block of C from double-buffered shared-memory tiles, 16-byte loads) tha
 the GPU by splitting K across blocks, and ends in one launch:
 
 - split-K partials go to a workspace; the block that arrives last at its tile
-  (``_cuda_tickets``) adds them in split order (deterministic) and runs the epilog;
+  (``_cuda_tickets``) adds them in split order (deterministic) and runs the epilog; or,
+  with ``cluster=True``, the splits of a tile form a thread-block cluster that adds them
+  through distributed shared memory, each block the sums and epilog of a share of the rows;
 - forward epilog: ``y = act(acc + bias)`` and the relu_aux bits (cuBLASLt's layout, see
   ``epilogs.py``; the same arithmetic as ``_cuda_epilogs.bias_relu``);
 - input-gradient epilog: the ReLU mask of the layer below and, with BGRAD, its bias
@@ -43,12 +45,12 @@ BK = 16
 #: (``benchmarks/gemm_sweep.py``, ``gemm_sweep.json``) this kernel is slower than cuBLASLt's
 #: SIMT kernels plus their reduction and epilog passes at every shape of the medium model
 #: (22.6 vs 18.3 us for 256 x 784 x 1024 with bias/ReLU, 22.9 vs 16.1 us for the 1024 x 1024
-#: weight gradient), under every tile shape, K split and k-tile depth swept. Why is not
-#: established (no profiler counters were taken); the suspects are the main loop's
-#: shared-memory traffic (16-byte fragment loads that the lanes of a quarter-warp largely
-#: share) and its one-stage prefetch, where cuBLASLt's kernels use a 3-stage cp.async
-#: pipeline. It stays for experiments (``FUSEFLOW_OWN_GEMM_MAX_MACS``) and as the base for
-#: a faster main loop.
+#: weight gradient), under every tile shape, K split (1-12, added by the last block or in
+#: a cluster) and k-tile depth swept. Nsight Compute (``session13_ncu_*.log``) says why: at
+#: 8 x 8 outputs per thread a 256 x 1024 output is about one warp per SM, and one warp per
+#: scheduler stalls on its own dependencies (37% of issue slots busy, cuBLASLt's kernel
+#: 63% with three warps per scheduler); more warps need more K splits, whose sums then
+#: cost what the warps gain. It stays for experiments (``FUSEFLOW_OWN_GEMM_MAX_MACS``).
 DEFAULT_MAX_MACS = 0
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
