@@ -101,24 +101,41 @@ __device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
 #endif
 
 // Quads (16 bytes) of an operand tile of R rows (BM or BN) by BK: P(r, k) is P[r * ld + k]
-// (KMAJOR) or P[k * ld + r]; zeros past rend rows and kend. L quads per thread.
+// (KMAJOR) or P[k * ld + r]; zeros past rend rows and kend. L quads per thread. Where each
+// of the thread's quads sits is worked out once, before the main loop: with one warp per
+// scheduler nothing hides the index arithmetic, bounds checks and branches of a per-tile
+// recomputation (they had the k-tile's non-FMA instructions stall 775 cycles against its
+// 1,024 FMAs). A k-tile is then a pointer offset and a predicated load per quad.
 template <int KMAJOR, int R, int L>
-__device__ __forceinline__ void load_tile(float4 (&q)[L], const float* __restrict__ P,
-                                          long long ld, int r0, int rend, int k0, int kend) {
-    #pragma unroll
-    for (int l = 0; l < L; ++l) {
-        const int f = threadIdx.x + l * THREADS;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (f < R * BK / 4) {
+struct TileLoader {
+    const float* p[L];  // the quad in the next k-tile to load
+    int kq[L];          // its k offset within a k-tile
+    bool in[L];         // it exists and its row is inside the matrix
+    long long step;     // elements from one k-tile to the next
+    __device__ __forceinline__ TileLoader(const float* __restrict__ P, long long ld, int r0,
+                                          int rend, int kbeg) {
+        step = KMAJOR ? (long long)BK : (long long)BK * ld;
+        #pragma unroll
+        for (int l = 0; l < L; ++l) {
+            const int f = threadIdx.x + l * THREADS;
             const int r = r0 + (KMAJOR ? f / (BK / 4) : (f % (R / 4)) * 4);
-            const int k = k0 + (KMAJOR ? (f % (BK / 4)) * 4 : f / (R / 4));
-            if (r < rend && k < kend)
-                v = *reinterpret_cast<const float4*>(
-                    P + (KMAJOR ? (long long)r * ld + k : (long long)k * ld + r));
+            const int k = KMAJOR ? (f % (BK / 4)) * 4 : f / (R / 4);
+            kq[l] = k;
+            in[l] = ((R * BK / 4) % THREADS == 0 || f < R * BK / 4) && r < rend;
+            p[l] = P + (KMAJOR ? (long long)r * ld + kbeg + k : (long long)(kbeg + k) * ld + r);
         }
-        q[l] = v;
     }
-}
+    // The next k-tile, of which kleft k remain (all BK but in the last, partial one).
+    __device__ __forceinline__ void load_next(float4 (&q)[L], int kleft) {
+        #pragma unroll
+        for (int l = 0; l < L; ++l) {
+            const bool ok = in[l] && (kleft >= BK || kq[l] < kleft);
+            q[l] = ok ? __ldg(reinterpret_cast<const float4*>(p[l]))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+            p[l] += step;
+        }
+    }
+};
 
 // The tile into shared memory as S[k][r]: k-major quads transposed, the others as they are.
 template <int KMAJOR, int R, int PAD, int L>
@@ -126,7 +143,7 @@ __device__ __forceinline__ void store_tile(float (*S)[R + PAD], const float4 (&q
     #pragma unroll
     for (int l = 0; l < L; ++l) {
         const int f = threadIdx.x + l * THREADS;
-        if (f < R * BK / 4) {
+        if ((R * BK / 4) % THREADS == 0 || f < R * BK / 4) {
             if (KMAJOR) {
                 const int r = f / (BK / 4), kq = (f % (BK / 4)) * 4;
                 S[kq][r] = q[l].x; S[kq + 1][r] = q[l].y;
@@ -163,9 +180,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
     }
     const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    TileLoader<A_KMAJOR, BM, LA> aload(A, lda, m0, M, kbeg);
+    TileLoader<B_KMAJOR, BN, LB> bload(B, ldb, n0, N, kbeg);
     if (ntiles > 0) {
-        load_tile<A_KMAJOR, BM>(ra, A, lda, m0, M, kbeg, kend);
-        load_tile<B_KMAJOR, BN>(rb, B, ldb, n0, N, kbeg, kend);
+        aload.load_next(ra, kend - kbeg);
+        bload.load_next(rb, kend - kbeg);
         store_tile<A_KMAJOR, BM, APAD>(As[0], ra);
         store_tile<B_KMAJOR, BN, BPAD>(Bs[0], rb);
     }
@@ -173,8 +192,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
         if (t + 1 < ntiles) {
-            load_tile<A_KMAJOR, BM>(ra, A, lda, m0, M, kbeg + (t + 1) * BK, kend);
-            load_tile<B_KMAJOR, BN>(rb, B, ldb, n0, N, kbeg + (t + 1) * BK, kend);
+            aload.load_next(ra, kend - kbeg - (t + 1) * BK);
+            bload.load_next(rb, kend - kbeg - (t + 1) * BK);
         }
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
