@@ -114,7 +114,7 @@ def main():
         for warps, splits, bk, cluster in variants:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
-            if cluster and (splits == 1 or splits > G.MAX_CLUSTER or not G.cluster_fits(warps)):
+            if cluster and (splits == 1 or not G.cluster_fits(warps, splits)):
                 continue
             v = {"warps": list(warps), "splits": splits, "bk": bk, "cluster": cluster}
             try:

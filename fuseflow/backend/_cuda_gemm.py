@@ -75,11 +75,6 @@ _SRC = r"""
 #define SMEM_FLOATS (PIPE_FLOATS > PART_FLOATS ? PIPE_FLOATS : PART_FLOATS)
 #if CLUSTER > 1
 #define CLUSTER_DIMS __cluster_dims__(1, 1, CLUSTER)
-__device__ __forceinline__ unsigned int cluster_rank() {
-    unsigned int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
 // Every thread of every block of the cluster arrives; shared-memory writes before it are
 // visible to the cluster's reads after it.
 __device__ __forceinline__ void cluster_sync() {
@@ -224,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     // memory (free after the loop's last barrier); after the cluster barrier, block z adds
     // rows i = z, z + CLUSTER, ... of every thread's 8 x 8 block from all CLUSTER blocks, in
     // rank order (the same sums whichever block finishes first), and runs their epilog.
-    const unsigned int crank = cluster_rank();
+    // The cluster spans the grid's z axis only, so a block's cluster rank is blockIdx.z.
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int rl = rbase + (i < 4 ? i : 12 + i);
@@ -236,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     cluster_sync();
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        if (i % CLUSTER != (int)crank) continue;
+        if (i % CLUSTER != (int)blockIdx.z) continue;
         const int rl = rbase + (i < 4 ? i : 12 + i);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -425,11 +420,12 @@ def _chunked(k: int, splits: int, bk: int) -> tuple[int, int]:
     return _cdiv(k, chunk), chunk
 
 
-def cluster_fits(warps) -> bool:
-    """Whether a tile of ``warps`` can add its K splits in a cluster: its accumulators fit
-    in the 48 KiB of static shared memory (with the bias-gradient row sums)."""
+def cluster_fits(warps, splits) -> bool:
+    """Whether a tile of ``warps`` can add ``splits`` K splits in a cluster: at most
+    ``MAX_CLUSTER`` blocks, whose accumulators fit in the 48 KiB of static shared memory
+    (with the bias-gradient row sums)."""
     wm, wn = warps
-    return (32 * wm) * (64 * wn) + wm * 64 * wn <= 48 * 1024 // 4
+    return splits <= MAX_CLUSTER and (32 * wm) * (64 * wn) + wm * 64 * wn <= 48 * 1024 // 4
 
 
 def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
@@ -439,21 +435,22 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
     bk = bk or BK
     gx, gy = _tiles(m, n, (wm, wn))
     s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
-    if cluster and not (cluster_fits((wm, wn)) and s <= MAX_CLUSTER):
+    if cluster and not cluster_fits((wm, wn), s):
         raise ValueError(f"no cluster launch for warps {(wm, wn)} with {s} K splits: the tile "
                          f"must fit in 48 KiB of shared memory and splits be <= {MAX_CLUSTER}")
     in_cluster = cluster and s > 1
+    by_last_block = s > 1 and not in_cluster  # the last split to arrive adds the others
     tiles = gx * gy
     ws = (cupy.empty(tiles * s * 32 * wm * 64 * wn, dtype=cupy.float32)
-          if s > 1 and not in_cluster else None)
+          if by_last_block else None)
     parts = gy * (s if in_cluster else 1)  # bias-gradient partials per column
     colpart = cupy.empty((parts, n), dtype=cupy.float32) if db is not None and parts > 1 else None
-    cnt = T.counters(tiles + gx) if (s > 1 and not in_cluster) or colpart is not None else None
+    cnt = T.counters(tiles + gx) if by_last_block or colpart is not None else None
     if aux_out is not None:
         ld_aux = aux_rows
     kern = _kernel(a_kmajor, b_kmajor, wm, wn, bk, HAS_BIAS=bias is not None, RELU=relu,
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
-                   BGRAD=db is not None, SPLIT=s > 1 and not in_cluster,
+                   BGRAD=db is not None, SPLIT=by_last_block,
                    CLUSTER=s if in_cluster else 0)
     null = np.uintp(0)
     kern((gx, gy, s), (32 * wm * wn,),
