@@ -109,6 +109,9 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
             p, s = ff.optim.update_and_apply(opt, g, s, p)
             return p, s, loss
     x = cp.random.random((batch, sizes[0]), dtype=cp.float32)
+    if prec == "fp64":  # everything in float64 (a probe of the FP64 tensor cores)
+        params = ff.tree.map(lambda p: p.astype(cp.float64), params)
+        x = x.astype(cp.float64)
     y = cp.random.randint(0, sizes[-1], batch).astype(cp.int64)
     return model, params, opt.init(params), step, x, y
 
