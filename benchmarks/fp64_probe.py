@@ -10,9 +10,12 @@ casts it needs) would be a full-precision route past the SIMT kernels. For each 
 784-1024-1024-10's five large matmuls at batch 256: the backend's plain cuBLASLt matmul in
 float32 (COMPUTE_32F, no TF32) and in float64 (COMPUTE_64F), and the float32 -> float64
 casts of its operands, each timed like a compiled step runs it (20 calls in one CUDA graph,
-median over replays). ``--route``: also the backend's dense ops with their epilogs through
-the FP64 route (``CudaBackend.fp64_gemm_max_macs``) and through the float32 path, at those
-shapes and longer batches. JSON out.
+median over replays). JSON out.
+
+The backend ops through such a route (operands cast to float64 in one launch, the float64
+matmul, fuseflow's epilog rounding to float32) were measured with commit 67d5ef7's
+``--route`` (``results/session14_fp64_probe_route.json``): the casts and the epilog pass
+cost more than the faster matmul gains at batch 256, so the route was not kept.
 """
 
 from __future__ import annotations
@@ -48,57 +51,9 @@ def layer_op(be, op, x, w, dy):
     return lambda: be.linear_wgrad(dy, x)
 
 
-# the backend ops with their epilogs, FP64 route on and off, at the medium model's shapes
-# and longer batches (to place ``fp64_gemm_max_macs``)
-ROUTE_LAYERS = LAYERS + [
-    ("1024 -> 1024 forward, batch 1024", "forward", 1024, 1024, 1024),
-    ("1024 -> 1024 dgrad, batch 1024", "dgrad", 1024, 1024, 1024),
-    ("1024 -> 1024 wgrad, batch 1024", "wgrad", 1024, 1024, 1024),
-    ("1024 -> 1024 forward, batch 4096", "forward", 4096, 1024, 1024),
-    ("1024 -> 1024 dgrad, batch 4096", "dgrad", 4096, 1024, 1024),
-    ("784 -> 4096 forward, batch 8192", "forward", 8192, 784, 4096),
-]
-
-
-def route_rows(cp, rng):
-    """us per backend op (forward RELU_AUX_BIAS, dgrad DRELU_BGRAD, wgrad DEFAULT) with the
-    FP64 route forced on (every op) and off, side by side."""
-    from fuseflow.backend.cuda_backend import CudaBackend
-
-    on = CudaBackend(tf32=False, autotune=False)
-    on.fp64_gemm_max_macs, on.fp64_gemm_ops = 2 ** 62, {"forward", "dgrad", "wgrad"}
-    off = CudaBackend(tf32=False, autotune=False)
-    off.fp64_gemm_max_macs = 0
-    rows = []
-    for label, op, batch, fin, fout in ROUTE_LAYERS:
-        x = cp.maximum(rng.standard_normal((batch, fin), dtype=cp.float32), 0)
-        w = rng.standard_normal((fout, fin), dtype=cp.float32) / float(fin) ** 0.5
-        b = rng.standard_normal(fout, dtype=cp.float32)
-        dy = rng.standard_normal((batch, fout), dtype=cp.float32)
-        _, aux = off.linear(dy, rng.standard_normal((fin, fout), dtype=cp.float32),
-                            cp.zeros(fin, cp.float32), "RELU_AUX_BIAS")  # fin features
-
-        def run(be):
-            if op == "forward":
-                return lambda: be.linear(x, w, b, "RELU_AUX_BIAS")
-            if op == "dgrad":
-                return lambda: be.linear_dgrad(dy, w, "DRELU_BGRAD", aux)
-            return lambda: be.linear_wgrad(dy, x, "DEFAULT")
-        row = {"label": label, "op": op, "batch": batch, "in": fin, "out": fout,
-               "macs": batch * fin * fout, "fp32_path_us": graph_us(run(off)),
-               "fp64_route_us": graph_us(run(on))}
-        row["ratio"] = row["fp64_route_us"] / row["fp32_path_us"]
-        rows.append(row)
-        print(f"{label:34s} fp32 path {row['fp32_path_us']:8.2f} us  FP64 route "
-              f"{row['fp64_route_us']:8.2f} us  ({row['ratio']:.2f}x)")
-    return rows
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--route", action="store_true",
-                    help="also the backend ops with the FP64 route on and off")
     ap.add_argument("--name", default="fp64_probe", help="JSON file name (without .json)")
     args = ap.parse_args()
     import cupy as cp
@@ -130,10 +85,9 @@ def main():
               f"operand casts {row['cast_operands_us']:6.2f} us")
     total = {k: sum(r[k] for r in rows) for k in ("fp32_us", "fp64_us", "cast_operands_us")}
     print("sum", {k: round(v, 2) for k, v in total.items()})
-    route = route_rows(cp, rng) if args.route else None
     write_json(os.path.join(args.out, args.name + ".json"),
                {"benchmark": "fp64_probe", **metadata("cupy", "nvmath"),
-                "layers": rows, "sum": total, "route": route})
+                "layers": rows, "sum": total})
 
 
 if __name__ == "__main__":

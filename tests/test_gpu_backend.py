@@ -57,18 +57,16 @@ def cb(request):
     """Every implementation of the dense matmuls: fuseflow's skinny kernels (the default for
     <= 32 features), cuBLASLt's epilogs (skinny_max = 0), and plain cuBLASLt matmuls plus
     fuseflow's in-place bias/ReLU epilogs in every dtype and size (full float32 uses them
-    from ``own_epilog_min`` on). The opt-in FP64 route (``test_fp64_gemm.py``) and the
-    opt-in own float32 matmul (``test_own_gemm.py``) stay off here."""
+    from ``own_epilog_min`` on). The opt-in own float32 matmul stays off here
+    (``test_own_gemm.py``)."""
     be = CudaBackend(tf32=False, autotune=False)
     if request.param == "cublaslt":
         be.skinny_max = 0
         be.own_epilog = "off"
         be.own_gemm_max_macs = 0
-        be.fp64_gemm_max_macs = 0
     if request.param == "own_epilog":
         be.own_epilog, be.own_epilog_min = "all", 0
         be.own_gemm_max_macs = 0
-        be.fp64_gemm_max_macs = 0
     return be
 
 
@@ -643,7 +641,6 @@ def test_chain_forward_aux_into_dgrad_without_copies(nb, rng, dtype, activation,
 def test_no_fallbacks_or_copies_on_ordinary_shapes(rng, dtype):
     cb = CudaBackend(tf32=False)
     cb.own_gemm_max_macs = 0  # cuBLASLt plans for every epilog
-    cb.fp64_gemm_max_macs = 0
     batch, fin, fout = 64, 48, 96
     x, w = dev(normal(rng, (batch, fin), dtype)), dev(normal(rng, (fout, fin), dtype))
     b = dev(normal(rng, (fout,), dtype))
@@ -785,7 +782,6 @@ def test_plan_cache_hits_and_operand_reset(nb, rng):
     cb = CudaBackend(tf32=False)
     cb.skinny_max = 0  # every matmul through cuBLASLt plans
     cb.own_gemm_max_macs = 0
-    cb.fp64_gemm_max_macs = 0
     dtype = np.float32
     shape_x, shape_w = (32, 24), (40, 24)
     results = []
@@ -828,7 +824,6 @@ def test_cache_is_bounded(rng):
     cb = CudaBackend(tf32=False, max_plans=3)
     cb.skinny_max = 0
     cb.own_gemm_max_macs = 0
-    cb.fp64_gemm_max_macs = 0
     for n in range(1, 7):
         cb.linear(dev(normal(rng, (n, 8), np.float32)), dev(normal(rng, (4, 8), np.float32)))
     s = cb.stats()

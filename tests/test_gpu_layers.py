@@ -177,16 +177,14 @@ def test_large_shape_bias_grad_split_matches_fused(cp, activation, own_epilog, p
     epilog = "DRELU_BGRAD" if activation == "relu" else "DGELU_BGRAD"
     dx_ref, db_ref = np_be.linear_dgrad(dy, w, epilog, aux)
     _, gaux = be.activation(cp.asarray(pre), activation)
-    old = be.split_bias_grad_macs, be.own_epilog, be.own_gemm_max_macs, be.fp64_gemm_max_macs
+    old = be.split_bias_grad_macs, be.own_epilog, be.own_gemm_max_macs
     try:
-        be.split_bias_grad_macs, be.own_epilog, be.own_gemm_max_macs, be.fp64_gemm_max_macs = \
-            1, own_epilog, 0, 0
+        be.split_bias_grad_macs, be.own_epilog, be.own_gemm_max_macs = 1, own_epilog, 0
         before = be.stats()[path]
         dx, db = be.linear_dgrad(cp.asarray(dy), cp.asarray(w), epilog, gaux)
         assert be.stats()[path] == before + 1
     finally:
-        be.split_bias_grad_macs, be.own_epilog, be.own_gemm_max_macs, be.fp64_gemm_max_macs = \
-            old
+        be.split_bias_grad_macs, be.own_epilog, be.own_gemm_max_macs = old
     # GELU: cuBLASLt's DGELU approximation differs by up to ~2e-5 per element (docs/gpu.md)
     np.testing.assert_allclose(cp.asnumpy(dx), dx_ref, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(cp.asnumpy(db), db_ref, rtol=1e-4, atol=1e-2)

@@ -83,13 +83,10 @@ def _generated_sources(monkeypatch):
                     for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
                         S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r, STAGE_DY=st)
         S._kernel("sum_chunks", dt, 1)
-        # the epilogs in place, and float32 ones reading a float64 matmul result
-        for src in {dt, np.dtype(np.float64)} if dt == np.float32 else {dt}:
-            same = src == dt
-            for hb, ha, r in itertools.product((False, True), repeat=3):
-                E._kernel("bias_relu", dt, src, HAS_BIAS=hb, HAS_AUX=ha, RELU=r, IN_PLACE=same)
-            for b, u in itertools.product((False, True), (1, E.DRELU_UNROLL)):
-                E._kernel("drelu", dt, src, BGRAD=b, UNROLL=u, IN_PLACE=same)
+        for hb, ha, r in itertools.product((False, True), repeat=3):
+            E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
+        for b, u in itertools.product((False, True), (1, E.DRELU_UNROLL)):
+            E._kernel("drelu", dt, BGRAD=b, UNROLL=u)
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)

@@ -157,7 +157,6 @@ def test_backend_routes_float32_and_matches_cublaslt(G, rng):
     own.own_gemm_max_macs = 2 ** 31  # opt-in (off by default: slower than cuBLASLt)
     ref = CudaBackend(tf32=False, autotune=False)
     ref.own_gemm_max_macs = 0
-    ref.fp64_gemm_max_macs = 0
     x = cupy.asarray(rng.standard_normal((256, 784)).astype(np.float32))
     w = cupy.asarray((rng.standard_normal((1024, 784)) / 28).astype(np.float32))
     b = cupy.asarray(rng.standard_normal(1024).astype(np.float32))

@@ -16,10 +16,6 @@ The formats are cuBLASLt's (see ``epilogs.py``), the arithmetic ``_cuda_kernels`
 accumulation type is float32 for float16/float32, float64 for float64). They need the
 feature count to be a multiple of 8 and 8-element-aligned arrays; callers fall back to the
 elementwise kernels of ``_cuda_kernels`` otherwise (``vectorizable``).
-
-With ``out_dtype`` they read a wider matmul result (float64, from the FP64 tensor cores) and
-write a new array: each element is first rounded to ``out_dtype``, then the epilog runs as
-it would on that rounded value (a float32 matmul result computed more exactly).
 """
 
 from __future__ import annotations
@@ -33,32 +29,27 @@ from fuseflow.backend import _cuda_skinny as S
 
 _HEAD = r"""
 #include <cuda_fp16.h>
-typedef {T} T; typedef {A} A; typedef {S} S;
+typedef {T} T; typedef {A} A;
 struct __align__(8 * sizeof(T)) T8 { T v[8]; };
-struct __align__(8 * sizeof(S)) S8 { S v[8]; };
 """
 
 # Thread i is byte j of sample n's relu_aux column (rows bytes per sample, the first
 # ceil(F / 8) of them data, the rest zero padding).
 _BIAS_RELU = r"""
-// IN_PLACE (S == T): src is null and y is read (one restrict pointer, as before the
-// wider source existed)
-extern "C" __global__ void bias_relu(const S* __restrict__ src_in, T* __restrict__ y,
-        const T* __restrict__ bias, unsigned char* __restrict__ aux, long long B, long long F,
-        long long rows) {
-    const S* src = IN_PLACE ? (const S*)y : src_in;
+extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bias,
+        unsigned char* __restrict__ aux, long long B, long long F, long long rows) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long per = HAS_AUX ? rows : F / 8;
     if (i >= B * per) return;
     const long long n = i / per, j = i - n * per;
     unsigned int byte = 0u;
     if (8 * j < F) {
-        const S8 s = *reinterpret_cast<const S8*>(src + n * F + 8 * j);
-        T8 t, b;
+        T8 t = *reinterpret_cast<const T8*>(y + n * F + 8 * j);
+        T8 b;
         if (HAS_BIAS) b = *reinterpret_cast<const T8*>(bias + 8 * j);
         #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            A v = (A)(T)s.v[u];
+            A v = (A)t.v[u];
             if (HAS_BIAS) v += (A)b.v[u];
             if (v >= (A)0) byte |= 1u << u;
             t.v[u] = (T)(RELU && v < (A)0 ? (A)0 : v);
@@ -74,13 +65,10 @@ extern "C" __global__ void bias_relu(const S* __restrict__ src_in, T* __restrict
 # 8 * rpt rows, UNROLL rows at a time; the 8 row groups' column sums are added in shared
 # memory (each thread's sums run in row order whatever UNROLL is: the same results).
 _DRELU = r"""
-// IN_PLACE (S == T): src is null and dx is read
-extern "C" __global__ void drelu(const S* __restrict__ src_in, T* __restrict__ dx,
-        const unsigned char* __restrict__ aux,
+extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __restrict__ aux,
         A* __restrict__ part, T* __restrict__ db, long long B, long long F, long long ld,
         int rpt) {
     __shared__ A red[BGRAD ? 8 : 1][257];
-    const S* src = IN_PLACE ? (const S*)dx : src_in;
     const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
     const long long r1 = r0 + 8 * rpt < B ? r0 + 8 * rpt : B;
@@ -90,13 +78,13 @@ extern "C" __global__ void drelu(const S* __restrict__ src_in, T* __restrict__ d
     if (8 * j < F) {
         // UNROLL rows' loads first, then their stores: that many loads in flight per thread
         for (long long b0 = r0 + threadIdx.y; b0 < r1; b0 += 8 * UNROLL) {
-            S8 t[UNROLL];
+            T8 t[UNROLL];
             unsigned int bits[UNROLL];
             #pragma unroll
             for (int k = 0; k < UNROLL; ++k) {
                 const long long b = b0 + 8 * k;
                 if (b < r1) {
-                    t[k] = *reinterpret_cast<const S8*>(src + b * F + 8 * j);
+                    t[k] = *reinterpret_cast<const T8*>(dx + b * F + 8 * j);
                     bits[k] = (unsigned int)aux[b * ld + j];
                 }
             }
@@ -104,13 +92,12 @@ extern "C" __global__ void drelu(const S* __restrict__ src_in, T* __restrict__ d
             for (int k = 0; k < UNROLL; ++k) {
                 const long long b = b0 + 8 * k;
                 if (b >= r1) break;
-                T8 o;
                 #pragma unroll
                 for (int u = 0; u < 8; ++u) {
-                    o.v[u] = ((bits[k] >> u) & 1u) ? (T)t[k].v[u] : (T)(A)0;
-                    if (BGRAD) cs[u] += (A)o.v[u];
+                    if (!((bits[k] >> u) & 1u)) t[k].v[u] = (T)(A)0;
+                    if (BGRAD) cs[u] += (A)t[k].v[u];
                 }
-                *reinterpret_cast<T8*>(dx + b * F + 8 * j) = o;
+                *reinterpret_cast<T8*>(dx + b * F + 8 * j) = t[k];
             }
         }
     }
@@ -134,11 +121,10 @@ extern "C" __global__ void drelu(const S* __restrict__ src_in, T* __restrict__ d
 
 
 @functools.cache
-def _kernel(name, dtype, src_dtype, **flags):
+def _kernel(name, dtype, **flags):
     dtype = np.dtype(dtype)
     head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
-        "{A}", "double" if dtype == np.float64 else "float").replace(
-        "{S}", S._CTYPES[np.dtype(src_dtype)])
+        "{A}", "double" if dtype == np.float64 else "float")
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
     return cupy.RawKernel(head + {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name], name)
 
@@ -149,20 +135,17 @@ def vectorizable(features, *arrays):
         a is None or a.data.ptr % (8 * a.itemsize) == 0 for a in arrays)
 
 
-def bias_relu(pre, bias, *, relu: bool, aux_rows: int | None, out_dtype=None):
-    """``y = act(pre + bias)`` for a C-contiguous (B, F) ``pre``, in place unless
-    ``out_dtype`` (narrower than pre's: a new array); returns ``(y, aux)``, aux the
-    (aux_rows, B) column-major relu_aux when ``aux_rows`` is given."""
-    batch, features = pre.shape
-    y = pre if out_dtype is None or np.dtype(out_dtype) == pre.dtype else \
-        cupy.empty(pre.shape, dtype=out_dtype)
+def bias_relu(y, bias, *, relu: bool, aux_rows: int | None):
+    """In place: ``y = act(y + bias)`` for a C-contiguous (B, F) ``y``; returns
+    ``(y, aux)``, aux the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given."""
+    batch, features = y.shape
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows is not None else None
     per = aux_rows if aux_rows is not None else features // 8
     if batch * per:
-        kern = _kernel("bias_relu", y.dtype, pre.dtype, HAS_BIAS=bias is not None,
-                       HAS_AUX=aux_rows is not None, RELU=relu, IN_PLACE=y is pre)
+        kern = _kernel("bias_relu", y.dtype, HAS_BIAS=bias is not None,
+                       HAS_AUX=aux_rows is not None, RELU=relu)
         kern((-(-batch * per // 256),), (256,),
-             (np.uintp(0) if y is pre else pre, y, bias if bias is not None else np.uintp(0),
+             (y, bias if bias is not None else np.uintp(0),
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(features),
               np.int64(aux_rows or 0)))
     return y, (buf.T if buf is not None else None)
@@ -172,13 +155,10 @@ def bias_relu(pre, bias, *, relu: bool, aux_rows: int | None, out_dtype=None):
 DRELU_UNROLL = 4
 
 
-def drelu(src, aux, ld: int, *, bgrad: bool, out_dtype=None):
-    """``dx = src * relu'(aux)`` for a C-contiguous (B, F) ``src`` (aux column n at byte
-    ``n * ld``), in place unless ``out_dtype`` (narrower than src's: a new array); returns
-    ``(dx, dbias or None)``, dbias the column sums of the result."""
-    batch, features = src.shape
-    dx = src if out_dtype is None or np.dtype(out_dtype) == src.dtype else \
-        cupy.empty(src.shape, dtype=out_dtype)
+def drelu(dx, aux, ld: int, *, bgrad: bool):
+    """In place: ``dx *= relu'(aux)`` for a C-contiguous (B, F) ``dx`` (aux column n at
+    byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result."""
+    batch, features = dx.shape
     # 8 columns per thread; 1 row each on short batches (latency), more on long ones
     rpt, chunks = S.row_chunks(batch, min(32, max(1, batch // 512)))
     db = cupy.empty(features, dtype=dx.dtype) if bgrad else None
@@ -188,11 +168,9 @@ def drelu(src, aux, ld: int, *, bgrad: bool, out_dtype=None):
         if bgrad:
             db.fill(0)
         return dx, db
-    kern = _kernel("drelu", dx.dtype, src.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL,
-                   IN_PLACE=dx is src)
+    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL)
     kern((-(-features // 256), chunks), (32, 8),
-         (np.uintp(0) if dx is src else src, dx, aux,
-          part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
+         (dx, aux, part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
           np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
     if part is not None:
         S.sum_chunks(part, db, None, 1, features, features)

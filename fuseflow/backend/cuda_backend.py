@@ -10,10 +10,8 @@ fuseflow's own kernels instead, chosen in ``_linear_impl``, ``_dgrad_impl`` and
 ``_wgrad_impl`` by the settings of ``__init__``:
 ``_cuda_skinny`` / ``_cuda_skinny_tc`` (at most 32 features on one side: the output layer),
 ``_cuda_epilogs`` (a plain matmul plus an in-place bias/ReLU or DRELU/bias-gradient pass:
-full float32, and large ReLU input gradients), the FP64 route (full-float32 matmuls on the
-FP64 tensor cores, correctly rounded; opt-in, see ``fp64_gemm_max_macs``), and
-``_cuda_gemm`` (full-float32 matmuls with the epilog inside; off by default, for
-experiments). All of them match the cuBLASLt
+full float32, and large ReLU input gradients), and ``_cuda_gemm`` (full-float32 matmuls with
+the epilog inside; off by default, for experiments). All of them match the cuBLASLt
 epilogs' formats (relu_aux bits, bias gradients), and the tests check each against the
 NumPy reference.
 
@@ -65,7 +63,6 @@ from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
 from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
-from fuseflow.backend import _cuda_fused as F
 from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_overlap
@@ -102,13 +99,6 @@ class _Unfused:
 OWN_EPILOG_MODES = ("auto", "fp32", "all", "off")
 #: the dense ops that may run the skinny kernels (``FUSEFLOW_SKINNY_OPS``)
 SKINNY_OPS = ("forward", "wgrad", "dgrad")
-#: the dense ops that may take the FP64 route (``FUSEFLOW_FP64_GEMM_OPS``)
-FP64_GEMM_OPS = ("forward", "dgrad", "wgrad")
-#: its default when turned on: the weight gradients were the slowest there (the output's
-#: cast back to float32 is one more pass)
-FP64_GEMM_DEFAULT_OPS = "forward,dgrad"
-#: ``fp64_gemm_max_macs``'s default: off (see there)
-FP64_GEMM_MAX_MACS = 0
 
 
 def _align(ptr: int) -> int:
@@ -187,24 +177,6 @@ class CudaBackend(Backend):
         #: cuBLASLt's SIMT kernels plus a split-K reduction and an epilog pass
         #: (``FUSEFLOW_OWN_GEMM_MAX_MACS``; 0 turns it off).
         self.own_gemm_max_macs = env_int("FUSEFLOW_OWN_GEMM_MAX_MACS", G.DEFAULT_MAX_MACS)
-        #: Full-float32 dense matmuls (no TF32) of up to this many multiply-adds, with a
-        #: bias/ReLU epilog or none and features a multiple of 8, take the FP64 route: the
-        #: operands cast to float64 in one launch, cuBLASLt's COMPUTE_64F matmul on the
-        #: FP64 tensor cores, and ``_cuda_epilogs`` rounding each result to float32 before
-        #: its epilog. A float64 product of float32 numbers is exact and the sum far more
-        #: exact than float32's: the result is the correctly rounded float32 product (a
-        #: float32 matmul with a better accumulator, not a lower precision). Off by default
-        #: (0; ``FUSEFLOW_FP64_GEMM_MAX_MACS``): on the H200 the float64 matmuls alone are
-        #: faster at the medium model's shapes (11.5-13.1 us against 15.9-22.6 us), but the
-        #: casts and the separate epilog pass cost more than that gains (the backend ops
-        #: 0.98-1.23x the float32 path's time; the compiled 784-1024-1024-10 SGD step 137.9
-        #: against 123.7 us), and at batch 1024-8192 the ops were 0.91-1.06x
-        #: (``benchmarks/fp64_probe.py --route``, docs/benchmarks.md). Turn it on for the
-        #: rounding, not for speed. ``fp64_gemm_ops`` / ``FUSEFLOW_FP64_GEMM_OPS``: which
-        #: of forward, dgrad, wgrad.
-        self.fp64_gemm_max_macs = env_int("FUSEFLOW_FP64_GEMM_MAX_MACS", FP64_GEMM_MAX_MACS)
-        self.fp64_gemm_ops = env_subset("FUSEFLOW_FP64_GEMM_OPS", FP64_GEMM_OPS,
-                                        FP64_GEMM_DEFAULT_OPS)
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
         #: dense layers) run on a second stream beside the input-gradient chain
         #: (``_cuda_overlap``), FUSEFLOW_OVERLAP_WGRAD: "auto" (default) those in full
@@ -240,7 +212,6 @@ class CudaBackend(Backend):
             "skinny_tc": self._counters["skinny_tc"],
             "own_epilog": self._counters["own_epilog"],
             "own_gemm": self._counters["own_gemm"],
-            "fp64_gemm": self._counters["fp64_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
@@ -546,15 +517,6 @@ class CudaBackend(Backend):
         """Full float32 (no TF32) with the own matmul on (see __init__)."""
         return dtype == np.float32 and not self.tf32 and self.own_gemm_max_macs > 0
 
-    def _fp64_gemm(self, op, dtype, spec, features, macs):
-        """Take the FP64 route for this float32 matmul (see ``fp64_gemm_max_macs``)."""
-        if dtype == np.float32 and not self.tf32 and 0 < macs <= self.fp64_gemm_max_macs \
-                and op in self.fp64_gemm_ops and spec.activation in (None, "relu") \
-                and features % 8 == 0:
-            self._counters["fp64_gemm"] += 1
-            return True
-        return False
-
     def _own_epilog(self, dtype, spec, batch, features, macs):
         """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
         mode = self.own_epilog
@@ -582,18 +544,7 @@ class CudaBackend(Backend):
                 self._counters["own_gemm"] += 1
                 return G.forward(x, w, b, relu=spec.activation == "relu",
                                  aux_rows=relu_aux_rows(out) if spec.aux else None)
-        macs = x.shape[0] * x.shape[1] * out
-        if self._fp64_gemm("forward", x.dtype, spec, out, macs):
-            x64, w64 = F.multi_tensor_cast([x, w], np.float64)
-            pre, _ = self._matmul("forward", None, x64, w64.T, {})
-            b = self._prep_bias(bias) if spec.bias else None
-            if b is not None and not E.vectorizable(out, b):  # 8-element loads need 32 B
-                self._copies["bias"] += 1
-                b = cupy.array(b)
-            return E.bias_relu(self._contig("y", pre), b, relu=spec.activation == "relu",
-                               aux_rows=relu_aux_rows(out) if spec.aux else None,
-                               out_dtype=x.dtype)
-        if self._own_epilog(x.dtype, spec, x.shape[0], out, macs):
+        if self._own_epilog(x.dtype, spec, x.shape[0], out, x.shape[0] * x.shape[1] * out):
             return self._linear_unfused(x, w, bias, spec)
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
             # No epilog input or output fixes D's layout here, and nvmath lays D out like A:
@@ -663,16 +614,8 @@ class CudaBackend(Backend):
             self._counters["own_gemm"] += 1
             aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
             return G.dgrad(dy, w, aux, ld, bgrad=spec.bias)
-        macs = batch * features * w.shape[0]
-        if self._fp64_gemm("dgrad", dy.dtype, spec, features, macs):
-            dy64, w64 = F.multi_tensor_cast([dy, w], np.float64)
-            d, _ = self._matmul("dgrad", None, w64.T, dy64.T, {})
-            dx = self._contig("dx", d.T)
-            if spec.activation == "relu":
-                aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
-                return E.drelu(dx, aux, ld, bgrad=spec.bias, out_dtype=dy.dtype)
-            return E.bias_relu(dx, None, relu=False, aux_rows=None, out_dtype=dy.dtype)
-        if spec.activation == "relu" and self._own_epilog(dy.dtype, spec, batch, features, macs):
+        if spec.activation == "relu" and \
+                self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
             return self._dgrad_unfused(dy, w, spec, aux)
         if spec.activation:
             if w.shape[0] == 1:  # K == 1: cuBLASLt refuses DRELU/DGELU
@@ -772,12 +715,6 @@ class CudaBackend(Backend):
                 G.wgrad_supported(dy, x, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
             return G.wgrad(dy, x), None
-        if self._fp64_gemm("wgrad", dy.dtype, spec, x.shape[1],
-                           dy.shape[0] * dy.shape[1] * x.shape[1]):
-            dy64, x64 = F.multi_tensor_cast([dy, x], np.float64)
-            d, _ = self._matmul(stage, None, x64.T, dy64, {})
-            dw, = F.multi_tensor_cast([self._contig("dw", d.T)], dy.dtype)
-            return dw, (self._sum_rows(dy) if spec.bias else None)
         if spec.bias:
             res = self._matmul(stage, "BGRADB", x.T, dy, {})
             if res is not None:

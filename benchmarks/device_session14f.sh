@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The eleventh session's sixth call: the FP64 route taken back out (the epilogs' source is
+# session 13's again). Call 54 profiled the 16-bit Adam step's drelu at 67 us, against
+# 38 us in calls 24-29, with a kernel whose sm_90 SASS compiled here matches the old one
+# instruction for instruction: the same profile, twice, on the code as it was before.
+# Results: $OUT/results-s14f.tgz.
+set -uo pipefail
+TAG=s14f
+source "$(dirname "$0")/_device_lib.sh"
+TAILN=8 run profile_16bit 120 python3 benchmarks/profile_step.py --framework fuseflow --out "$res" --tag s14f \
+  --configs 784-4096-4096-10:adam:16bit,784-4096-4096-10:adam:16bit,784-1024-1024-10:sgd:fp32
