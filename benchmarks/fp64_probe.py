@@ -29,16 +29,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
+from gemm_sweep import LAYERS as SWEEP_LAYERS  # noqa: E402
 from skinny_sweep import graph_us  # noqa: E402
 
-# (label, op, batch, inputs, outputs): a dense layer's x (batch, in), w (out, in)
-LAYERS = [
-    ("layer 1 forward", "forward", 256, 784, 1024),
-    ("layer 2 forward", "forward", 256, 1024, 1024),
-    ("layer 2 input gradient", "dgrad", 256, 1024, 1024),
-    ("layer 2 weight gradient", "wgrad", 256, 1024, 1024),
-    ("layer 1 weight gradient", "wgrad", 256, 784, 1024),
-]
+#: the medium model's five matmuls, (label, op, batch, inputs, outputs), timed plain
+#: (DEFAULT epilog): the sweep's labels without the epilog it names
+LAYERS = [(label.split(" (")[0], *rest) for label, *rest in SWEEP_LAYERS[:5]]
 
 
 def layer_op(be, op, x, w, dy):
