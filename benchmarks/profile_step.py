@@ -177,7 +177,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--framework", choices=("fuseflow", "jax"), required=True)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS,
-                    help="comma-separated model:optimizer:precision (fp32, tf32, 16bit)")
+                    help="comma-separated model:optimizer:precision (fp32, tf32, 16bit; fuseflow "
+                         "also fp64: params, batch and optimizer all in float64)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
