@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 import optree
 
-from fuseflow import backend, random, tree
+from fuseflow import backend, losses, random, tree
 
 __all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "loss_and_output_grad",
            "value_and_grad"]
@@ -71,14 +71,29 @@ def loss_and_output_grad(loss_fn, out, y, **kwargs):
     return result
 
 
+def fuses_loss(model, loss_fn) -> bool:
+    """The model runs ``loss_fn`` together with its output layer: ``loss_fn`` is
+    ``ff.losses.softmax_cross_entropy`` itself and the model a ``Serial`` whose last layer
+    is a plain Dense (``Serial.softmax_head``)."""
+    return loss_fn is losses.softmax_cross_entropy and \
+        getattr(model, "softmax_head", None) is not None
+
+
 def value_and_grad(model, loss_fn, *, with_outputs=False):
     """``f(params, x, y, *, key=None) -> (loss, grads)`` for ``loss_fn(model(x), y)``.
 
     One forward, one loss, one backward; the input gradient of the first layer is not
     computed. With ``with_outputs=True`` it returns ``((loss, outputs), grads)`` so metrics
-    such as accuracy need no second forward.
+    such as accuracy need no second forward. A ``Serial`` ending in a plain Dense with
+    ``ff.losses.softmax_cross_entropy`` runs its output layer and the loss as one operation
+    (``Serial.softmax_xent_and_grad``; on the GPU one kernel for short batches).
     """
+    fused = fuses_loss(model, loss_fn)
+
     def f(params, x, y, *, key=None):
+        if fused:
+            (loss, out), grads = model.softmax_xent_and_grad(params, x, y, key=key)
+            return ((loss, out) if with_outputs else loss), grads
         out, residuals = model.forward(params, x, key=key, train=True)
         loss, dout = loss_and_output_grad(loss_fn, out, y)
         owned = _own_residuals(model, residuals)

@@ -7,6 +7,9 @@ Half-precision outputs are reduced in float32.
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 from fuseflow import backend
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 
@@ -86,6 +89,30 @@ def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_d
     ``logits.astype(float32)``; ``ff.mixed_precision`` asks for its scaled 16-bit loss
     gradient this way, which on the GPU is the same kernel launch as the loss.
     """
+    check_softmax_labels(logits, labels, check=check)
+    return backend.of(logits, labels, where="softmax_cross_entropy").softmax_cross_entropy(
+        logits, labels, grad_scale, grad_dtype)
+
+
+class _Logits(NamedTuple):
+    """The shape of logits not computed yet, for the checks (a fused output layer's)."""
+    shape: tuple
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+
+def check_softmax_labels(logits, labels, *, check=True):
+    """``softmax_cross_entropy``'s checks of the labels against logits (an array, or their
+    shape tuple where a fused output layer has not computed them yet): shapes and dtype,
+    and, with ``check``, the range of the values."""
+    if isinstance(logits, tuple):
+        logits = _Logits(logits)
     _check_labels("softmax_cross_entropy", logits, labels)
     n, classes = logits.shape
     if check and n and host_sync_allowed():
@@ -94,8 +121,6 @@ def softmax_cross_entropy(logits, labels, *, check=True, grad_scale=None, grad_d
             raise LossError(f"softmax_cross_entropy: labels must lie in [0, {classes}) for "
                             f"{classes} logits, got values in [{lo}, {hi}]. Fix: give the last "
                             "Dense as many features as there are classes.")
-    return backend.of(logits, labels, where="softmax_cross_entropy").softmax_cross_entropy(
-        logits, labels, grad_scale, grad_dtype)
 
 
 def _mse_fix(outputs, targets) -> str:

@@ -58,15 +58,17 @@ def _generated_sources(monkeypatch):
     from fuseflow.backend import _cuda_epilogs as E
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_gemm as G
+    from fuseflow.backend import _cuda_head as H
     from fuseflow.backend import _cuda_skinny as S
     from fuseflow.backend import _cuda_skinny_tc as TC
 
     _Recorder.sources = []
-    for mod in (E, F, G, S, TC):
+    for mod in (E, F, G, H, S, TC):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
-    caches = (S._kernel, TC._kernel, E._kernel, G._kernel, F._xent_kernel, F._multi_tensor_kernel,
-              F._cast_kernel, F._finite_kernel, F._next_loss_scale_kernel)
+    caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, F._xent_kernel,
+              F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
+              F._next_loss_scale_kernel)
     for cache in caches:
         cache.cache_clear()
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
@@ -83,6 +85,11 @@ def _generated_sources(monkeypatch):
                     for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
                         S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r, STAGE_DY=st)
         S._kernel("sum_chunks", dt, 1)
+        # the fused output layer: (has_bias, dgrad, drelu, bgrad) variants
+        for n, (hb, dg, dr, bg) in itertools.product(
+                (1, 10, H.MAX_CLASSES), ((1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 1, 0), (1, 1, 1, 1),
+                                         (0, 1, 0, 1))):
+            H._kernel(dt, np.dtype(np.int64 if hb else np.uint8), n, 1 + dg, hb, dg, dr, bg)
         for hb, ha, r in itertools.product((False, True), repeat=3):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
         for b, u in itertools.product((False, True), (1, E.DRELU_UNROLL)):

@@ -155,6 +155,40 @@ class Backend:
         grad[rows, labels] -= 1.0
         return loss, (grad / len(labels)).astype(logits.dtype, copy=False)
 
+    # ---- the output layer with its loss -------------------------------------------------
+    def linear_softmax_xent(self, x, w, bias, labels, dgrad_epilog="DEFAULT", aux=None,
+                            grad_scale=None, grad_dtype=None):
+        """A classifier's output layer, its loss and its input gradient as one operation,
+        where this backend has a fused form for these operands; None where it has not (the
+        caller then runs ``linear``, ``softmax_cross_entropy`` and ``linear_dgrad``).
+
+        Returns ``(loss, y, dy, dx, dbias)``: ``y = x @ w.T + bias`` (the logits), ``(loss,
+        dy) = softmax_cross_entropy(y, labels, grad_scale, grad_dtype)`` and ``(dx, dbias)
+        = linear_dgrad(dy, w, dgrad_epilog, aux)``; ``dgrad_epilog=None`` skips the input
+        gradient (dx and dbias None). ``dbias`` may still be being written on a side stream
+        inside ``overlapping_wgrad()``: read it after that scope, like an overlapped weight
+        gradient. Labels are assumed valid (``fuseflow.losses`` checks them).
+        """
+        spec = lookup(EPILOGS, "BIAS" if bias is not None else "DEFAULT", "forward")
+        self._check_2d("x", x), self._check_2d("w", w)
+        self._check_same_dtype(x=x, w=w)
+        if x.shape[1] != w.shape[1]:
+            raise BackendError(f"linear_softmax_xent: x has {x.shape[1]} features but w "
+                               f"expects {w.shape[1]} (w shape {w.shape}, x shape {x.shape})")
+        self._check_bias(spec, bias, w.shape[0], w.dtype)
+        dspec = None
+        if dgrad_epilog is not None:
+            dspec = lookup(DGRAD_EPILOGS, dgrad_epilog, "input-gradient")
+            if dspec.aux:
+                self._check_aux(dspec.activation, aux, w.shape[1], x.shape[0], x.dtype)
+        out = self._linear_softmax_xent(x, w, bias, labels, dspec, aux, grad_scale, grad_dtype)
+        if out is not None:
+            self.calls["linear_softmax_xent"] += 1
+        return out
+
+    def _linear_softmax_xent(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype):
+        return None
+
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):
         raise NotImplementedError

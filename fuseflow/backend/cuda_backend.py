@@ -64,6 +64,7 @@ from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_gemm as G
+from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_skinny as S
@@ -163,6 +164,10 @@ class CudaBackend(Backend):
         #: tensor-core forms (``_cuda_skinny_tc``; the forward too, instead of cuBLASLt),
         #: FUSEFLOW_SKINNY_TC=0 keeps the SIMT kernels.
         self.skinny_tc = env_choice("FUSEFLOW_SKINNY_TC", {"1": True, "0": False}, True)
+        #: A classifier's output layer, its softmax cross-entropy and its input gradient run
+        #: as one ``_cuda_head`` kernel where the separate ones would be the skinny SIMT
+        #: kernels (short batches); FUSEFLOW_FUSED_HEAD=0 runs the three.
+        self.fused_head = env_choice("FUSEFLOW_FUSED_HEAD", {"1": True, "0": False}, True)
         #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
         #: fuseflow's in-place ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in full float32 from ``own_epilog_min`` batch x features on, where cuBLASLt
@@ -210,6 +215,7 @@ class CudaBackend(Backend):
             "split_bias_grad": self._counters["split_bias_grad"],
             "skinny": self._counters["skinny"],
             "skinny_tc": self._counters["skinny_tc"],
+            "fused_head": self._counters["fused_head"],
             "own_epilog": self._counters["own_epilog"],
             "own_gemm": self._counters["own_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
@@ -695,13 +701,18 @@ class CudaBackend(Backend):
             if scope is not None:
                 scope.join()
 
-    def _linear_wgrad_overlapped(self, dy, x, spec):
+    def _overlap_scope(self, dtype, nbytes):
+        """The open OverlapScope that side work on ``nbytes`` of kept inputs may fork to, or
+        None: "auto" overlaps full float32 only, up to ``overlap_max_bytes``."""
         scope = getattr(self._local, "overlap", None)
-        mode = self.overlap_wgrad
-        if mode == "auto" and not (dy.dtype == np.float32 and not self.tf32 and
-                                   dy.nbytes + x.nbytes <= self.overlap_max_bytes):
-            scope = None
-        return self._linear_wgrad(dy, x, spec, scope)
+        if self.overlap_wgrad == "auto" and not (dtype == np.float32 and not self.tf32 and
+                                                 nbytes <= self.overlap_max_bytes):
+            return None
+        return scope
+
+    def _linear_wgrad_overlapped(self, dy, x, spec):
+        return self._linear_wgrad(dy, x, spec,
+                                  self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes))
 
     def _wgrad_impl(self, dy, x, spec, stage="wgrad"):
         """``stage`` names the plan-cache entries: a plan's cuBLASLt workspace must not be
@@ -772,6 +783,48 @@ class CudaBackend(Backend):
         return softmax_xent(logits, labels, grad_scale,
                             grad_dtype or (cupy.float32 if logits.dtype == cupy.float16
                                            else logits.dtype))
+
+    def _linear_softmax_xent(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype):
+        """The one-kernel head (``_cuda_head``) where it applies, else None (see base)."""
+        op = "linear_softmax_xent"
+        self._check_device(op, x=x, w=w, bias=bias, labels=labels, aux=aux)
+        self._check_dtype(op, x.dtype)
+        n = w.shape[0]
+        dtype = np.dtype(x.dtype)
+        if grad_scale is None:
+            grad_ok = grad_dtype is None or np.dtype(grad_dtype) == dtype
+        else:  # as _softmax_cross_entropy: float16 logits get float32 gradients by default
+            grad_ok = (dtype != np.float64 and isinstance(grad_scale, cupy.ndarray)
+                       and grad_scale.dtype == np.float32 and grad_scale.ndim == 0
+                       and np.dtype(grad_dtype or np.float32) == dtype)
+        if not (self.fused_head and grad_ok and n <= self.skinny_max
+                and (dspec is None or dspec.activation in (None, "relu"))
+                and {"forward", "dgrad"} <= self.skinny_ops and H.supported(x, w, labels)):
+            return None
+        x, w, labels = self._contig("x", x), self._contig("w", w), self._contig("labels", labels)
+        batch, features = x.shape
+
+        def outputs():
+            return [("y", (batch, n), dtype), ("dy", (batch, n), dtype)] + \
+                ([("dx", (batch, features), dtype)] if dspec is not None else [])
+
+        def run():
+            ld = 0
+            if dspec is not None:
+                aux_k, ld = self._relu_aux_for_kernels(aux, batch, dspec)
+            else:
+                aux_k = None
+            loss, y, dy, dx, db, colpart = H.forward_loss_dgrad(
+                x, w, self._prep_bias(bias) if bias is not None else None, labels, grad_scale,
+                aux_k, ld, dgrad=dspec is not None, bgrad=dspec is not None and dspec.bias)
+            if colpart is not None:  # the bias gradient's column sums: nothing waits on them
+                scope = self._overlap_scope(dtype, 0)
+                with scope.fork(colpart) if scope is not None else contextlib.nullcontext():
+                    S.sum_chunks(colpart, db, None, 1, features, features)
+            self._counters["fused_head"] += 1
+            return loss, y, dy, dx, db
+
+        return self._guard(op, run, {"x": x, "w": w, "bias": bias}, outputs)
 
     def _sum_rows(self, a):
         self._check_device("bias_grad", a=a)

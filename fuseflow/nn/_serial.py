@@ -31,6 +31,7 @@ from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn._activation import GELU, ReLU
 from fuseflow.nn._dense import Dense
 from fuseflow.nn._layer import Layer, LayerError, as_shape
+from fuseflow.ops.dense import dense_softmax_xent
 
 
 class _Stage(NamedTuple):
@@ -117,9 +118,14 @@ class Serial(Layer):
 
     def forward(self, params, x, *, key=None, train=True):
         self._check_tree(params, "params")
-        keys = random.split(key, len(self.layers)) if key is not None else [None] * len(self.layers)
         residuals = [{} for _ in self.layers]
-        for s, st in enumerate(self.stages):
+        x = self._forward_stages(params, x, key, train, residuals, len(self.stages))
+        return x, tuple(residuals)
+
+    def _forward_stages(self, params, x, key, train, residuals, count):
+        """The first ``count`` stages' forward; their residuals go into ``residuals``."""
+        keys = random.split(key, len(self.layers)) if key is not None else [None] * len(self.layers)
+        for s, st in enumerate(self.stages[:count]):
             i = st.index
             try:
                 if st.dense is not None:
@@ -131,7 +137,7 @@ class Serial(Layer):
                 raise self._wrap(i, e) from None
             self._check_output(s, params, x, y)
             x = y
-        return x, tuple(residuals)
+        return x
 
     def _check_output(self, s, params, x, y):
         """A generic stage's output must have the width its init declared: the Dense stage
@@ -173,13 +179,72 @@ class Serial(Layer):
             raise TypeError("Serial.backward: release_residuals=True needs residuals as a list "
                             "that the caller owns (list(residuals)), not a tuple")
         with backend.of(dy, where="Serial.backward").overlapping_wgrad():
-            return self._backward_stages(params, residuals, dy, need_input_grad,
-                                         release_residuals)
+            grads = [{} for _ in self.layers]
+            dx = self._backward_stages(params, residuals, dy, need_input_grad,
+                                       release_residuals, grads, len(self.stages))
+            return tuple(grads), dx
 
-    def _backward_stages(self, params, residuals, dy, need_input_grad, release_residuals):
+    @property
+    def softmax_head(self):
+        """The final stage when it is a plain ``Dense`` (no activation) that
+        ``softmax_xent_and_grad`` can run together with its loss; else None."""
+        st = self.stages[-1] if self.stages else None
+        if st is None or type(st.dense) is not Dense or st.activation is not None:
+            return None
+        own = type(self)  # a subclass that changes the passes keeps them
+        if own.forward is not Serial.forward or own.backward is not Serial.backward:
+            return None
+        return st
+
+    def softmax_xent_and_grad(self, params, x, labels, *, key=None, grad_scale=None,
+                              grad_dtype=None, check=True):
+        """``((loss, logits), grads)`` of ``softmax_cross_entropy(logits, labels)`` for
+        ``logits = forward(params, x)``, the grads w.r.t. params (no input gradient).
+
+        What ``ff.value_and_grad`` runs for a model whose last layer is a plain Dense
+        (``softmax_head``): the output layer's forward, the loss and the output layer's
+        input gradient (with the ReLU mask of the layer below applied) are one operation,
+        ``ops.dense.dense_softmax_xent``, one kernel on the GPU for short batches.
+        ``grad_scale``/``grad_dtype``: as ``softmax_cross_entropy``'s (mixed precision).
+        """
+        head = self.softmax_head
+        if head is None:
+            raise LayerError(f"{self!r}: softmax_xent_and_grad needs a plain Dense (no "
+                             "activation) as the last layer. Fix: use ff.value_and_grad, "
+                             "which runs any model.")
+        self._check_tree(params, "params")
+        residuals = [{} for _ in self.layers]
+        s, i = len(self.stages) - 1, head.index
+        h = self._forward_stages(params, x, key, True, residuals, s)
+        below = self.stages[s - 1] if s > 0 else None
+        fuse = below is not None and below.dense is not None and below.activation is not None
         grads = [{} for _ in self.layers]
-        pre_grad = None  # (dpre, dbias) handed down by a fused input-gradient matmul
-        for s in range(len(self.stages) - 1, -1, -1):
+        with backend.of(h, where="Serial.backward").overlapping_wgrad():
+            try:
+                head.dense.check_params(params[i], h)
+                residuals[i] = {"x": h}
+                del h  # the op frees it once its last reader ran
+                aux = residuals[below.index].get(AUX_KEYS[below.activation]) if fuse else None
+                loss, logits, grads[i], dx, db_below = dense_softmax_xent(
+                    params[i], residuals[i], labels, input_activation=below.activation
+                    if fuse else None, input_aux=aux,
+                    input_has_bias=fuse and "b" in params[below.index],
+                    need_input_grad=s > 0, grad_scale=grad_scale, grad_dtype=grad_dtype,
+                    check=check, release_input=True, overlap_wgrad=True)
+            except LayerError as e:
+                raise self._wrap(i, e) from None
+            residuals[i] = None
+            if s > 0:
+                self._backward_stages(params, residuals, dx, False, True, grads, s,
+                                      (dx, db_below) if fuse else None)
+        return (loss, logits), tuple(grads)
+
+    def _backward_stages(self, params, residuals, dy, need_input_grad, release_residuals,
+                         grads, count, pre_grad=None):
+        """The first ``count`` stages' backward, from the top one down, into ``grads``;
+        returns the input gradient. ``pre_grad``: ``(dpre, dbias)`` of stage ``count - 1``,
+        handed down by a fused input gradient above it."""
+        for s in range(count - 1, -1, -1):
             st = self.stages[s]
             i, below = st.index, (self.stages[s - 1] if s > 0 else None)
             need_dx = need_input_grad or s > 0
@@ -218,4 +283,4 @@ class Serial(Layer):
                 dy = dx
             except LayerError as e:
                 raise self._wrap(i, e) from None
-        return tuple(grads), (dy if need_input_grad else None)
+        return dy if need_input_grad else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from fuseflow import backend
 from fuseflow.backend.epilogs import AUX_KEYS, dgrad_epilog, forward_epilog
+from fuseflow.losses import check_softmax_labels
 
 
 def dense_forward(params, x, *, activation=None, train=True, where="Dense"):
@@ -67,3 +68,38 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
         epilog = dgrad_epilog(input_activation, bgrad=input_has_bias)
         dx, input_db = be.linear_dgrad(dpre, w, epilog, input_aux)
     return grads, dx, input_db
+
+
+def dense_softmax_xent(params, residuals, labels, *, input_activation=None, input_aux=None,
+                       input_has_bias=False, need_input_grad=True, grad_scale=None,
+                       grad_dtype=None, check=True, release_input=False, overlap_wgrad=False):
+    """An output layer (no activation) and its softmax cross-entropy, forward and backward:
+    ``(loss, logits, grads, dx, input_bias_grad)``.
+
+    The same as ``dense_forward`` on ``residuals["x"]``, ``softmax_cross_entropy(logits,
+    labels, check=check, grad_scale=grad_scale, grad_dtype=grad_dtype)`` and
+    ``dense_backward`` (see there for the ``input_*``, ``release_input`` and
+    ``overlap_wgrad`` options), but where the backend fuses them (``linear_softmax_xent``:
+    on the GPU, one kernel for short batches) the logits, the loss and the input gradient
+    come from one call. Then only the weight gradient is left, and it runs after the
+    input gradient, not before.
+    """
+    w, b = params["w"], params.get("b")
+    x = residuals.pop("x") if release_input else residuals["x"]
+    be = backend.of(x, w, b, labels, where="Dense")
+    check_softmax_labels((x.shape[0], w.shape[0]), labels, check=check)
+    epilog = dgrad_epilog(input_activation, bgrad=input_has_bias) if need_input_grad else None
+    wgrad_epilog = "BGRADB" if b is not None else "DEFAULT"
+    fused = be.linear_softmax_xent(x, w, b, labels, epilog, input_aux, grad_scale, grad_dtype)
+    if fused is not None:
+        loss, y, dy, dx, input_db = fused
+        dw, db = be.linear_wgrad(dy, x, wgrad_epilog, overlap=overlap_wgrad)
+    else:  # the unfused order: the weight gradient first, so that x is freed before dx
+        y, _ = be.linear(x, w, b, forward_epilog(None, bias=b is not None, aux=True))
+        loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
+        dw, db = be.linear_wgrad(dy, x, wgrad_epilog, overlap=overlap_wgrad)
+        del x
+        dx = input_db = None
+        if epilog is not None:
+            dx, input_db = be.linear_dgrad(dy, w, epilog, input_aux)
+    return loss, y, ({"w": dw, "b": db} if b is not None else {"w": dw}), dx, input_db
