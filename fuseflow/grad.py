@@ -71,12 +71,19 @@ def loss_and_output_grad(loss_fn, out, y, **kwargs):
     return result
 
 
-def fuses_loss(model, loss_fn) -> bool:
-    """The model runs ``loss_fn`` together with its output layer: ``loss_fn`` is
-    ``ff.losses.softmax_cross_entropy`` itself and the model a ``Serial`` whose last layer
-    is a plain Dense (``Serial.softmax_head``)."""
-    return loss_fn is losses.softmax_cross_entropy and \
-        getattr(model, "softmax_head", None) is not None
+def fused_loss_check(model, loss_fn):
+    """Whether the model runs ``loss_fn`` together with its output layer, as the ``check``
+    setting to run it with (None: it does not). Fused: ``ff.losses.softmax_cross_entropy``
+    itself, or a ``functools.partial`` of it that sets ``check`` only, with a ``Serial``
+    whose last layer is a plain Dense (``Serial.softmax_head``)."""
+    if getattr(model, "softmax_head", None) is None:
+        return None
+    if loss_fn is losses.softmax_cross_entropy:
+        return True
+    if isinstance(loss_fn, functools.partial) and loss_fn.func is losses.softmax_cross_entropy \
+            and not loss_fn.args and set(loss_fn.keywords) <= {"check"}:
+        return bool(loss_fn.keywords.get("check", True))
+    return None
 
 
 def value_and_grad(model, loss_fn, *, with_outputs=False):
@@ -88,11 +95,12 @@ def value_and_grad(model, loss_fn, *, with_outputs=False):
     ``ff.losses.softmax_cross_entropy`` runs its output layer and the loss as one operation
     (``Serial.softmax_xent_and_grad``; on the GPU one kernel for short batches).
     """
-    fused = fuses_loss(model, loss_fn)
+    check = fused_loss_check(model, loss_fn)
 
     def f(params, x, y, *, key=None):
-        if fused:
-            (loss, out), grads = model.softmax_xent_and_grad(params, x, y, key=key)
+        if check is not None:
+            (loss, out), grads = model.softmax_xent_and_grad(params, x, y, key=key,
+                                                             check=check)
             return ((loss, out) if with_outputs else loss), grads
         out, residuals = model.forward(params, x, key=key, train=True)
         loss, dout = loss_and_output_grad(loss_fn, out, y)

@@ -43,7 +43,7 @@ import numpy as np
 
 from fuseflow import backend, tree
 from fuseflow._namespace import namespace
-from fuseflow.grad import _backward, _own_residuals, fuses_loss, loss_and_output_grad
+from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
 from fuseflow.optim._base import _widens, check_number, check_state, zero_count
 from fuseflow.optim._fused import fused_update, update_and_apply
@@ -90,7 +90,7 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
     scales_grad = _takes_grad_scale(loss_fn)
     # the output layer and the loss as one operation (see ff.value_and_grad), where the
     # loss would get the scaled 16-bit logits anyway
-    fused = cd == np.float16 and fuses_loss(model, loss_fn)
+    check = fused_loss_check(model, loss_fn) if cd == np.float16 else None
 
     def f(params, x, y, *, loss_scale=1.0, key=None, compute_params=None):
         leaves, treedef = tree.flatten(params)
@@ -107,10 +107,10 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
             x_low = cast[-1] if with_x else x.astype(cd, copy=False)
         xp = namespace(x_low)
         scale = xp.asarray(loss_scale, dtype=xp.float32)
-        if fused:
+        if check is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 (loss, out), grads = model.softmax_xent_and_grad(
-                    low, x_low, y, key=key, grad_scale=scale, grad_dtype=cd)
+                    low, x_low, y, key=key, grad_scale=scale, grad_dtype=cd, check=check)
             if unscaled:
                 grads = unscale(grads, params, scale)
             return ((loss, out) if with_outputs else loss), grads

@@ -3,6 +3,8 @@ which ``ff.value_and_grad`` runs for a Serial ending in a plain Dense): on NumPy
 give exactly the unfused forward, loss and backward, and its gradients must match central
 finite differences in float64. The GPU kernel's tests are in ``test_gpu_head.py``."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -41,8 +43,12 @@ def problem(name, dtype=np.float32, batch=33, features=20, seed=0):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_value_and_grad_fuses_and_equals_the_unfused_path(name):
     model, params, x, y = problem(name)
-    assert ff.grad.fuses_loss(model, ff.losses.softmax_cross_entropy)
-    assert not ff.grad.fuses_loss(model, unfused)
+    assert ff.grad.fused_loss_check(model, ff.losses.softmax_cross_entropy) is True
+    assert ff.grad.fused_loss_check(model, unfused) is None
+    unchecked = functools.partial(ff.losses.softmax_cross_entropy, check=False)
+    assert ff.grad.fused_loss_check(model, unchecked) is False  # the CLI's loss
+    assert ff.grad.fused_loss_check(model, functools.partial(
+        ff.losses.softmax_cross_entropy, grad_dtype=np.float32)) is None
     key = ff.random.key(3)
     (loss, out), grads = ff.value_and_grad(model, ff.losses.softmax_cross_entropy,
                                            with_outputs=True)(params, x, y, key=key)
