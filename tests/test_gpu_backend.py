@@ -317,10 +317,11 @@ def test_scaled_softmax_xent_equals_the_unfused_composition(nb, rng, dtype, batc
     check_close("scaled dlogits", got, g_ref, np.float16, rng.seed)
 
 
-def test_mixed_precision_loss_gradient_in_the_loss_kernel(rng):
+def test_mixed_precision_loss_gradient_in_the_loss_kernel(rng, monkeypatch):
     """``ff.mixed_precision.value_and_grad`` with softmax_cross_entropy asks the loss for
     its scaled float16 gradient (one launch); a loss without those keywords runs the cast,
-    multiply and cast. Same loss and same grads, bit for bit."""
+    multiply and cast. Same loss and same grads, bit for bit. (The output layer's fused
+    kernel is off here: it adds the loss in another order, see test_gpu_head.py.)"""
     import cupy
 
     import fuseflow as ff
@@ -339,6 +340,7 @@ def test_mixed_precision_loss_gradient_in_the_loss_kernel(rng):
     assert mp._takes_grad_scale(ff.losses.softmax_cross_entropy)
     assert not mp._takes_grad_scale(plain)
     be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "fused_head", False)
     be.reset_stats()
     fused = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, unscaled=False)
     loss_a, grads_a = fused(params, x, y, loss_scale=scale)

@@ -66,8 +66,8 @@ def _generated_sources(monkeypatch):
     for mod in (E, F, G, H, S, TC):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
-    caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, F._xent_kernel,
-              F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
+    caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, H._sum_kernel,
+              F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
               F._next_loss_scale_kernel)
     for cache in caches:
         cache.cache_clear()
@@ -90,6 +90,7 @@ def _generated_sources(monkeypatch):
                 (1, 10, H.MAX_CLASSES), ((1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 1, 0), (1, 1, 1, 1),
                                          (0, 1, 0, 1))):
             H._kernel(dt, np.dtype(np.int64 if hb else np.uint8), n, 1 + dg, hb, dg, dr, bg)
+        H._sum_kernel(dt)
         for hb, ha, r in itertools.product((False, True), repeat=3):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
         for b, u in itertools.product((False, True), (1, E.DRELU_UNROLL)):

@@ -16,10 +16,9 @@ all three:
 
 The rows' losses and the lower layer's bias gradient (column sums of dx) are sums over all
 blocks: each block writes its partials; the block that arrives last adds the losses in
-block order (``_cuda_tickets``), and the column partials go through
-``_cuda_skinny.sum_chunks``, which nothing in the backward waits for (the backend may run it
-on the side stream). The head's weight gradient needs the whole batch of dy and stays the
-skinny weight-gradient kernel.
+block order (``_cuda_tickets``), and the column partials go through ``sum_partials``, which
+nothing in the backward waits for (the backend may run it on the side stream). The head's
+weight gradient needs the whole batch of dy and stays the skinny weight-gradient kernel.
 
 Logits, dy and dx are bit for bit those of the three separate kernels (same operations in
 the same order); the loss and the bias gradient are added in another fixed order, so their
@@ -185,15 +184,59 @@ extern "C" __global__ void __launch_bounds__(THREADS) skinny_head(
 """
 
 
+# The lower bias gradient from the blocks' column partials (chunks x F): thread (c, g) of
+# a (32, GROUPS) block adds chunks g, g + GROUPS, ... of column 32 * blockIdx.x + c, then
+# row 0 adds the groups in order. (``_cuda_skinny.sum_chunks`` runs one thread per column
+# over every chunk: 8.1 us for 256 chunks x 30 columns on the H200, this about a fifth.)
+_SUM = r"""
+extern "C" __global__ void sum_partials(const A* __restrict__ part, T* __restrict__ out,
+                                        long long chunks, long long F) {
+    __shared__ A red[GROUPS][33];
+    const long long f = (long long)blockIdx.x * 32 + threadIdx.x;
+    A s = (A)0;
+    if (f < F) {
+        #pragma unroll 8
+        for (long long c = threadIdx.y; c < chunks; c += GROUPS) s += part[c * F + f];
+    }
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && f < F) {
+        A t = (A)0;
+        #pragma unroll
+        for (int g = 0; g < GROUPS; ++g) t += red[g][threadIdx.x];
+        out[f] = (T)t;
+    }
+}
+"""
+#: Chunk groups of the column-sum kernel (threadIdx.y).
+SUM_GROUPS = 16
+
+
+def _typedefs(dtype):
+    return ("#include <cuda_fp16.h>\n"
+            f"typedef {_CTYPES[dtype]} T; "
+            f"typedef {'double' if dtype == np.float64 else 'float'} A;\n")
+
+
+@functools.cache
+def _sum_kernel(dtype):
+    return cupy.RawKernel(_typedefs(np.dtype(dtype)) + f"#define GROUPS {SUM_GROUPS}\n" + _SUM,
+                          "sum_partials")
+
+
+def sum_partials(colpart, db):
+    """``db = colpart.sum(0)`` (in a fixed order) for the kernel's per-block partials."""
+    chunks, features = colpart.shape
+    _sum_kernel(db.dtype)((-(-features // 32),), (32, SUM_GROUPS),
+                          (colpart, db, np.int64(chunks), np.int64(features)))
+
+
 @functools.cache
 def _kernel(dtype, label_dtype, n, spb, has_bias, dgrad, drelu, bgrad):
     dtype = np.dtype(dtype)
     defines = {"THREADS": THREADS, "N": n, "SPB": spb, "HAS_BIAS": int(has_bias),
                "DGRAD": int(dgrad), "DRELU": int(drelu), "BGRAD": int(bgrad)}
-    head = ("#include <cuda_fp16.h>\n"
-            f"typedef {_CTYPES[dtype]} T; "
-            f"typedef {'double' if dtype == np.float64 else 'float'} A; "
-            f"typedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
+    head = (_typedefs(dtype) + f"typedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
             + "".join(f"#define {k} {v}\n" for k, v in defines.items()))
     return cupy.RawKernel(head + tickets.TICKET_SRC + _HEAD, "skinny_head")
 
@@ -214,8 +257,8 @@ def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, 
     (times ``grad_scale``, a 0-d float32 device array, where given), and with ``dgrad``
     ``dx = (dy @ w) * relu'(aux)`` (aux: the lower layer's relu_aux, column n at byte
     ``n * ld``, or None). With ``bgrad`` the column sums of dx: ``db`` directly when one
-    block ran, else per-block partials ``colpart`` for ``_cuda_skinny.sum_chunks`` (db is
-    then still to be written)."""
+    block ran, else per-block partials ``colpart`` for ``sum_partials`` (db is then still
+    to be written)."""
     batch, k = x.shape
     n = w.shape[0]
     spb = S.forward_samples_per_block(k)

@@ -820,7 +820,7 @@ class CudaBackend(Backend):
             if colpart is not None:  # the bias gradient's column sums: nothing waits on them
                 scope = self._overlap_scope(dtype, 0)
                 with scope.fork(colpart) if scope is not None else contextlib.nullcontext():
-                    S.sum_chunks(colpart, db, None, 1, features, features)
+                    H.sum_partials(colpart, db)
             self._counters["fused_head"] += 1
             return loss, y, dy, dx, db
 
