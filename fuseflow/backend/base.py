@@ -95,6 +95,11 @@ class Backend:
             return self._linear_wgrad_overlapped(dy, x, spec)
         return self._linear_wgrad(dy, x, spec)
 
+    def wgrad_after_dgrad(self, dy, x) -> bool:
+        """An overlapped weight gradient of these operands is best issued after the layer's
+        input gradient (see ``CudaBackend.overlap_order``); False here: nothing overlaps."""
+        return False
+
     def overlapping_wgrad(self):
         """A scope whose ``linear_wgrad(..., overlap=True)`` calls may run concurrently with
         the input-gradient chain (the CUDA backend: on a second stream, joined at the exit).

@@ -193,6 +193,12 @@ class CudaBackend(Backend):
         #: its compiled pool 0.96x -> 1.15x of what must be alive (a 134 MB input kept).
         self.overlap_wgrad = env_choice("FUSEFLOW_OVERLAP_WGRAD", AUTOTUNE_MODES, "auto")
         self.overlap_max_bytes = env_int("FUSEFLOW_OVERLAP_MAX_BYTES", 2 ** 24)
+        #: FUSEFLOW_OVERLAP_ORDER: "before" (default) forks an overlapped weight gradient
+        #: before its layer's input gradient, so the two run side by side; "after" forks it
+        #: once the input gradient is issued, beside the next layer's work, and runs the
+        #: lowest layer's on the main stream.
+        self.overlap_order = env_choice("FUSEFLOW_OVERLAP_ORDER",
+                                        {"before": "before", "after": "after"}, "before")
         self._local = threading.local()  # .overlap: this thread's open OverlapScope
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
@@ -709,6 +715,10 @@ class CudaBackend(Backend):
                                                  nbytes <= self.overlap_max_bytes):
             return None
         return scope
+
+    def wgrad_after_dgrad(self, dy, x) -> bool:
+        return self.overlap_order == "after" and \
+            self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes) is not None
 
     def _linear_wgrad_overlapped(self, dy, x, spec):
         return self._linear_wgrad(dy, x, spec,

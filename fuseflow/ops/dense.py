@@ -56,17 +56,31 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
     else:
         dpre, db = dy, None
 
-    if has_bias and db is None:
-        dw, db = be.linear_wgrad(dpre, x, "BGRADB", overlap=overlap_wgrad)
-    else:
-        dw, _ = be.linear_wgrad(dpre, x, "DEFAULT", overlap=overlap_wgrad)
-    grads = {"w": dw, "b": db} if has_bias else {"w": dw}
-    del x  # the input's last reader ran (with release_input, nothing else holds it now)
+    # The backend's overlap order "after": an overlapped weight gradient starts once the
+    # input gradient is issued (not beside it), and the lowest layer's, with nothing after
+    # it on the main stream, runs there, beside the side stream's.
+    late = overlap_wgrad and be.wgrad_after_dgrad(dpre, x)
+    if late and not need_input_grad:
+        overlap_wgrad = late = False
+
+    def wgrad():
+        if has_bias and db is None:
+            dw, b = be.linear_wgrad(dpre, x, "BGRADB", overlap=overlap_wgrad)
+        else:
+            dw, _ = be.linear_wgrad(dpre, x, "DEFAULT", overlap=overlap_wgrad)
+            b = db
+        return {"w": dw, "b": b} if has_bias else {"w": dw}
+
+    if not late:
+        grads = wgrad()
+        del x  # the input's last reader ran (with release_input, nothing else holds it now)
 
     dx = input_db = None
     if need_input_grad:
         epilog = dgrad_epilog(input_activation, bgrad=input_has_bias)
         dx, input_db = be.linear_dgrad(dpre, w, epilog, input_aux)
+    if late:
+        grads = wgrad()
     return grads, dx, input_db
 
 
