@@ -10,6 +10,10 @@ Backward, for a layer whose gradient w.r.t. its own pre-activation is ``dpre``:
   applies that activation's derivative and sums its bias gradient (DRELU_BGRAD,
   DGELU_BGRAD). That is the cross-layer fusion: the lower layer then receives its
   ``dpre`` and bias gradient ready-made and runs no mask or reduction step of its own.
+
+An output layer with its softmax cross-entropy (``dense_softmax_xent``) goes one step
+further: forward, loss and input gradient are one backend call where the backend fuses
+them (``linear_softmax_xent``).
 """
 
 from __future__ import annotations
