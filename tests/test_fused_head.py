@@ -144,3 +144,20 @@ def test_fused_path_checks_labels_and_params_like_the_unfused():
     bad = (params[0], params[1], {"w": params[2]["w"][:, :5], "b": params[2]["b"]})
     with pytest.raises(nn.LayerError, match=r"Serial layer 2 \(Dense\(10\)\)"):
         f(bad, x, y)
+
+
+@pytest.mark.parametrize("name", ["relu_mlp", "single_dense", "dropout_below"])
+def test_weight_gradients_issued_after_the_input_gradient_change_nothing(name, monkeypatch):
+    """The overlap order "after" (on the GPU: weight gradients forked once the input
+    gradient is issued, the lowest layer's on the main stream) runs other code paths in
+    ``ops.dense``; NumPy's backend, told to take them, gives the same numbers."""
+    model, params, x, y = problem(name)
+    key = ff.random.key(1)
+    for loss_fn in (ff.losses.softmax_cross_entropy, unfused):
+        f = ff.value_and_grad(model, loss_fn)
+        want = f(params, x, y, key=key)
+        monkeypatch.setattr(ff.backend.get("numpy"), "wgrad_after_dgrad", lambda dy, x: True)
+        got = f(params, x, y, key=key)
+        monkeypatch.undo()
+        for a, b in zip(ff.tree.leaves(got), ff.tree.leaves(want)):
+            np.testing.assert_array_equal(a, b)

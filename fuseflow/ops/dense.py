@@ -60,23 +60,9 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
     else:
         dpre, db = dy, None
 
-    # The backend's overlap order "after": an overlapped weight gradient starts once the
-    # input gradient is issued (not beside it), and the lowest layer's, with nothing after
-    # it on the main stream, runs there, beside the side stream's.
-    late = overlap_wgrad and be.wgrad_after_dgrad(dpre, x)
-    if late and not need_input_grad:
-        overlap_wgrad = late = False
-
-    def wgrad():
-        if has_bias and db is None:
-            dw, b = be.linear_wgrad(dpre, x, "BGRADB", overlap=overlap_wgrad)
-        else:
-            dw, _ = be.linear_wgrad(dpre, x, "DEFAULT", overlap=overlap_wgrad)
-            b = db
-        return {"w": dw, "b": b} if has_bias else {"w": dw}
-
+    overlap_wgrad, late = _wgrad_order(be, overlap_wgrad, need_input_grad, dpre, x)
     if not late:
-        grads = wgrad()
+        grads = _weight_grads(be, dpre, x, has_bias, db, overlap_wgrad)
         del x  # the input's last reader ran (with release_input, nothing else holds it now)
 
     dx = input_db = None
@@ -84,8 +70,30 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
         epilog = dgrad_epilog(input_activation, bgrad=input_has_bias)
         dx, input_db = be.linear_dgrad(dpre, w, epilog, input_aux)
     if late:
-        grads = wgrad()
+        grads = _weight_grads(be, dpre, x, has_bias, db, overlap_wgrad)
     return grads, dx, input_db
+
+
+def _wgrad_order(be, overlap, need_input_grad, dy, x):
+    """``(overlap, late)``: with the backend's overlap order "after" an overlapped weight
+    gradient is issued after the input gradient (late), so that it runs beside the next
+    layer's work, and the lowest layer's (no input gradient: nothing follows it on the
+    main stream) runs on the main stream. Otherwise first, so that x can be freed before
+    dx is allocated."""
+    late = overlap and be.wgrad_after_dgrad(dy, x)
+    if late and not need_input_grad:
+        return False, False
+    return overlap, late
+
+
+def _weight_grads(be, dpre, x, has_bias, db, overlap):
+    """``{"w": dw, "b": db}``; the bias gradient from the same call (BGRADB) where ``db``
+    is not known yet."""
+    if has_bias and db is None:
+        dw, db = be.linear_wgrad(dpre, x, "BGRADB", overlap=overlap)
+    else:
+        dw, _ = be.linear_wgrad(dpre, x, "DEFAULT", overlap=overlap)
+    return {"w": dw, "b": db} if has_bias else {"w": dw}
 
 
 def dense_softmax_xent(params, residuals, labels, *, input_activation=None, input_aux=None,
@@ -99,25 +107,27 @@ def dense_softmax_xent(params, residuals, labels, *, input_activation=None, inpu
     ``dense_backward`` (see there for the ``input_*``, ``release_input`` and
     ``overlap_wgrad`` options), but where the backend fuses them (``linear_softmax_xent``:
     on the GPU, one kernel for short batches) the logits, the loss and the input gradient
-    come from one call. Then only the weight gradient is left, and it runs after the
-    input gradient, not before.
+    come from one call. Then only the weight gradient is left, issued after them.
     """
     w, b = params["w"], params.get("b")
     x = residuals.pop("x") if release_input else residuals["x"]
     be = backend.of(x, w, b, labels, where="Dense")
     check_softmax_labels((x.shape[0], w.shape[0]), labels, check=check)
     epilog = dgrad_epilog(input_activation, bgrad=input_has_bias) if need_input_grad else None
-    wgrad_epilog = "BGRADB" if b is not None else "DEFAULT"
     fused = be.linear_softmax_xent(x, w, b, labels, epilog, input_aux, grad_scale, grad_dtype)
     if fused is not None:
         loss, y, dy, dx, input_db = fused
-        dw, db = be.linear_wgrad(dy, x, wgrad_epilog, overlap=overlap_wgrad)
-    else:  # the unfused order: the weight gradient first, so that x is freed before dx
-        y, _ = be.linear(x, w, b, forward_epilog(None, bias=b is not None, aux=True))
-        loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
-        dw, db = be.linear_wgrad(dy, x, wgrad_epilog, overlap=overlap_wgrad)
+        return loss, y, _weight_grads(be, dy, x, b is not None, None, overlap_wgrad), dx, \
+            input_db
+    y, _ = be.linear(x, w, b, forward_epilog(None, bias=b is not None, aux=True))
+    loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
+    overlap_wgrad, late = _wgrad_order(be, overlap_wgrad, need_input_grad, dy, x)
+    if not late:
+        grads = _weight_grads(be, dy, x, b is not None, None, overlap_wgrad)
         del x
-        dx = input_db = None
-        if epilog is not None:
-            dx, input_db = be.linear_dgrad(dy, w, epilog, input_aux)
-    return loss, y, ({"w": dw, "b": db} if b is not None else {"w": dw}), dx, input_db
+    dx = input_db = None
+    if epilog is not None:
+        dx, input_db = be.linear_dgrad(dy, w, epilog, input_aux)
+    if late:
+        grads = _weight_grads(be, dy, x, b is not None, None, overlap_wgrad)
+    return loss, y, grads, dx, input_db
