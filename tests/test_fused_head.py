@@ -29,15 +29,20 @@ def unfused(logits, labels):
     return ff.losses.softmax_cross_entropy(logits, labels)
 
 
-def problem(name, dtype=np.float32, batch=33, features=20, seed=0):
-    model = MODELS[name]()
+def make_problem(model, features, batch, dtype, seed, noise=0.1):
+    """``(model, params, x, y)``: the model's init moved by ``noise`` normals (no zero
+    biases), a standard normal batch and labels over its outputs."""
     out, params = model.init(ff.random.key(seed), (features,))
     rng = np.random.default_rng(seed)
-    params = ff.tree.map(lambda p: (p + 0.1 * rng.standard_normal(p.shape)).astype(dtype),
+    params = ff.tree.map(lambda p: (p + noise * rng.standard_normal(p.shape)).astype(dtype),
                          params)
     x = rng.standard_normal((batch, features)).astype(dtype)
     y = rng.integers(0, out[0], batch)
     return model, params, x, y
+
+
+def problem(name, dtype=np.float32, batch=33, features=20, seed=0):
+    return make_problem(MODELS[name](), features, batch, dtype, seed)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -12,6 +12,7 @@ import pytest
 import fuseflow as ff
 from fuseflow import mixed_precision as mp
 from fuseflow import nn
+from tests.test_fused_head import make_problem
 
 pytestmark = pytest.mark.gpu
 
@@ -57,14 +58,7 @@ CASES = {
 
 def problem(cp, name, dtype, seed=0):
     make, features, batch = CASES[name]
-    model = make()
-    out, params = model.init(ff.random.key(seed), (features,))
-    rng = np.random.default_rng(seed)
-    params = ff.tree.map(lambda p: (p + 0.05 * rng.standard_normal(p.shape)).astype(dtype),
-                         params)
-    x = rng.standard_normal((batch, features)).astype(dtype)
-    y = rng.integers(0, out[0], batch)
-    return model, params, x, y
+    return make_problem(make(), features, batch, dtype, seed, noise=0.05)
 
 
 def lower_bias(model, params):

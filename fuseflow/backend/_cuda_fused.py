@@ -36,12 +36,15 @@ _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
 # One thread per row. With a class count C known at compile time (up to MAX_STATIC_CLASSES)
 # the row's exponentials stay in registers (computed once, not twice); the block's loss sum
 # is a warp-shuffle reduction plus one pass over the warps' sums (one barrier, not log2(n)).
-_XENT = r"""
+#: The loss gradient times the loss scale, rounded once (never contracted into an FMA);
+#: shared with ``_cuda_head``'s fused output layer.
+MUL_RN_SRC = r"""
 #define FULL 0xffffffffu
 // the gradient times the loss scale, rounded once (never contracted into an FMA)
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-#define GRAD(x) ((D)(gscale ? mul_rn((ACC)(x), (ACC)gscale[0]) : (ACC)(x)))
+"""
+_XENT = MUL_RN_SRC + r"""#define GRAD(x) ((D)(gscale ? mul_rn((ACC)(x), (ACC)gscale[0]) : (ACC)(x)))
 __device__ __forceinline__ ACC warp_sum(ACC v) {
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);

@@ -34,26 +34,23 @@ import numpy as np
 
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
-from fuseflow.backend._cuda_fused import _CTYPES, _LABEL_CTYPES, MAX_STATIC_CLASSES
+from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, MAX_STATIC_CLASSES,
+                                          MUL_RN_SRC)
 
 #: Threads of a block; they split the inputs (forward) and the columns (input gradient).
-THREADS = 256
+THREADS = S.FORWARD_THREADS
 #: The largest class count: the row's logits live in registers, one per lane.
 MAX_CLASSES = min(S.MAX_N, MAX_STATIC_CLASSES)
 
-_HEAD = r"""
-#define FULL 0xffffffffu
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
-extern "C" __global__ void __launch_bounds__(THREADS) skinny_head(
+_HEAD = MUL_RN_SRC + r"""
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
         const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
         const L* __restrict__ labels, const float* __restrict__ gscale,
         const unsigned char* __restrict__ aux, long long ld,
         T* __restrict__ y, T* __restrict__ dy, T* __restrict__ dx, A* __restrict__ colpart,
         T* __restrict__ db, A* __restrict__ losspart, A* __restrict__ loss,
         unsigned int* __restrict__ ticket, long long B, long long K) {
-    __shared__ A part[THREADS / 32][SPB][N];
+    __shared__ A part[FWD_THREADS / 32][SPB][N];
 #if DGRAD
     __shared__ A dls[SPB][N];  // the rows' loss gradients, for the input gradient
 #endif
@@ -61,35 +58,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) skinny_head(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long row0 = (long long)blockIdx.x * SPB;
 
-    // 1. the logits' partial sums (as skinny_forward)
-    A acc[SPB][N];
-    #pragma unroll
-    for (int s = 0; s < SPB; ++s) {
-        #pragma unroll
-        for (int j = 0; j < N; ++j) acc[s][j] = (A)0;
-    }
-    for (long long k = threadIdx.x; k < K; k += THREADS) {
-        A xv[SPB];
-        #pragma unroll
-        for (int s = 0; s < SPB; ++s) xv[s] = row0 + s < B ? (A)x[(row0 + s) * K + k] : (A)0;
-        #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            const A wv = (A)w[(long long)j * K + k];
-            #pragma unroll
-            for (int s = 0; s < SPB; ++s) acc[s][j] += xv[s] * wv;
-        }
-    }
-    #pragma unroll
-    for (int s = 0; s < SPB; ++s) {
-        #pragma unroll
-        for (int j = 0; j < N; ++j) {
-            A v = acc[s][j];
-            #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-            if (lane == 0) part[warp][s][j] = v;
-        }
-    }
-    __syncthreads();
+    // 1. the logits' partial sums (skinny_forward's code)
+""" + S.FORWARD_SUMS + r"""
 
     // 2. warp s: row row0 + s, its logits in lanes 0..N-1, then its loss and gradient (as
     // the xent kernel: every lane runs the row's arithmetic, lane j keeps dy[j])
@@ -101,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) skinny_head(
             A v = (A)0;
             if (active) {
                 #pragma unroll
-                for (int g = 0; g < THREADS / 32; ++g) v += part[g][warp][lane];
+                for (int g = 0; g < FWD_THREADS / 32; ++g) v += part[g][warp][lane];
                 if (HAS_BIAS) v += (A)bias[lane];
             }
             const T yt = (T)v;
@@ -142,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) skinny_head(
 
 #if DGRAD
     // 3. the input gradient of the block's rows, one column per thread (as skinny_dgrad)
-    for (long long k = threadIdx.x; k < K; k += THREADS) {
+    for (long long k = threadIdx.x; k < K; k += FWD_THREADS) {
         A wv[N];
         #pragma unroll
         for (int j = 0; j < N; ++j) wv[j] = (A)w[(long long)j * K + k];
@@ -234,7 +204,7 @@ def sum_partials(colpart, db):
 @functools.cache
 def _kernel(dtype, label_dtype, n, spb, has_bias, dgrad, drelu, bgrad):
     dtype = np.dtype(dtype)
-    defines = {"THREADS": THREADS, "N": n, "SPB": spb, "HAS_BIAS": int(has_bias),
+    defines = {"FWD_THREADS": THREADS, "N": n, "SPB": spb, "HAS_BIAS": int(has_bias),
                "DGRAD": int(dgrad), "DRELU": int(drelu), "BGRAD": int(bgrad)}
     head = (_typedefs(dtype) + f"typedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
             + "".join(f"#define {k} {v}\n" for k, v in defines.items()))

@@ -37,7 +37,7 @@ MAX_N = 32              # the largest small side handled here
 #: batch) cuBLASLt's tiled kernels are faster. (A warp per 4 samples with vector loads was
 #: slower than cuBLASLt at batch 8192: 42 against 34 us in float16, 88 against 80 in float32.)
 FORWARD_MAX_MACS = 2 ** 25
-_FWD_THREADS = 256      # forward: threads per block (they split the inputs)
+FORWARD_THREADS = 256   # forward: threads per block (they split the inputs)
 #: dgrad/wgrad give each thread V adjacent columns (16-byte loads/stores) from this many
 #: batch x feature elements on: the output layer of 784-4096-4096-10 at batch 8192 in
 #: float16 is memory-bound there. Below it, one column per thread keeps more, shorter
@@ -56,16 +56,11 @@ typedef {T} T; typedef {A} A;
 #define N {N}
 """
 
-# One block of FWD_THREADS per SPB samples: the threads split the K inputs, each keeps
-# SPB x N partial sums (w is read once per block, not once per sample); warps reduce them
-# with shuffles, then warp s adds the warps' sums of sample s and runs the epilog.
-_FORWARD = r"""
-extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __restrict__ w,
-        const T* __restrict__ bias, T* __restrict__ y, unsigned char* __restrict__ aux,
-        long long B, long long K, int rows) {
-    __shared__ A part[FWD_THREADS / 32][SPB][N];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long row0 = (long long)blockIdx.x * SPB;
+#: The forward's sums, shared with ``_cuda_head``'s fused output layer (the same code, so
+#: the same bits): SPB x N partial sums per thread over inputs threadIdx.x, + FWD_THREADS,
+#: ..., added across each warp by shuffles into part[warp][s][j]. The kernel declares x, w,
+#: B, K, row0, lane, warp and part.
+FORWARD_SUMS = r"""
     A acc[SPB][N];
     #pragma unroll
     for (int s = 0; s < SPB; ++s) {
@@ -94,6 +89,19 @@ extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __re
         }
     }
     __syncthreads();
+"""
+
+# One block of FWD_THREADS per SPB samples: the threads split the K inputs, each keeps
+# SPB x N partial sums (w is read once per block, not once per sample); warps reduce them
+# with shuffles, then warp s adds the warps' sums of sample s and runs the epilog.
+_FORWARD = r"""
+extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __restrict__ w,
+        const T* __restrict__ bias, T* __restrict__ y, unsigned char* __restrict__ aux,
+        long long B, long long K, int rows) {
+    __shared__ A part[FWD_THREADS / 32][SPB][N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long row0 = (long long)blockIdx.x * SPB;
+""" + FORWARD_SUMS + r"""
     const long long row = row0 + warp;
     if (warp >= SPB || row >= B) return;  // whole warps
     const bool active = lane < N;
@@ -322,7 +330,7 @@ def _kernel(name, dtype, n, **flags):
     dtype = np.dtype(dtype)
     src = {"skinny_forward": _FORWARD, "skinny_dgrad": _DGRAD, "skinny_wgrad": _WGRAD,
            "sum_chunks": _SUM_CHUNKS}[name]
-    defines = {"FWD_THREADS": _FWD_THREADS, "V": 1, "R": 1, "SPB": 1, "STAGE_DY": 0,
+    defines = {"FWD_THREADS": FORWARD_THREADS, "V": 1, "R": 1, "SPB": 1, "STAGE_DY": 0,
                **{k: int(v) for k, v in flags.items()}}
     # 4 rows' loads in flight per thread where that measured faster (H200, batch 8192 x
     # 4096, 10 classes: float16 wgrad 69 -> 58 us, float32 dgrad 87 -> 66 us; the other two
@@ -386,7 +394,7 @@ def forward_samples_per_block(k: int) -> int:
     Measured on the H200 (graph replays, ``benchmarks/skinny_sweep.py``, batch 256):
     784 -> 30, 5.8 us at 2 against 11.9 / 7.0 / 13.1 at 1 / 4 / 8; 1024 -> 10, 4.2 us
     against 5.2 at 1; 30 -> 10, 2.2 us at 1 against 2.4 at 2."""
-    return 2 if k >= _FWD_THREADS else 1
+    return 2 if k >= FORWARD_THREADS else 1
 
 
 def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=None):
@@ -399,12 +407,12 @@ def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=N
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
     if batch:
         spb = samples_per_block or forward_samples_per_block(k)
-        if not 1 <= spb <= _FWD_THREADS // 32:  # warp s finishes sample s
+        if not 1 <= spb <= FORWARD_THREADS // 32:  # warp s finishes sample s
             raise ValueError(f"skinny forward: samples_per_block={spb} is outside "
-                             f"1..{_FWD_THREADS // 32}")
+                             f"1..{FORWARD_THREADS // 32}")
         kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
                        HAS_AUX=aux_rows is not None, RELU=relu, SPB=spb)
-        kern((-(-batch // spb),), (_FWD_THREADS,),
+        kern((-(-batch // spb),), (FORWARD_THREADS,),
              (x, w, bias if bias is not None else np.uintp(0), y,
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(k),
               np.int32(aux_rows or 0)))

@@ -47,12 +47,7 @@ class Backend:
         x ``(batch, in)``, w ``(out, in)``, bias ``(out,)``. y is ``(batch, out)``.
         """
         spec = lookup(EPILOGS, epilog, "forward")
-        self._check_2d("x", x), self._check_2d("w", w)
-        self._check_same_dtype(x=x, w=w)
-        if x.shape[1] != w.shape[1]:
-            raise BackendError(f"linear: x has {x.shape[1]} features but w expects "
-                               f"{w.shape[1]} (w shape {w.shape}, x shape {x.shape})")
-        self._check_bias(spec, bias, w.shape[0], w.dtype)
+        self._check_linear("linear", spec, x, w, bias)
         self.calls["linear/" + spec.name] += 1
         return self._linear(x, w, bias, spec)
 
@@ -175,12 +170,7 @@ class Backend:
         gradient. Labels are assumed valid (``fuseflow.losses`` checks them).
         """
         spec = lookup(EPILOGS, "BIAS" if bias is not None else "DEFAULT", "forward")
-        self._check_2d("x", x), self._check_2d("w", w)
-        self._check_same_dtype(x=x, w=w)
-        if x.shape[1] != w.shape[1]:
-            raise BackendError(f"linear_softmax_xent: x has {x.shape[1]} features but w "
-                               f"expects {w.shape[1]} (w shape {w.shape}, x shape {x.shape})")
-        self._check_bias(spec, bias, w.shape[0], w.dtype)
+        self._check_linear("linear_softmax_xent", spec, x, w, bias)
         dspec = None
         if dgrad_epilog is not None:
             dspec = lookup(DGRAD_EPILOGS, dgrad_epilog, "input-gradient")
@@ -211,6 +201,15 @@ class Backend:
     def _check_2d(self, what, a):
         if getattr(a, "ndim", None) != 2:
             raise BackendError(f"{what} must be a 2-D array, got shape {getattr(a, 'shape', None)}")
+
+    def _check_linear(self, op, spec, x, w, bias):
+        """The operands of ``y = x @ w.T + bias``: 2-D, one dtype, matching widths."""
+        self._check_2d("x", x), self._check_2d("w", w)
+        self._check_same_dtype(x=x, w=w)
+        if x.shape[1] != w.shape[1]:
+            raise BackendError(f"{op}: x has {x.shape[1]} features but w expects "
+                               f"{w.shape[1]} (w shape {w.shape}, x shape {x.shape})")
+        self._check_bias(spec, bias, w.shape[0], w.dtype)
 
     def _check_same_dtype(self, **arrays):
         dts = {k: a.dtype for k, a in arrays.items()}
