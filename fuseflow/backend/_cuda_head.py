@@ -62,7 +62,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
 """ + S.FORWARD_SUMS + r"""
 
     // 2. warp s: row row0 + s, its logits in lanes 0..N-1, then its loss and gradient (as
-    // the xent kernel: every lane runs the row's arithmetic, lane j keeps dy[j])
+    // the xent kernel: every lane runs the row's arithmetic, lane j keeps dy[j]). The
+    // arithmetic repeats the xent kernel's text: as a shared device function it changed
+    // that kernel's registers and moves (not its arithmetic), which waits for a GPU run.
     if (warp < SPB) {
         const long long row = row0 + warp;
         A rl = (A)0;
