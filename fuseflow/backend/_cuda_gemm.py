@@ -73,6 +73,12 @@ _SRC = r"""
 // shared memory.
 #define PART_FLOATS (CLUSTER > 1 ? BM * BN : 0)
 #define SMEM_FLOATS (PIPE_FLOATS > PART_FLOATS ? PIPE_FLOATS : PART_FLOATS)
+// The blocks of a tile that finish it: one (no cluster: the last split to arrive, or the
+// only one), else every block of the cluster, rank z taking rows i of each thread's 8 x 8
+// block with i % CLUSTER == z. The cluster spans the grid's z axis, so the rank is blockIdx.z.
+#define FINISHERS (CLUSTER > 1 ? CLUSTER : 1)
+#define FINISHER_RANK (CLUSTER > 1 ? (int)blockIdx.z : 0)
+#define FINISHES_ROW(i) ((i) % FINISHERS == FINISHER_RANK)
 #if CLUSTER > 1
 #define CLUSTER_DIMS __cluster_dims__(1, 1, CLUSTER)
 // Every thread of every block of the cluster arrives; shared-memory writes before it are
@@ -219,7 +225,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     // memory (free after the loop's last barrier); after the cluster barrier, block z adds
     // rows i = z, z + CLUSTER, ... of every thread's 8 x 8 block from all CLUSTER blocks, in
     // rank order (the same sums whichever block finishes first), and runs their epilog.
-    // The cluster spans the grid's z axis only, so a block's cluster rank is blockIdx.z.
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int rl = rbase + (i < 4 ? i : 12 + i);
@@ -231,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     cluster_sync();
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        if (i % CLUSTER != (int)blockIdx.z) continue;
+        if (!FINISHES_ROW(i)) continue;
         const int rl = rbase + (i < 4 ? i : 12 + i);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -295,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     for (int j = 0; j < 8; ++j) cs[j] = 0.f;
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        if (CLUSTER > 1 && i % CLUSTER != (int)blockIdx.z) continue;
+        if (!FINISHES_ROW(i)) continue;
         const int r = m0 + rbase + (i < 4 ? i : 12 + i);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -336,7 +341,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     }
     // zero the padding bytes past the data (once per row tile: in a cluster, its first block;
     // else the one block of the K splits that got here)
-    if (AUX_OUT && blockIdx.x == gridDim.x - 1 && (CLUSTER <= 1 || blockIdx.z == 0)) {
+    if (AUX_OUT && blockIdx.x == gridDim.x - 1 && FINISHER_RANK == 0) {
         const int used = (N + 7) / 8, pad = aux_rows - used;
         for (int e = tid; e < BM * pad; e += THREADS) {
             const int r = m0 + e / pad;
@@ -356,8 +361,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         }
         __syncthreads();
         // one partial per row tile (and, in a cluster, per block of it), added in order
-        const int parts = gridDim.y * (CLUSTER > 1 ? CLUSTER : 1);
-        const int mine = blockIdx.y * (CLUSTER > 1 ? CLUSTER : 1) + (CLUSTER > 1 ? blockIdx.z : 0);
+        const int parts = gridDim.y * FINISHERS;
+        const int mine = blockIdx.y * FINISHERS + FINISHER_RANK;
         for (int col = tid; col < BN; col += THREADS) {
             const int n = n0 + col;
             float s = red[0][col];
