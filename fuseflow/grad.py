@@ -101,12 +101,12 @@ def value_and_grad(model, loss_fn, *, with_outputs=False):
         if check is not None:
             (loss, out), grads = model.softmax_xent_and_grad(params, x, y, key=key,
                                                              check=check)
-            return ((loss, out) if with_outputs else loss), grads
-        out, residuals = model.forward(params, x, key=key, train=True)
-        loss, dout = loss_and_output_grad(loss_fn, out, y)
-        owned = _own_residuals(model, residuals)
-        del residuals  # a Serial backward frees each layer's saved arrays once used
-        grads, _ = _backward(model, params, owned, dout, need_input_grad=False)
+        else:
+            out, residuals = model.forward(params, x, key=key, train=True)
+            loss, dout = loss_and_output_grad(loss_fn, out, y)
+            owned = _own_residuals(model, residuals)
+            del residuals  # a Serial backward frees each layer's saved arrays once used
+            grads, _ = _backward(model, params, owned, dout, need_input_grad=False)
         return ((loss, out) if with_outputs else loss), grads
     return f
 

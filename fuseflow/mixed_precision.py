@@ -111,20 +111,18 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
             with np.errstate(over="ignore", invalid="ignore"):
                 (loss, out), grads = model.softmax_xent_and_grad(
                     low, x_low, y, key=key, grad_scale=scale, grad_dtype=cd, check=check)
-            if unscaled:
-                grads = unscale(grads, params, scale)
-            return ((loss, out) if with_outputs else loss), grads
-        out, residuals = model.forward(low, x_low, key=key, train=True)
-        owned = _own_residuals(model, residuals)
-        del residuals  # a Serial backward frees each layer's saved arrays once used
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected, not fatal
-            if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled 16-bit grad
-                loss, dlow = loss_and_output_grad(loss_fn, out, y, grad_scale=scale,
-                                                  grad_dtype=cd)
-            else:
-                loss, dout = loss_and_output_grad(loss_fn, out.astype(xp.float32), y)
-                dlow = (dout * scale).astype(cd)
-            grads, _ = _backward(model, low, owned, dlow, need_input_grad=False)
+        else:
+            out, residuals = model.forward(low, x_low, key=key, train=True)
+            owned = _own_residuals(model, residuals)
+            del residuals  # a Serial backward frees each layer's saved arrays once used
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected
+                if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled grad
+                    loss, dlow = loss_and_output_grad(loss_fn, out, y, grad_scale=scale,
+                                                      grad_dtype=cd)
+                else:
+                    loss, dout = loss_and_output_grad(loss_fn, out.astype(xp.float32), y)
+                    dlow = (dout * scale).astype(cd)
+                grads, _ = _backward(model, low, owned, dlow, need_input_grad=False)
         if unscaled:
             grads = unscale(grads, params, scale)
         return ((loss, out) if with_outputs else loss), grads

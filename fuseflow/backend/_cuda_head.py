@@ -235,7 +235,7 @@ def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, 
     n = w.shape[0]
     spb = S.forward_samples_per_block(k)
     blocks = -(-batch // spb)
-    acc = np.float64 if x.dtype == np.float64 else np.float32
+    acc = S._acc(x.dtype)
     y = cupy.empty((batch, n), dtype=x.dtype)
     dy = cupy.empty((batch, n), dtype=x.dtype)
     dx = cupy.empty((batch, k), dtype=x.dtype) if dgrad else None

@@ -821,16 +821,13 @@ class CudaBackend(Backend):
                 ([("dx", (batch, features), dtype)] if dspec is not None else [])
 
         def run():
-            ld = 0
-            if dspec is not None:
-                aux_k, ld = self._relu_aux_for_kernels(aux, batch, dspec)
-            else:
-                aux_k = None
+            aux_k, ld = (self._relu_aux_for_kernels(aux, batch, dspec) if dspec is not None
+                         else (None, 0))
             loss, y, dy, dx, db, colpart = H.forward_loss_dgrad(
                 x, w, self._prep_bias(bias) if bias is not None else None, labels, grad_scale,
                 aux_k, ld, dgrad=dspec is not None, bgrad=dspec is not None and dspec.bias)
             if colpart is not None:  # the bias gradient's column sums: nothing waits on them
-                scope = self._overlap_scope(dtype, 0)
+                scope = self._overlap_scope(dtype, colpart.nbytes)
                 with scope.fork(colpart) if scope is not None else contextlib.nullcontext():
                     H.sum_partials(colpart, db)
             self._counters["fused_head"] += 1
