@@ -60,11 +60,13 @@ def main():
     ap.add_argument("--cluster", choices=("off", "on", "both"), default="off",
                     help="K splits added by the last block (off), in a thread-block cluster "
                          "(on), or both (default %(default)s)")
+    ap.add_argument("--mma", default="simt",
+                    help="inner products swept, of _cuda_gemm.MMAS (default %(default)s)")
     ap.add_argument("--name", default="gemm_sweep", help="JSON file name (without .json)")
     args = ap.parse_args()
     clusters = {"off": (False,), "on": (True,), "both": (False, True)}[args.cluster]
-    variants = [(w, sp, bk, cl) for w in args.warps for sp in args.splits for bk in args.bk
-                for cl in clusters]
+    variants = [(w, sp, bk, cl, mma) for w in args.warps for sp in args.splits
+                for bk in args.bk for cl in clusters for mma in args.mma.split(",")]
     import cupy as cp
 
     from fuseflow.backend import _cuda_gemm as G
@@ -111,14 +113,18 @@ def main():
         row["cublaslt_path_us"] = graph_us(backend_op(cublas))
         row["own_default_us"] = graph_us(backend_op(own))
         row["variants"] = []
-        for warps, splits, bk, cluster in variants:
+        for warps, splits, bk, cluster, mma in variants:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
             if cluster and (splits == 1 or not G.cluster_fits(warps, splits)):
                 continue
-            v = {"warps": list(warps), "splits": splits, "bk": bk, "cluster": cluster}
+            if mma == "f64" and not G.tile_fits(warps):
+                continue
+            v = {"warps": list(warps), "splits": splits, "bk": bk, "cluster": cluster,
+                 "mma": mma}
             try:
-                us = graph_us(kernel(warps=warps, splits=splits, bk=bk, cluster=cluster))
+                us = graph_us(kernel(warps=warps, splits=splits, bk=bk, cluster=cluster,
+                                     mma=mma))
             except Exception as e:  # noqa: BLE001 - record and go on
                 row["variants"].append({**v, "error": str(e)[:200]})
                 continue
@@ -128,7 +134,7 @@ def main():
         row["speedup_default_vs_cublaslt"] = row["cublaslt_path_us"] / row["own_default_us"]
         print(f"{label:48s} cublaslt {row['cublaslt_path_us']:8.2f}  own {row['own_default_us']:8.2f}"
               f"  best {best['us']:8.2f} {best['warps']} s={best['splits']} bk={best['bk']}"
-              f" cluster={best['cluster']}",
+              f" cluster={best['cluster']} mma={best['mma']}",
               flush=True)
         rows.append(row)
     write_json(os.path.join(args.out, f"{args.name}.json"),

@@ -53,6 +53,11 @@ BK = 16
 #: cost what the warps gain. It stays for experiments (``FUSEFLOW_OWN_GEMM_MAX_MACS``).
 DEFAULT_MAX_MACS = 0
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
+#: How the inner product runs: "simt" (fp32 FMAs, each thread an 8 x 8 block) or "f64"
+#: (the float64 tensor cores, ``mma.m8n8k4``, each warp a 32 x 64 block of float64 sums of
+#: the float32 operands, rounded to float32 once at the end).
+MMAS = ("simt", "f64")
+MMA = "simt"
 #: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
 MAX_CLUSTER = 8
 
@@ -60,8 +65,10 @@ _SRC = r"""
 #define BM (32 * WM)
 #define BN (64 * WN)
 #define THREADS (32 * WM * WN)
-#define APAD (A_KMAJOR ? 4 : 0)
-#define BPAD (B_KMAJOR ? 4 : 0)
+// F64MMA reads its fragments as S[k0 + lane % 4][r0 + lane / 4]: rows 8 floats apart mod 32
+// keep the four k of a fragment in different banks.
+#define APAD (F64MMA ? 8 : (A_KMAJOR ? 4 : 0))
+#define BPAD (F64MMA ? 8 : (B_KMAJOR ? 4 : 0))
 #define A4 (BM * BK / 4)
 #define B4 (BN * BK / 4)
 #define LA ((A4 + THREADS - 1) / THREADS)
@@ -69,9 +76,9 @@ _SRC = r"""
 #define AS_FLOATS (2 * BK * (BM + APAD))
 #define PIPE_FLOATS (AS_FLOATS + 2 * BK * (BN + BPAD))
 // With CLUSTER > 1 the K splits of a tile form a thread-block cluster that adds its
-// partials through distributed shared memory: the tile's accumulators reuse the pipeline's
-// shared memory.
-#define PART_FLOATS (CLUSTER > 1 ? BM * BN : 0)
+// partials through distributed shared memory, and F64MMA stages its accumulators into the
+// SIMT layout: both reuse the pipeline's shared memory for the tile.
+#define PART_FLOATS ((CLUSTER > 1 || F64MMA) ? BM * BN : 0)
 #define SMEM_FLOATS (PIPE_FLOATS > PART_FLOATS ? PIPE_FLOATS : PART_FLOATS)
 // The blocks of a tile that finish it: one (no cluster: the last split to arrive, or the
 // only one), else every block of the cluster, rank z taking rows i of each thread's 8 x 8
@@ -99,6 +106,15 @@ __device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
 }
 #else
 #define CLUSTER_DIMS
+#endif
+
+#if F64MMA
+// d += a @ b on the FP64 tensor cores, one m8n8k4 tile: lane (g, t) = (lane / 4, lane % 4)
+// holds a = A(g, t), b = B(t, g), d = D(g, 2t), D(g, 2t + 1).
+__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
+    asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+        : "+d"(d[0]), "+d"(d[1]) : "d"(a), "d"(b));
+}
 #endif
 
 // Quads (16 bytes) of an operand tile of R rows (BM or BN) by BK: P(r, k) is P[r * ld + k]
@@ -175,11 +191,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     float4 ra[LA], rb[LB];
 
     float acc[8][8];
+#if F64MMA
+    // The warp's 32 x 64 block as 4 x 8 m8n8 tiles of float64 sums (products of float32
+    // numbers are exact in float64).
+    double dacc[4][8][2];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) dacc[i][j][0] = dacc[i][j][1] = 0.0;
+    }
+    const int fg = lane >> 2, ft = lane & 3;
+#else
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
         #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
     }
+#endif
     const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
     TileLoader<A_KMAJOR, BM, LA> aload(A, lda, m0, M, kbeg);
     TileLoader<B_KMAJOR, BN, LB> bload(B, ldb, n0, N, kbeg);
@@ -196,6 +224,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
             aload.load_next(ra, kend - kbeg - (t + 1) * BK);
             bload.load_next(rb, kend - kbeg - (t + 1) * BK);
         }
+#if F64MMA
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 4) {
+            double a[4], b[8];
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = (double)As[cur][kk + ft][wm * 32 + 8 * i + fg];
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) b[j] = (double)Bs[cur][kk + ft][wn * 64 + 8 * j + fg];
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) dmma(dacc[i][j], a[i], b[j]);
+            }
+        }
+#else
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][rbase]);
@@ -210,6 +253,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
+#endif
         if (t + 1 < ntiles) {
             store_tile<A_KMAJOR, BM, APAD>(As[cur ^ 1], ra);
             store_tile<B_KMAJOR, BN, BPAD>(Bs[cur ^ 1], rb);
@@ -219,6 +263,30 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 
     // Row i of the thread's block is rbase + i (i < 4) or rbase + 12 + i; column j is
     // cbase + j (j < 4) or cbase + 28 + j.
+#if F64MMA
+    // Rounded to float32 and moved to that layout through the warp's part of the tile in
+    // shared memory (free after the loop's last barrier); what follows is the SIMT kernel's.
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<float2*>(smem + (wm * 32 + 8 * i + fg) * BN + wn * 64 + 8 * j +
+                                       2 * ft) =
+                make_float2((float)dacc[i][j][0], (float)dacc[i][j][1]);
+    }
+    __syncwarp();
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int rl = rbase + (i < 4 ? i : 12 + i);
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float4 v = *reinterpret_cast<const float4*>(smem + rl * BN + cbase + 32 * h);
+            acc[i][4 * h] = v.x; acc[i][4 * h + 1] = v.y;
+            acc[i][4 * h + 2] = v.z; acc[i][4 * h + 3] = v.w;
+        }
+    }
+    __syncwarp();
+#endif
     const int tiles = gridDim.x * gridDim.y;
 #if CLUSTER > 1
     // The cluster's blocks are the tile's K splits. Each puts its accumulators in its shared
@@ -392,7 +460,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
     defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn, "BK": bk,
                "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
-               "CLUSTER": 0,
+               "CLUSTER": 0, "F64MMA": 0,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
     return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
@@ -425,19 +493,30 @@ def _chunked(k: int, splits: int, bk: int) -> tuple[int, int]:
     return _cdiv(k, chunk), chunk
 
 
+def tile_fits(warps) -> bool:
+    """Whether a tile of ``warps`` fits in the 48 KiB of static shared memory with the
+    bias-gradient row sums: what a cluster launch and the float64 tensor cores need."""
+    wm, wn = warps
+    return (32 * wm) * (64 * wn) + wm * 64 * wn <= 48 * 1024 // 4
+
+
 def cluster_fits(warps, splits) -> bool:
     """Whether a tile of ``warps`` can add ``splits`` K splits in a cluster: at most
-    ``MAX_CLUSTER`` blocks, whose accumulators fit in the 48 KiB of static shared memory
-    (with the bias-gradient row sums)."""
-    wm, wn = warps
-    return splits <= MAX_CLUSTER and (32 * wm) * (64 * wn) + wm * 64 * wn <= 48 * 1024 // 4
+    ``MAX_CLUSTER`` blocks, whose accumulators fit (``tile_fits``)."""
+    return splits <= MAX_CLUSTER and tile_fits(warps)
 
 
 def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
          aux_out=None, aux_rows=0, aux_in=None, ld_aux=0, db=None, warps=None, splits=None,
-         bk=None, cluster=False):
+         bk=None, cluster=False, mma=None):
     wm, wn = warps or WARPS
     bk = bk or BK
+    mma = mma or MMA
+    if mma not in MMAS:
+        raise ValueError(f"own matmul: mma must be one of {MMAS}, got {mma!r}")
+    if mma == "f64" and not tile_fits((wm, wn)):
+        raise ValueError(f"no float64 tensor-core launch for warps {(wm, wn)}: its tile must "
+                         f"fit in 48 KiB of shared memory")
     gx, gy = _tiles(m, n, (wm, wn))
     s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
     if cluster and not cluster_fits((wm, wn), s):
@@ -456,7 +535,7 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
     kern = _kernel(a_kmajor, b_kmajor, wm, wn, bk, HAS_BIAS=bias is not None, RELU=relu,
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
                    BGRAD=db is not None, SPLIT=by_last_block,
-                   CLUSTER=s if in_cluster else 0)
+                   CLUSTER=s if in_cluster else 0, F64MMA=mma == "f64")
     null = np.uintp(0)
     kern((gx, gy, s), (32 * wm * wn,),
          (a, b, c, bias if bias is not None else null,
@@ -503,8 +582,8 @@ def wgrad_supported(dy, x, max_macs) -> bool:
 
 def forward(x, w, bias, *, relu: bool, aux_rows: int | None, **launch):
     """``(y, aux)``: ``act(x @ w.T + bias)``, aux the (aux_rows, B) column-major relu_aux
-    when ``aux_rows`` is given. ``launch`` (``warps``, ``splits``, ``bk``, ``cluster``)
-    overrides the launch shape, for tests and benchmarks."""
+    when ``aux_rows`` is given. ``launch`` (``warps``, ``splits``, ``bk``, ``cluster``,
+    ``mma``) overrides the launch shape, for tests and benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=cupy.float32)

@@ -182,6 +182,9 @@ class CudaBackend(Backend):
         #: cuBLASLt's SIMT kernels plus a split-K reduction and an epilog pass
         #: (``FUSEFLOW_OWN_GEMM_MAX_MACS``; 0 turns it off).
         self.own_gemm_max_macs = env_int("FUSEFLOW_OWN_GEMM_MAX_MACS", G.DEFAULT_MAX_MACS)
+        #: its inner product (``FUSEFLOW_OWN_GEMM_MMA``): "simt" (float32 FMAs) or "f64"
+        #: (the float64 tensor cores, each float32 product exact, rounded once at the end).
+        self.own_gemm_mma = env_choice("FUSEFLOW_OWN_GEMM_MMA", {m: m for m in G.MMAS}, G.MMA)
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
         #: dense layers) run on a second stream beside the input-gradient chain
         #: (``_cuda_overlap``), FUSEFLOW_OVERLAP_WGRAD: "auto" (default) those in full
@@ -557,7 +560,8 @@ class CudaBackend(Backend):
             if G.forward_supported(x, w, b, self.own_gemm_max_macs):
                 self._counters["own_gemm"] += 1
                 return G.forward(x, w, b, relu=spec.activation == "relu",
-                                 aux_rows=relu_aux_rows(out) if spec.aux else None)
+                                 aux_rows=relu_aux_rows(out) if spec.aux else None,
+                                 mma=self.own_gemm_mma)
         if self._own_epilog(x.dtype, spec, x.shape[0], out, x.shape[0] * x.shape[1] * out):
             return self._linear_unfused(x, w, bias, spec)
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
@@ -627,7 +631,7 @@ class CudaBackend(Backend):
                 G.dgrad_supported(dy, w, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
             aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
-            return G.dgrad(dy, w, aux, ld, bgrad=spec.bias)
+            return G.dgrad(dy, w, aux, ld, bgrad=spec.bias, mma=self.own_gemm_mma)
         if spec.activation == "relu" and \
                 self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
             return self._dgrad_unfused(dy, w, spec, aux)
@@ -737,7 +741,7 @@ class CudaBackend(Backend):
         if not spec.bias and self._own_gemm(dy.dtype) and \
                 G.wgrad_supported(dy, x, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
-            return G.wgrad(dy, x), None
+            return G.wgrad(dy, x, mma=self.own_gemm_mma), None
         if spec.bias:
             res = self._matmul(stage, "BGRADB", x.T, dy, {})
             if res is not None:
