@@ -187,13 +187,15 @@ def test_f64_mma_rounds_the_exact_product_once(G, rng, op):
     assert ulps.max() <= 1.0, f"{op}: {ulps.max():.1f} ulp from the rounded float64 product"
 
 
-def test_backend_routes_float32_and_matches_cublaslt(G, rng):
+@pytest.mark.parametrize("mma", ["simt", "f64"])
+def test_backend_routes_float32_and_matches_cublaslt(G, rng, mma):
     """Full float32 dense matmuls run the own kernel (counted); TF32, float16 and a zero
     ``own_gemm_max_macs`` do not; forward, input and weight gradients agree with cuBLASLt."""
     from fuseflow.backend.cuda_backend import CudaBackend
 
     own = CudaBackend(tf32=False, autotune=False)
-    own.own_gemm_max_macs = 2 ** 31  # opt-in (off by default: slower than cuBLASLt)
+    own.own_gemm_max_macs = 2 ** 31  # opt-in
+    own.own_gemm_mma = mma
     ref = CudaBackend(tf32=False, autotune=False)
     ref.own_gemm_max_macs = 0
     x = cupy.asarray(rng.standard_normal((256, 784)).astype(np.float32))
@@ -258,7 +260,8 @@ def test_unsupported_layouts_fall_back(G, rng):
     assert _rel(cupy.asnumpy(y), ref(x40, w44.T)) <= TOL
 
 
-def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch):
+@pytest.mark.parametrize("mma", ["simt", "f64"])
+def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch, mma):
     """``ff.compile`` captures the own matmul (workspaces from the step's pool, arrival
     counters made in the warm-up on the capture stream): the same losses as the eager step."""
     import fuseflow as ff
@@ -266,6 +269,7 @@ def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch):
 
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "own_gemm_max_macs", 2 ** 31)
+    monkeypatch.setattr(be, "own_gemm_mma", mma)
     params, state, step, xs, ys = make_problem(sizes=(784, 256, 128, 10), batch=64)
     params, state = ff.device_put((params, state), "cuda")
     xs, ys = cupy.asarray(xs), cupy.asarray(ys)
