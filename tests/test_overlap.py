@@ -152,32 +152,3 @@ def test_auto_overlaps_small_full_float32_weight_gradients(case, expected, monke
     be.reset_stats()
     ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(params, x, y)
     assert be.stats()["overlapped_wgrad"] == expected
-
-
-@gpu
-def test_auto_overlaps_the_memory_bound_float16_output_layer(monkeypatch):
-    """"auto" also overlaps a tensor-core skinny weight gradient (a float16 output layer at
-    long batches: memory-bound, it streams beside the main stream's matmuls), whatever its
-    input's size; the gradients are the one stream's bit for bit."""
-    cp = _cuda()
-    be = ff.backend.get("cuda")
-    model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
-    _, params = model.init(ff.random.key(4), (784,))
-    params = ff.tree.map(lambda a: cp.asarray(a, dtype=np.float16), params)
-    rng = np.random.default_rng(5)
-    batch = 4096  # batch x 512 = 2^21: the tensor-core skinny kernels' shortest batch
-    x = cp.asarray(rng.standard_normal((batch, 784)), dtype=np.float16)
-    y = cp.asarray(rng.integers(0, 10, batch))
-    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
-    monkeypatch.setattr(be, "overlap_max_bytes", 0)  # size does not matter here
-    runs = {}
-    for overlap in (False, "auto"):
-        monkeypatch.setattr(be, "overlap_wgrad", overlap)
-        be.reset_stats()
-        loss, grads = grad_fn(params, x, y)
-        stats = be.stats()
-        runs[overlap] = [float(loss)] + [cp.asnumpy(a) for a in ff.tree.leaves(grads)]
-        assert stats["overlapped_wgrad"] == (1 if overlap else 0)
-        assert stats["skinny_tc"] >= 2  # the output layer's weight and input gradients
-    for a, b in zip(runs["auto"], runs[False]):
-        np.testing.assert_array_equal(a, b)

@@ -194,6 +194,9 @@ class CudaBackend(Backend):
         #: faster; TF32 medium steps 3-4% slower (their tensor-core kernels already fill the
         #: GPU, and two of them slow each other down more); the batch-8192 step no faster,
         #: its compiled pool 0.96x -> 1.15x of what must be alive (a 134 MB input kept).
+        #: Not even the memory-bound float16 output layer's weight gradient of the 16-bit
+        #: batch-8192 step gains: beside cuBLASLt's kernels, which fill every SM, it ran
+        #: 41 us against 30 alone and the step 0.7-1.3% slower (call 62).
         self.overlap_wgrad = env_choice("FUSEFLOW_OVERLAP_WGRAD", AUTOTUNE_MODES, "auto")
         self.overlap_max_bytes = env_int("FUSEFLOW_OVERLAP_MAX_BYTES", 2 ** 24)
         #: FUSEFLOW_OVERLAP_ORDER: "after" (default) forks an overlapped weight gradient
@@ -524,15 +527,11 @@ class CudaBackend(Backend):
 
     def _skinny_tc(self, op, n, supported):
         """The tensor-core skinny form of ``op`` with small side ``n`` (see __init__), where
-        ``supported``; counted."""
-        if self._skinny_tc_fits(op, n, supported):
+        ``supported``."""
+        if self.skinny_tc and 0 < n <= self.skinny_max and op in self.skinny_ops and supported:
             self._counters["skinny_tc"] += 1
             return True
         return False
-
-    def _skinny_tc_fits(self, op, n, supported):
-        return self.skinny_tc and 0 < n <= self.skinny_max and op in self.skinny_ops and \
-            supported
 
     def _own_gemm(self, dtype):
         """Full float32 (no TF32) with the own matmul on (see __init__)."""
@@ -717,27 +716,22 @@ class CudaBackend(Backend):
             if scope is not None:
                 scope.join()
 
-    def _overlap_scope(self, dtype, nbytes, memory_bound=False):
+    def _overlap_scope(self, dtype, nbytes):
         """The open OverlapScope that side work on ``nbytes`` of kept inputs may fork to, or
-        None: "auto" overlaps full float32 up to ``overlap_max_bytes``, and memory-bound
-        work of any size (it streams beside the compute-bound matmuls of the main stream)."""
+        None: "auto" overlaps full float32 only, up to ``overlap_max_bytes``."""
         scope = getattr(self._local, "overlap", None)
-        if self.overlap_wgrad == "auto" and not memory_bound and not (
-                dtype == np.float32 and not self.tf32 and nbytes <= self.overlap_max_bytes):
+        if self.overlap_wgrad == "auto" and not (dtype == np.float32 and not self.tf32 and
+                                                 nbytes <= self.overlap_max_bytes):
             return None
         return scope
 
-    def _wgrad_scope(self, dy, x):
-        """Where an overlapped weight gradient of dy and x forks to (see ``_overlap_scope``):
-        the tensor-core skinny one (a float16 output layer at long batches) is memory-bound."""
-        return self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes, memory_bound=(
-            self._skinny_tc_fits("wgrad", dy.shape[1], TC.grad_supported(dy, x))))
-
     def wgrad_after_dgrad(self, dy, x) -> bool:
-        return self.overlap_order == "after" and self._wgrad_scope(dy, x) is not None
+        return self.overlap_order == "after" and \
+            self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes) is not None
 
     def _linear_wgrad_overlapped(self, dy, x, spec):
-        return self._linear_wgrad(dy, x, spec, self._wgrad_scope(dy, x))
+        return self._linear_wgrad(dy, x, spec,
+                                  self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes))
 
     def _wgrad_impl(self, dy, x, spec, stage="wgrad"):
         """``stage`` names the plan-cache entries: a plan's cuBLASLt workspace must not be
