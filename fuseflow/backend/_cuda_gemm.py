@@ -55,7 +55,9 @@ DEFAULT_MAX_MACS = 0
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: How the inner product runs: "simt" (fp32 FMAs, each thread an 8 x 8 block) or "f64"
 #: (the float64 tensor cores, ``mma.m8n8k4``, each warp a 32 x 64 block of float64 sums of
-#: the float32 operands, rounded to float32 once at the end).
+#: the float32 operands, rounded to float32 once at the end). Measured on the H200
+#: (``gemm_sweep.py --mma f64``, ``session16_s16b/gemm_sweep_f64.json``): 16-23 TFLOP/s at
+#: the medium model's shapes, slower than "simt" and cuBLASLt (docs/gpu.md).
 MMAS = ("simt", "f64")
 MMA = "simt"
 #: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
