@@ -19,6 +19,10 @@ the GPU by splitting K across blocks, and ends in one launch:
   column strip);
 - weight gradient: the plain product (K, the batch, split like any other).
 
+The inner product (``MMAS``) is SIMT float32 FMAs by default; ``mma="f64"`` runs it on the
+float64 tensor cores instead and hands the rounded sums to the same split and epilog code
+(measured slower, see ``MMAS``).
+
 Operands are addressed as A(m, k) and B(k, n) with one stride 1, so the three products of a
 dense layer (``x @ w.T``, ``dy @ w``, ``dy.T @ x``) need no transposed copies. Float32
 only, 16-byte aligned operands, the contiguous extents multiples of 4 (``supported``).
