@@ -62,11 +62,15 @@ def main():
                          "(on), or both (default %(default)s)")
     ap.add_argument("--mma", default="simt",
                     help="inner products swept, of _cuda_gemm.MMAS (default %(default)s)")
+    ap.add_argument("--dmma-k", type=int_list, default="16",
+                    help="k of the float64 tensor cores' m16n8k* shape swept, with --mma f64 "
+                         "(default %(default)s)")
     ap.add_argument("--name", default="gemm_sweep", help="JSON file name (without .json)")
     args = ap.parse_args()
     clusters = {"off": (False,), "on": (True,), "both": (False, True)}[args.cluster]
-    variants = [(w, sp, bk, cl, mma) for w in args.warps for sp in args.splits
-                for bk in args.bk for cl in clusters for mma in args.mma.split(",")]
+    variants = [(w, sp, bk, cl, mma, dk) for w in args.warps for sp in args.splits
+                for bk in args.bk for cl in clusters for mma in args.mma.split(",")
+                for dk in (args.dmma_k if mma == "f64" else [None])]
     import cupy as cp
 
     from fuseflow.backend import _cuda_gemm as G
@@ -113,18 +117,18 @@ def main():
         row["cublaslt_path_us"] = graph_us(backend_op(cublas))
         row["own_default_us"] = graph_us(backend_op(own))
         row["variants"] = []
-        for warps, splits, bk, cluster, mma in variants:
+        for warps, splits, bk, cluster, mma, dmma_k in variants:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
             if cluster and (splits == 1 or not G.cluster_fits(warps, splits)):
                 continue
-            if mma == "f64" and not G.tile_fits(warps):
+            if mma == "f64" and (not G.tile_fits(warps) or bk % dmma_k):
                 continue
             v = {"warps": list(warps), "splits": splits, "bk": bk, "cluster": cluster,
-                 "mma": mma}
+                 "mma": mma, "dmma_k": dmma_k}
             try:
                 us = graph_us(kernel(warps=warps, splits=splits, bk=bk, cluster=cluster,
-                                     mma=mma))
+                                     mma=mma, dmma_k=dmma_k))
             except Exception as e:  # noqa: BLE001 - record and go on
                 row["variants"].append({**v, "error": str(e)[:200]})
                 continue
@@ -134,7 +138,7 @@ def main():
         row["speedup_default_vs_cublaslt"] = row["cublaslt_path_us"] / row["own_default_us"]
         print(f"{label:48s} cublaslt {row['cublaslt_path_us']:8.2f}  own {row['own_default_us']:8.2f}"
               f"  best {best['us']:8.2f} {best['warps']} s={best['splits']} bk={best['bk']}"
-              f" cluster={best['cluster']} mma={best['mma']}",
+              f" cluster={best['cluster']} mma={best['mma']} dmma_k={best['dmma_k']}",
               flush=True)
         rows.append(row)
     write_json(os.path.join(args.out, f"{args.name}.json"),

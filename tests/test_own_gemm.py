@@ -30,9 +30,11 @@ LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, b
             # K splits added in a thread-block cluster through distributed shared memory
             dict(warps=(2, 2), splits=4, cluster=True), dict(warps=(2, 1), splits=3, cluster=True),
             dict(warps=(1, 1), splits=8, cluster=True), dict(warps=(1, 2), splits=2, cluster=True),
-            # the float64 tensor cores: alone, split by the last block, in a cluster
-            dict(mma="f64", splits=1), dict(mma="f64", warps=(1, 2), splits=3, bk=8),
-            dict(mma="f64", warps=(2, 1), splits=4, cluster=True), dict(mma="f64")]
+            # the float64 tensor cores, each m16n8k* shape: alone, split by the last block,
+            # in a cluster
+            dict(mma="f64", splits=1), dict(mma="f64", warps=(1, 2), splits=3, bk=8, dmma_k=8),
+            dict(mma="f64", warps=(2, 1), splits=4, cluster=True, dmma_k=4), dict(mma="f64"),
+            dict(mma="f64", splits=2, dmma_k=4), dict(mma="f64", warps=(1, 1), dmma_k=8)]
 
 
 @pytest.fixture(scope="module")
@@ -157,10 +159,15 @@ def test_f64_mma_needs_a_tile_that_fits_and_a_known_name(G, rng):
         G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), mma="f64")
     with pytest.raises(ValueError, match="mma must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="tf32")
+    with pytest.raises(ValueError, match="dmma_k must be one of"):
+        G.forward(x, x, None, relu=False, aux_rows=None, mma="f64", dmma_k=16, bk=8)
+    with pytest.raises(ValueError, match="dmma_k must be one of"):
+        G.forward(x, x, None, relu=False, aux_rows=None, mma="f64", dmma_k=2)
 
 
+@pytest.mark.parametrize("dmma_k", [4, 8, 16])
 @pytest.mark.parametrize("op", ["forward", "dgrad", "wgrad"])
-def test_f64_mma_rounds_the_exact_product_once(G, rng, op):
+def test_f64_mma_rounds_the_exact_product_once(G, rng, op, dmma_k):
     """Unsplit, the float64 tensor cores' sums of float32 products are exact to far below a
     float32 ulp: every element is the float64 product rounded to float32 (within one ulp,
     for the rare tie-near cases), where float32 sums drift by several."""
@@ -169,18 +176,19 @@ def test_f64_mma_rounds_the_exact_product_once(G, rng, op):
     if op == "forward":
         b = rng.standard_normal((n, k)).astype(np.float32)
         (y,) = _twice(lambda: (G.forward(cupy.asarray(a), cupy.asarray(b), None, relu=False,
-                                         aux_rows=None, mma="f64", splits=1)[0],))
+                                         aux_rows=None, mma="f64", splits=1,
+                                         dmma_k=dmma_k)[0],))
         ref = a.astype(np.float64) @ b.T.astype(np.float64)
     elif op == "dgrad":
         b = rng.standard_normal((k, n)).astype(np.float32)
         (y,) = _twice(lambda: (G.dgrad(cupy.asarray(a), cupy.asarray(b), None, 0, bgrad=False,
-                                       mma="f64", splits=1)[0],))
+                                       mma="f64", splits=1, dmma_k=dmma_k)[0],))
         ref = a.astype(np.float64) @ b.astype(np.float64)
     else:
         a = rng.standard_normal((k, m)).astype(np.float32)  # dy (batch k, m outputs)
         b = rng.standard_normal((k, n)).astype(np.float32)
         (y,) = _twice(lambda: (G.wgrad(cupy.asarray(a), cupy.asarray(b), mma="f64",
-                                       splits=1),))
+                                       splits=1, dmma_k=dmma_k),))
         ref = a.T.astype(np.float64) @ b.astype(np.float64)
     ulps = np.abs(y.astype(np.float64) - ref.astype(np.float32)) / np.spacing(
         np.abs(ref.astype(np.float32)))

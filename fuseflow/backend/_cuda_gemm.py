@@ -64,6 +64,9 @@ WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: the medium model's shapes, slower than "simt" and cuBLASLt (docs/gpu.md).
 MMAS = ("simt", "f64")
 MMA = "simt"
+#: k of the float64 tensor cores' ``mma.m16n8k*`` shape (4, 8 or 16; the k-tile a multiple).
+DMMA_KS = (4, 8, 16)
+DMMA_K = 16
 #: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
 MAX_CLUSTER = 8
 
@@ -115,11 +118,29 @@ __device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
 #endif
 
 #if F64MMA
-// d += a @ b on the FP64 tensor cores, one m8n8k4 tile: lane (g, t) = (lane / 4, lane % 4)
-// holds a = A(g, t), b = B(t, g), d = D(g, 2t), D(g, 2t + 1).
-__device__ __forceinline__ void dmma(double (&d)[2], double a, double b) {
-    asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-        : "+d"(d[0]), "+d"(d[1]) : "d"(a), "d"(b));
+// d += a @ b on the FP64 tensor cores, one m16n8k(DMMA_K) tile (Hopper's shapes): lane
+// (g, t) = (lane / 4, lane % 4) holds a[i] = A(g + 8 (i % 2), t + 4 (i / 2)),
+// b[i] = B(t + 4 i, g) and d[i] = D(g + 8 (i / 2), 2 t + i % 2) (PTX ISA, checked on the
+// H200 by benchmarks/dmma_probe.py).
+#define FA (DMMA_K / 2)
+#define FB (DMMA_K / 4)
+__device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[FA], const double (&b)[FB]) {
+#if DMMA_K == 4
+    asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3]) : "d"(a[0]), "d"(a[1]), "d"(b[0]));
+#elif DMMA_K == 8
+    asm("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, {%0, %1, %2, %3};"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]),
+          "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+#endif
 }
 #endif
 
@@ -198,13 +219,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 
     float acc[8][8];
 #if F64MMA
-    // The warp's 32 x 64 block as 4 x 8 m8n8 tiles of float64 sums (products of float32
+    // The warp's 32 x 64 block as 2 x 8 m16n8 tiles of float64 sums (products of float32
     // numbers are exact in float64).
-    double dacc[4][8][2];
+    double dacc[2][8][4];
     #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
         #pragma unroll
-        for (int j = 0; j < 8; ++j) dacc[i][j][0] = dacc[i][j][1] = 0.0;
+        for (int j = 0; j < 8; ++j) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) dacc[i][j][e] = 0.0;
+        }
     }
     const int fg = lane >> 2, ft = lane & 3;
 #else
@@ -232,16 +256,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         }
 #if F64MMA
         #pragma unroll
-        for (int kk = 0; kk < BK; kk += 4) {
-            double a[4], b[8];
+        for (int kk = 0; kk < BK; kk += DMMA_K) {
+            double a[2][FA];
             #pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = (double)As[cur][kk + ft][wm * 32 + 8 * i + fg];
-            #pragma unroll
-            for (int j = 0; j < 8; ++j) b[j] = (double)Bs[cur][kk + ft][wn * 64 + 8 * j + fg];
-            #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < 2; ++i) {
                 #pragma unroll
-                for (int j = 0; j < 8; ++j) dmma(dacc[i][j], a[i], b[j]);
+                for (int q = 0; q < FA; ++q)
+                    a[i][q] = (double)As[cur][kk + ft + 4 * (q / 2)]
+                                            [wm * 32 + 16 * i + 8 * (q % 2) + fg];
+            }
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                double b[FB];
+                #pragma unroll
+                for (int q = 0; q < FB; ++q)
+                    b[q] = (double)Bs[cur][kk + ft + 4 * q][wn * 64 + 8 * j + fg];
+                #pragma unroll
+                for (int i = 0; i < 2; ++i) dmma(dacc[i][j], a[i], b);
             }
         }
 #else
@@ -273,12 +304,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     // Rounded to float32 and moved to that layout through the warp's part of the tile in
     // shared memory (free after the loop's last barrier); what follows is the SIMT kernel's.
     #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
         #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<float2*>(smem + (wm * 32 + 8 * i + fg) * BN + wn * 64 + 8 * j +
-                                       2 * ft) =
-                make_float2((float)dacc[i][j][0], (float)dacc[i][j][1]);
+        for (int j = 0; j < 8; ++j) {
+            #pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float2*>(smem + (wm * 32 + 16 * i + 8 * h + fg) * BN +
+                                           wn * 64 + 8 * j + 2 * ft) =
+                    make_float2((float)dacc[i][j][2 * h], (float)dacc[i][j][2 * h + 1]);
+        }
     }
     __syncwarp();
     #pragma unroll
@@ -466,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
     defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn, "BK": bk,
                "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
-               "CLUSTER": 0, "F64MMA": 0,
+               "CLUSTER": 0, "F64MMA": 0, "DMMA_K": DMMA_K,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
     return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
@@ -514,15 +548,19 @@ def cluster_fits(warps, splits) -> bool:
 
 def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
          aux_out=None, aux_rows=0, aux_in=None, ld_aux=0, db=None, warps=None, splits=None,
-         bk=None, cluster=False, mma=None):
+         bk=None, cluster=False, mma=None, dmma_k=None):
     wm, wn = warps or WARPS
     bk = bk or BK
     mma = mma or MMA
+    dmma_k = dmma_k or DMMA_K
     if mma not in MMAS:
         raise ValueError(f"own matmul: mma must be one of {MMAS}, got {mma!r}")
     if mma == "f64" and not tile_fits((wm, wn)):
         raise ValueError(f"no float64 tensor-core launch for warps {(wm, wn)}: its tile must "
                          f"fit in 48 KiB of shared memory")
+    if mma == "f64" and (dmma_k not in DMMA_KS or bk % dmma_k):
+        raise ValueError(f"no float64 tensor-core launch with dmma_k={dmma_k} and bk={bk}: "
+                         f"dmma_k must be one of {DMMA_KS} and divide bk")
     gx, gy = _tiles(m, n, (wm, wn))
     s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
     if cluster and not cluster_fits((wm, wn), s):
@@ -541,7 +579,8 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
     kern = _kernel(a_kmajor, b_kmajor, wm, wn, bk, HAS_BIAS=bias is not None, RELU=relu,
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
                    BGRAD=db is not None, SPLIT=by_last_block,
-                   CLUSTER=s if in_cluster else 0, F64MMA=mma == "f64")
+                   CLUSTER=s if in_cluster else 0, F64MMA=mma == "f64",
+                   DMMA_K=dmma_k if mma == "f64" else DMMA_K)
     null = np.uintp(0)
     kern((gx, gy, s), (32 * wm * wn,),
          (a, b, c, bias if bias is not None else null,
@@ -589,7 +628,7 @@ def wgrad_supported(dy, x, max_macs) -> bool:
 def forward(x, w, bias, *, relu: bool, aux_rows: int | None, **launch):
     """``(y, aux)``: ``act(x @ w.T + bias)``, aux the (aux_rows, B) column-major relu_aux
     when ``aux_rows`` is given. ``launch`` (``warps``, ``splits``, ``bk``, ``cluster``,
-    ``mma``) overrides the launch shape, for tests and benchmarks."""
+    ``mma``, ``dmma_k``) overrides the launch shape, for tests and benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=cupy.float32)
