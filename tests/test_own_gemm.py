@@ -35,7 +35,7 @@ LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, b
             dict(mma="f64", splits=1), dict(mma="f64", warps=(1, 2), splits=3, bk=8, dmma_k=8),
             dict(mma="f64", warps=(2, 1), splits=4, cluster=True, dmma_k=4), dict(mma="f64"),
             dict(mma="f64", splits=2, dmma_k=4), dict(mma="f64", warps=(1, 1), dmma_k=8),
-            dict(mma="f64", warps=(4, 2), splits=2), dict(mma="f64", bk=32, cluster=True)]
+            dict(mma="f64", warps=(4, 2), splits=2), dict(mma="f64", bk=32, splits=3, cluster=True)]
 
 
 @pytest.fixture(scope="module")
