@@ -120,9 +120,9 @@ def main():
         for warps, splits, bk, cluster, mma, dmma_k in variants:
             if m * n * k > 2 ** 31 and (warps, splits) != (G.WARPS, 1):
                 continue  # the long batches: the default tile only
-            if cluster and (splits == 1 or not G.cluster_fits(warps, splits, mma, bk)):
+            if cluster and (splits == 1 or not G.cluster_fits(warps, splits)):
                 continue
-            if mma == "f64" and (not G.tile_fits(warps, mma, bk) or bk % dmma_k or bk % 8):
+            if mma == "f64" and (not G.tile_fits(warps) or bk % dmma_k):
                 continue
             v = {"warps": list(warps), "splits": splits, "bk": bk, "cluster": cluster,
                  "mma": mma, "dmma_k": dmma_k}

@@ -34,8 +34,7 @@ LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, b
             # in a cluster
             dict(mma="f64", splits=1), dict(mma="f64", warps=(1, 2), splits=3, bk=8, dmma_k=8),
             dict(mma="f64", warps=(2, 1), splits=4, cluster=True, dmma_k=4), dict(mma="f64"),
-            dict(mma="f64", splits=2, dmma_k=4), dict(mma="f64", warps=(1, 1), dmma_k=8),
-            dict(mma="f64", warps=(4, 2), splits=2), dict(mma="f64", bk=32, splits=3, cluster=True)]
+            dict(mma="f64", splits=2, dmma_k=4), dict(mma="f64", warps=(1, 1), dmma_k=8)]
 
 
 @pytest.fixture(scope="module")
@@ -157,15 +156,13 @@ def test_cluster_launch_needs_a_tile_that_fits(G, rng):
 def test_f64_mma_needs_a_tile_that_fits_and_a_known_name(G, rng):
     x = cupy.asarray(rng.standard_normal((64, 64)).astype(np.float32))
     with pytest.raises(ValueError, match="no float64 tensor-core launch for warps"):
-        G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 4), mma="f64")
+        G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), mma="f64")
     with pytest.raises(ValueError, match="mma must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="tf32")
     with pytest.raises(ValueError, match="dmma_k must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="f64", dmma_k=16, bk=8)
     with pytest.raises(ValueError, match="dmma_k must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="f64", dmma_k=2)
-    with pytest.raises(ValueError, match="a multiple of 8"):
-        G.forward(x, x, None, relu=False, aux_rows=None, mma="f64", dmma_k=4, bk=4)
 
 
 @pytest.mark.parametrize("dmma_k", [4, 8, 16])

@@ -69,31 +69,25 @@ DMMA_KS = (4, 8, 16)
 DMMA_K = 16
 #: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
 MAX_CLUSTER = 8
-#: The most shared memory one block of compute capability 9.0 can have (227 KiB).
-MAX_SMEM_PER_BLOCK = 227 * 1024
 
 _SRC = r"""
 #define BM (32 * WM)
 #define BN (64 * WN)
 #define THREADS (32 * WM * WN)
-#define APAD (A_KMAJOR ? 4 : 0)
-#define BPAD (B_KMAJOR ? 4 : 0)
+// F64MMA reads its fragments as S[k0 + lane % 4][r0 + lane / 4]: rows 8 floats apart mod 32
+// keep the four k of a fragment in different banks.
+#define APAD (F64MMA ? 8 : (A_KMAJOR ? 4 : 0))
+#define BPAD (F64MMA ? 8 : (B_KMAJOR ? 4 : 0))
 #define A4 (BM * BK / 4)
 #define B4 (BN * BK / 4)
 #define LA ((A4 + THREADS - 1) / THREADS)
 #define LB ((B4 + THREADS - 1) / THREADS)
 #define AS_FLOATS (2 * BK * (BM + APAD))
-// F64MMA keeps its tiles as float64, row by row (S[r][k], k contiguous, rows LDD doubles
-// apart: 2 more than BK puts a warp's 16-byte fragment loads and its staging stores in
-// different banks), two stages, in dynamic shared memory; the float32 form as S[k][r].
-#define LDD (BK + 2)
-#define PIPE_FLOATS (F64MMA ? 4 * (BM + BN) * LDD : AS_FLOATS + 2 * BK * (BN + BPAD))
+#define PIPE_FLOATS (AS_FLOATS + 2 * BK * (BN + BPAD))
 // With CLUSTER > 1 the K splits of a tile form a thread-block cluster that adds its
 // partials through distributed shared memory, and F64MMA stages its accumulators into the
-// SIMT layout: both reuse the pipeline's shared memory for the tile, rows PLD floats apart
-// (8 more than BN for F64MMA, whose 8-byte stores of a warp then span the 32 banks).
-#define PLD (F64MMA ? BN + 8 : BN)
-#define PART_FLOATS ((CLUSTER > 1 || F64MMA) ? BM * PLD : 0)
+// SIMT layout: both reuse the pipeline's shared memory for the tile.
+#define PART_FLOATS ((CLUSTER > 1 || F64MMA) ? BM * BN : 0)
 #define SMEM_FLOATS (PIPE_FLOATS > PART_FLOATS ? PIPE_FLOATS : PART_FLOATS)
 // The blocks of a tile that finish it: one (no cluster: the last split to arrive, or the
 // only one), else every block of the cluster, rank z taking rows i of each thread's 8 x 8
@@ -130,22 +124,6 @@ __device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
 // H200 by benchmarks/dmma_probe.py).
 #define FA (DMMA_K / 2)
 #define FB (DMMA_K / 4)
-#define FP (DMMA_K / 4)  // k of one fragment row per lane
-// A fragment's FP values of one row from p (16-byte aligned for FP > 1): a fragment takes
-// them as f[h], f[h + S], f[h + 2 S], ... with S = 2 for A (rows g, g + 8) and 1 for B.
-template <int N>
-__device__ __forceinline__ void frag_row(double (&f)[N], int h, const double* p) {
-    constexpr int S = N / FP;
-    if (FP == 1) {
-        f[h] = p[0];
-    } else {
-        #pragma unroll
-        for (int q = 0; q < FP; q += 2) {
-            const double2 v = *reinterpret_cast<const double2*>(p + q);
-            f[h + S * q] = v.x; f[h + S * (q + 1)] = v.y;
-        }
-    }
-}
 __device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[FA], const double (&b)[FB]) {
 #if DMMA_K == 4
     asm("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
@@ -166,23 +144,9 @@ __device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[FA], cons
 }
 #endif
 
-// Where quad f (16 bytes) of an operand tile of R rows by BK sits: row r and k (its first).
-// P(r, k) is P[r * ld + k] (KMAJOR: the quad runs along k) or P[k * ld + r] (along r). For
-// F64MMA, the quads along r go to 8 k-rows per warp, 64 bytes each: the float64 tile's
-// staging stores of a warp (S[r + i][k]) then fall in different banks.
-template <int KMAJOR, int R>
-__device__ __forceinline__ void quad_at(int f, int& r, int& k) {
-    if (KMAJOR) {
-        r = f / (BK / 4); k = (f % (BK / 4)) * 4;
-    } else if (F64MMA) {
-        r = ((f / 8) % (R / 4)) * 4; k = f % 8 + 8 * (f / (2 * R));
-    } else {
-        r = (f % (R / 4)) * 4; k = f / (R / 4);
-    }
-}
-
-// The quads of an operand tile, L per thread; zeros past rend rows and kend. Where each of
-// the thread's quads sits is worked out once, before the main loop: with one warp per
+// Quads (16 bytes) of an operand tile of R rows (BM or BN) by BK: P(r, k) is P[r * ld + k]
+// (KMAJOR) or P[k * ld + r]; zeros past rend rows and kend. L quads per thread. Where each
+// of the thread's quads sits is worked out once, before the main loop: with one warp per
 // scheduler nothing hides the index arithmetic, bounds checks and branches of a per-tile
 // recomputation (they had the k-tile's non-FMA instructions stall 775 cycles against its
 // 1,024 FMAs). A k-tile is then a pointer offset and a predicated load per quad.
@@ -198,9 +162,8 @@ struct TileLoader {
         #pragma unroll
         for (int l = 0; l < L; ++l) {
             const int f = threadIdx.x + l * THREADS;
-            int r, k;
-            quad_at<KMAJOR, R>(f, r, k);
-            r += r0;
+            const int r = r0 + (KMAJOR ? f / (BK / 4) : (f % (R / 4)) * 4);
+            const int k = KMAJOR ? (f % (BK / 4)) * 4 : f / (R / 4);
             kq[l] = k;
             in[l] = ((R * BK / 4) % THREADS == 0 || f < R * BK / 4) && r < rend;
             p[l] = P + (KMAJOR ? (long long)r * ld + kbeg + k : (long long)(kbeg + k) * ld + r);
@@ -218,28 +181,6 @@ struct TileLoader {
     }
 };
 
-#if F64MMA
-// The tile into shared memory as float64, S[r][k] (each float32 converted once here, not
-// in every fragment that reads it).
-template <int KMAJOR, int R, int L>
-__device__ __forceinline__ void store_tile(double (*S)[LDD], const float4 (&q)[L]) {
-    #pragma unroll
-    for (int l = 0; l < L; ++l) {
-        const int f = threadIdx.x + l * THREADS;
-        if ((R * BK / 4) % THREADS == 0 || f < R * BK / 4) {
-            int r, k;
-            quad_at<KMAJOR, R>(f, r, k);
-            if (KMAJOR) {
-                *reinterpret_cast<double2*>(&S[r][k]) = make_double2(q[l].x, q[l].y);
-                *reinterpret_cast<double2*>(&S[r][k + 2]) = make_double2(q[l].z, q[l].w);
-            } else {
-                S[r][k] = q[l].x; S[r + 1][k] = q[l].y;
-                S[r + 2][k] = q[l].z; S[r + 3][k] = q[l].w;
-            }
-        }
-    }
-}
-#else
 // The tile into shared memory as S[k][r]: k-major quads transposed, the others as they are.
 template <int KMAJOR, int R, int PAD, int L>
 __device__ __forceinline__ void store_tile(float (*S)[R + PAD], const float4 (&q)[L]) {
@@ -247,18 +188,16 @@ __device__ __forceinline__ void store_tile(float (*S)[R + PAD], const float4 (&q
     for (int l = 0; l < L; ++l) {
         const int f = threadIdx.x + l * THREADS;
         if ((R * BK / 4) % THREADS == 0 || f < R * BK / 4) {
-            int r, k;
-            quad_at<KMAJOR, R>(f, r, k);
             if (KMAJOR) {
-                S[k][r] = q[l].x; S[k + 1][r] = q[l].y;
-                S[k + 2][r] = q[l].z; S[k + 3][r] = q[l].w;
+                const int r = f / (BK / 4), kq = (f % (BK / 4)) * 4;
+                S[kq][r] = q[l].x; S[kq + 1][r] = q[l].y;
+                S[kq + 2][r] = q[l].z; S[kq + 3][r] = q[l].w;
             } else {
-                *reinterpret_cast<float4*>(&S[k][r]) = q[l];
+                *reinterpret_cast<float4*>(&S[f / (R / 4)][(f % (R / 4)) * 4]) = q[l];
             }
         }
     }
 }
-#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
@@ -267,15 +206,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         float* __restrict__ colpart, float* __restrict__ db, unsigned int* __restrict__ cnt,
         int M, int N, int K, long long lda, long long ldb, long long ldc, long long ld_aux,
         int aux_rows, int kchunk) {
-#if F64MMA
-    extern __shared__ __align__(16) float smem[];  // SMEM_FLOATS, set at launch
-    double (*As)[BM][LDD] = reinterpret_cast<double (*)[BM][LDD]>(smem);
-    double (*Bs)[BN][LDD] = reinterpret_cast<double (*)[BN][LDD]>(smem + 4 * BM * LDD);
-#else
     __shared__ __align__(16) float smem[SMEM_FLOATS];
     float (*As)[BK][BM + APAD] = reinterpret_cast<float (*)[BK][BM + APAD]>(smem);
     float (*Bs)[BK][BN + BPAD] = reinterpret_cast<float (*)[BK][BN + BPAD]>(smem + AS_FLOATS);
-#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN, tm = lane >> 3, tn = lane & 7;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
@@ -306,18 +239,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     }
 #endif
     const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
-#if F64MMA
-#define STORE_TILES(s) store_tile<A_KMAJOR, BM>(As[s], ra); store_tile<B_KMAJOR, BN>(Bs[s], rb)
-#else
-#define STORE_TILES(s) store_tile<A_KMAJOR, BM, APAD>(As[s], ra); \
-                       store_tile<B_KMAJOR, BN, BPAD>(Bs[s], rb)
-#endif
     TileLoader<A_KMAJOR, BM, LA> aload(A, lda, m0, M, kbeg);
     TileLoader<B_KMAJOR, BN, LB> bload(B, ldb, n0, N, kbeg);
     if (ntiles > 0) {
         aload.load_next(ra, kend - kbeg);
         bload.load_next(rb, kend - kbeg);
-        STORE_TILES(0);
+        store_tile<A_KMAJOR, BM, APAD>(As[0], ra);
+        store_tile<B_KMAJOR, BN, BPAD>(Bs[0], rb);
     }
     __syncthreads();
     for (int t = 0; t < ntiles; ++t) {
@@ -327,22 +255,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
             bload.load_next(rb, kend - kbeg - (t + 1) * BK);
         }
 #if F64MMA
-        // Any order of k inside one mma gives the same exact products: lane (g, t) takes
-        // fragment k t + 4 p as k P t + p of the step (P = DMMA_K / 4), so that its P values
-        // of a row are adjacent in S[r][k] and come in 16-byte loads.
         #pragma unroll
         for (int kk = 0; kk < BK; kk += DMMA_K) {
             double a[2][FA];
             #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    frag_row(a[i], h, &As[cur][wm * 32 + 16 * i + 8 * h + fg][kk + FP * ft]);
+                for (int q = 0; q < FA; ++q)
+                    a[i][q] = (double)As[cur][kk + ft + 4 * (q / 2)]
+                                            [wm * 32 + 16 * i + 8 * (q % 2) + fg];
             }
             #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 double b[FB];
-                frag_row(b, 0, &Bs[cur][wn * 64 + 8 * j + fg][kk + FP * ft]);
+                #pragma unroll
+                for (int q = 0; q < FB; ++q)
+                    b[q] = (double)Bs[cur][kk + ft + 4 * q][wn * 64 + 8 * j + fg];
                 #pragma unroll
                 for (int i = 0; i < 2; ++i) dmma(dacc[i][j], a[i], b);
             }
@@ -364,7 +292,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         }
 #endif
         if (t + 1 < ntiles) {
-            STORE_TILES(cur ^ 1);
+            store_tile<A_KMAJOR, BM, APAD>(As[cur ^ 1], ra);
+            store_tile<B_KMAJOR, BN, BPAD>(Bs[cur ^ 1], rb);
         }
         __syncthreads();
     }
@@ -380,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         for (int j = 0; j < 8; ++j) {
             #pragma unroll
             for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<float2*>(smem + (wm * 32 + 16 * i + 8 * h + fg) * PLD +
+                *reinterpret_cast<float2*>(smem + (wm * 32 + 16 * i + 8 * h + fg) * BN +
                                            wn * 64 + 8 * j + 2 * ft) =
                     make_float2((float)dacc[i][j][2 * h], (float)dacc[i][j][2 * h + 1]);
         }
@@ -391,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         const int rl = rbase + (i < 4 ? i : 12 + i);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float4 v = *reinterpret_cast<const float4*>(smem + rl * PLD + cbase + 32 * h);
+            const float4 v = *reinterpret_cast<const float4*>(smem + rl * BN + cbase + 32 * h);
             acc[i][4 * h] = v.x; acc[i][4 * h + 1] = v.y;
             acc[i][4 * h + 2] = v.z; acc[i][4 * h + 3] = v.w;
         }
@@ -407,9 +336,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int rl = rbase + (i < 4 ? i : 12 + i);
-        *reinterpret_cast<float4*>(smem + rl * PLD + cbase) =
+        *reinterpret_cast<float4*>(smem + rl * BN + cbase) =
             make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-        *reinterpret_cast<float4*>(smem + rl * PLD + cbase + 32) =
+        *reinterpret_cast<float4*>(smem + rl * BN + cbase + 32) =
             make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
     }
     cluster_sync();
@@ -419,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         const int rl = rbase + (i < 4 ? i : 12 + i);
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float* at = smem + rl * PLD + cbase + 32 * h;
+            const float* at = smem + rl * BN + cbase + 32 * h;
             float4 sum = load_peer(at, 0u);
             for (unsigned int z = 1; z < CLUSTER; ++z) {
                 const float4 v = load_peer(at, z);
@@ -574,10 +503,7 @@ def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
                "CLUSTER": 0, "F64MMA": 0, "DMMA_K": DMMA_K,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
-    kern = cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
-    if defines["F64MMA"]:  # its tiles are in dynamic shared memory, above the default 48 KiB
-        kern.max_dynamic_shared_size_bytes = f64_smem_bytes((wm, wn), bk)
-    return kern
+    return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
 
 
 def _aligned(*arrays):
@@ -607,30 +533,17 @@ def _chunked(k: int, splits: int, bk: int) -> tuple[int, int]:
     return _cdiv(k, chunk), chunk
 
 
-def f64_smem_bytes(warps, bk=BK) -> int:
-    """Dynamic shared memory of a float64 tensor-core launch (the kernel's SMEM_FLOATS):
-    two stages of float64 tiles, rows ``bk + 2`` apart, or the float32 tile its
-    accumulators pass through, whichever is larger."""
-    bm, bn = 32 * warps[0], 64 * warps[1]
-    return 4 * max(4 * (bm + bn) * (bk + 2), bm * (bn + 8))
-
-
-def tile_fits(warps, mma="simt", bk=BK) -> bool:
-    """Whether a tile of ``warps`` fits in shared memory with the bias-gradient row sums,
-    as a cluster launch needs: 48 KiB of static memory for ``mma="simt"``; the float64
-    form's dynamic memory up to what one block of compute capability 9.0 can have, and at
-    most 256 threads (of up to 255 registers each)."""
+def tile_fits(warps) -> bool:
+    """Whether a tile of ``warps`` fits in the 48 KiB of static shared memory with the
+    bias-gradient row sums: what a cluster launch and the float64 tensor cores need."""
     wm, wn = warps
-    red = wm * 64 * wn * 4
-    if mma == "f64":
-        return wm * wn <= 8 and f64_smem_bytes(warps, bk) + red <= MAX_SMEM_PER_BLOCK
-    return (32 * wm) * (64 * wn) * 4 + red <= 48 * 1024
+    return (32 * wm) * (64 * wn) + wm * 64 * wn <= 48 * 1024 // 4
 
 
-def cluster_fits(warps, splits, mma="simt", bk=BK) -> bool:
+def cluster_fits(warps, splits) -> bool:
     """Whether a tile of ``warps`` can add ``splits`` K splits in a cluster: at most
     ``MAX_CLUSTER`` blocks, whose accumulators fit (``tile_fits``)."""
-    return splits <= MAX_CLUSTER and tile_fits(warps, mma, bk)
+    return splits <= MAX_CLUSTER and tile_fits(warps)
 
 
 def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=False,
@@ -642,19 +555,17 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
     dmma_k = dmma_k or DMMA_K
     if mma not in MMAS:
         raise ValueError(f"own matmul: mma must be one of {MMAS}, got {mma!r}")
-    if mma == "f64" and not tile_fits((wm, wn), mma, bk):
-        raise ValueError(f"no float64 tensor-core launch for warps {(wm, wn)} and bk={bk}: "
-                         f"its tiles must fit in {MAX_SMEM_PER_BLOCK // 1024} KiB of shared "
-                         f"memory in at most 8 warps")
-    if mma == "f64" and (dmma_k not in DMMA_KS or bk % dmma_k or bk % 8):
+    if mma == "f64" and not tile_fits((wm, wn)):
+        raise ValueError(f"no float64 tensor-core launch for warps {(wm, wn)}: its tile must "
+                         f"fit in 48 KiB of shared memory")
+    if mma == "f64" and (dmma_k not in DMMA_KS or bk % dmma_k):
         raise ValueError(f"no float64 tensor-core launch with dmma_k={dmma_k} and bk={bk}: "
-                         f"dmma_k must be one of {DMMA_KS} and divide bk, a multiple of 8")
+                         f"dmma_k must be one of {DMMA_KS} and divide bk")
     gx, gy = _tiles(m, n, (wm, wn))
     s, chunk = splits_for(m, n, k, (wm, wn), bk) if splits is None else _chunked(k, splits, bk)
-    if cluster and not cluster_fits((wm, wn), s, mma, bk):
+    if cluster and not cluster_fits((wm, wn), s):
         raise ValueError(f"no cluster launch for warps {(wm, wn)} with {s} K splits: the tile "
-                         f"must fit in shared memory (tile_fits) and splits be <= "
-                         f"{MAX_CLUSTER}")
+                         f"must fit in 48 KiB of shared memory and splits be <= {MAX_CLUSTER}")
     in_cluster = cluster and s > 1
     by_last_block = s > 1 and not in_cluster  # the last split to arrive adds the others
     tiles = gx * gy
@@ -671,14 +582,13 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
                    CLUSTER=s if in_cluster else 0, F64MMA=mma == "f64",
                    DMMA_K=dmma_k if mma == "f64" else DMMA_K)
     null = np.uintp(0)
-    smem = f64_smem_bytes((wm, wn), bk) if mma == "f64" else 0
     kern((gx, gy, s), (32 * wm * wn,),
          (a, b, c, bias if bias is not None else null,
           aux_out if aux_out is not None else null, aux_in if aux_in is not None else null,
           ws if ws is not None else null, colpart if colpart is not None else null,
           db if db is not None else null, cnt if cnt is not None else null,
           np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb), np.int64(n),
-          np.int64(ld_aux), np.int32(aux_rows), np.int32(chunk)), shared_mem=smem)
+          np.int64(ld_aux), np.int32(aux_rows), np.int32(chunk)))
 
 
 _INT_MAX = 2 ** 31 - 1
