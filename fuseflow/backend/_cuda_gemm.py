@@ -21,7 +21,7 @@ the GPU by splitting K across blocks, and ends in one launch:
 
 The inner product (``MMAS``) is SIMT float32 FMAs by default; ``mma="f64"`` runs it on the
 float64 tensor cores instead and hands the rounded sums to the same split and epilog code
-(measured slower, see ``MMAS``).
+(measured no faster, see ``MMAS``).
 
 Operands are addressed as A(m, k) and B(k, n) with one stride 1, so the three products of a
 dense layer (``x @ w.T``, ``dy @ w``, ``dy.T @ x``) need no transposed copies. Float32
@@ -58,10 +58,15 @@ BK = 16
 DEFAULT_MAX_MACS = 0
 WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: How the inner product runs: "simt" (fp32 FMAs, each thread an 8 x 8 block) or "f64"
-#: (the float64 tensor cores, ``mma.m8n8k4``, each warp a 32 x 64 block of float64 sums of
-#: the float32 operands, rounded to float32 once at the end). Measured on the H200
-#: (``gemm_sweep.py --mma f64``, ``session16_s16b/gemm_sweep_f64.json``): 16-23 TFLOP/s at
-#: the medium model's shapes, slower than "simt" and cuBLASLt (docs/gpu.md).
+#: (the float64 tensor cores, ``mma.m16n8k*``, each warp a 32 x 64 block of float64 sums
+#: of the float32 operands, rounded to float32 once at the end). Measured on the H200
+#: (``gemm_sweep.py --mma f64``, ``session17_s17b/gemm_sweep_dmma.json``): at its best
+#: launch each of the medium model's matmuls about as fast as the cuBLASLt path, and the
+#: compiled medium steps equal to it, not faster. ``gemm_kscan.py`` (``session18_s18c``)
+#: says where the time goes, the same for both inner products: 1.14-1.16 us per 16 of K in
+#: a block with one warp per scheduler (about 45% of either pipe's peak), 4.0 us fixed per
+#: launch and 4.6 us more with 4 K splits. Staging the tiles as float64 in shared memory
+#: (no conversion per fragment) measured no faster (``session18_s18b``). docs/gpu.md.
 MMAS = ("simt", "f64")
 MMA = "simt"
 #: k of the float64 tensor cores' ``mma.m16n8k*`` shape (4, 8 or 16; the k-tile a multiple).
