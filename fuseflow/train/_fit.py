@@ -334,7 +334,7 @@ def _summary(r, epochs):
     for key in ("train_acc", "test_loss", "test_acc"):
         if r[key] is not None:
             parts.append(f"{key}={r[key]:.4f}")
-    parts.append(f"{r['seconds']:.1f}s")
+    parts.append(f"{r['seconds']:.3g}s")  # a compiled GPU epoch takes tens of ms
     if r["samples_per_s"]:
         parts.append(f"{r['samples_per_s']:,.0f} samples/s")
     return "  ".join(parts)
