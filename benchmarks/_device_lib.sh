@@ -7,6 +7,10 @@
 #                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
 #                              in /tmp/r32, /tmp/r16; their metrics.jsonl copied to $res)
+#   profile_f64_ab CONFIGS     profile_step.py on CONFIGS, the own matmul's float64 form off
+#                              (cublas) and on (f64), alternating, two rounds (logs and JSON
+#                              named by form and round; calls 65 and 67 named theirs by form
+#                              and the script's clock)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 res=/tmp/ffres-$TAG; rm -rf "$res"; mkdir -p "$res"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false MPLBACKEND=Agg
@@ -23,4 +27,12 @@ cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
   cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
   tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
+profile_f64_ab() { local configs=$1 r v
+  for r in 1 2; do for v in cublas f64; do
+    if [ "$v" = f64 ]; then export FUSEFLOW_OWN_GEMM_MAX_MACS=1099511627776 FUSEFLOW_OWN_GEMM_MMA=f64
+    else unset FUSEFLOW_OWN_GEMM_MAX_MACS FUSEFLOW_OWN_GEMM_MMA; fi
+    TAILN=3 run "profile_${v}_$r" 60 python3 benchmarks/profile_step.py --framework fuseflow \
+      --out "$res" --tag "${TAG}_${v}_$r" --configs "$configs"
+  done; done
+  unset FUSEFLOW_OWN_GEMM_MAX_MACS FUSEFLOW_OWN_GEMM_MMA; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1

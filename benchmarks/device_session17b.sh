@@ -10,11 +10,4 @@ source "$(dirname "$0")/_device_lib.sh"
 TAILN=15 run pytest_f64 150 python3 -m pytest -q -rfE -p no:cacheprovider tests/test_own_gemm.py -k "f64"
 TAILN=8 run gemm_sweep_dmma 240 python3 benchmarks/gemm_sweep.py --out "$res" --name gemm_sweep_dmma \
   --layers 5 --mma f64 --dmma-k 4,8,16 --warps 2x2,1x2,2x1,1x1 --splits 1,2,4,8 --bk 16 --cluster both
-CONFIGS=784-1024-1024-10:sgd:fp32,784-1024-1024-10:adam:fp32
-for v in cublas f64 cublas f64; do
-  if [ $v = f64 ]; then export FUSEFLOW_OWN_GEMM_MAX_MACS=1099511627776 FUSEFLOW_OWN_GEMM_MMA=f64
-  else unset FUSEFLOW_OWN_GEMM_MAX_MACS FUSEFLOW_OWN_GEMM_MMA; fi
-  TAILN=3 run "profile_$v" 60 python3 benchmarks/profile_step.py --framework fuseflow \
-    --out "$res" --tag "s17b_$v" --configs "$CONFIGS"
-  mv "$res/profile_fuseflow_s17b_$v.json" "$res/profile_fuseflow_s17b_${v}_$SECONDS.json"
-done
+profile_f64_ab 784-1024-1024-10:sgd:fp32,784-1024-1024-10:adam:fp32
