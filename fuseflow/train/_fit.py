@@ -334,7 +334,8 @@ def _summary(r, epochs):
     for key in ("train_acc", "test_loss", "test_acc"):
         if r[key] is not None:
             parts.append(f"{key}={r[key]:.4f}")
-    parts.append(f"{r['seconds']:.3g}s")  # a compiled GPU epoch takes tens of ms
+    seconds = r["seconds"]  # a compiled GPU epoch takes tens of ms: those show as 0.042s
+    parts.append(f"{seconds:.3f}s" if seconds < 1 else f"{seconds:.1f}s")
     if r["samples_per_s"]:
         parts.append(f"{r['samples_per_s']:,.0f} samples/s")
     return "  ".join(parts)
