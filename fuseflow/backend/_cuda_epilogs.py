@@ -33,18 +33,35 @@ typedef {T} T; typedef {A} A;
 struct __align__(8 * sizeof(T)) T8 { T v[8]; };
 """
 
+_LOAD_SUM = r"""
+// 8 elements at offset i: of src itself, or (SPLITS > 0) the sum of the SPLITS partial
+// products at src + s * pstride, added in split order (T is the accumulation type then)
+__device__ __forceinline__ T8 load_sum(const T* __restrict__ src, long long pstride,
+                                       long long i) {
+    T8 t = *reinterpret_cast<const T8*>(src + i);
+    #pragma unroll
+    for (int s = 1; s < SPLITS; ++s) {
+        const T8 p = *reinterpret_cast<const T8*>(src + s * pstride + i);
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) t.v[u] += p.v[u];
+    }
+    return t;
+}
+"""
+
 # Thread i is byte j of sample n's relu_aux column (rows bytes per sample, the first
 # ceil(F / 8) of them data, the rest zero padding).
 _BIAS_RELU = r"""
 extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bias,
-        unsigned char* __restrict__ aux, long long B, long long F, long long rows) {
+        unsigned char* __restrict__ aux, long long B, long long F, long long rows,
+        const T* __restrict__ part, long long pstride) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long per = HAS_AUX ? rows : F / 8;
     if (i >= B * per) return;
     const long long n = i / per, j = i - n * per;
     unsigned int byte = 0u;
     if (8 * j < F) {
-        T8 t = *reinterpret_cast<const T8*>(y + n * F + 8 * j);
+        T8 t = load_sum(SPLITS ? part : y, pstride, n * F + 8 * j);
         T8 b;
         if (HAS_BIAS) b = *reinterpret_cast<const T8*>(bias + 8 * j);
         #pragma unroll
@@ -66,8 +83,8 @@ extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bi
 # memory (each thread's sums run in row order whatever UNROLL is: the same results).
 _DRELU = r"""
 extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __restrict__ aux,
-        A* __restrict__ part, T* __restrict__ db, long long B, long long F, long long ld,
-        int rpt) {
+        A* __restrict__ colpart, T* __restrict__ db, long long B, long long F, long long ld,
+        int rpt, const T* __restrict__ part, long long pstride) {
     __shared__ A red[BGRAD ? 8 : 1][257];
     const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
@@ -84,7 +101,7 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
             for (int k = 0; k < UNROLL; ++k) {
                 const long long b = b0 + 8 * k;
                 if (b < r1) {
-                    t[k] = *reinterpret_cast<const T8*>(dx + b * F + 8 * j);
+                    t[k] = load_sum(SPLITS ? part : dx, pstride, b * F + 8 * j);
                     bits[k] = (unsigned int)aux[b * ld + j];
                 }
             }
@@ -113,7 +130,7 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
             #pragma unroll
             for (int g = 0; g < 8; ++g) s += red[g][slot];
             if (gridDim.y == 1) db[f] = (T)s;
-            else part[(long long)blockIdx.y * F + f] = s;
+            else colpart[(long long)blockIdx.y * F + f] = s;
         }
     }
 }
@@ -126,7 +143,8 @@ def _kernel(name, dtype, **flags):
     head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float")
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
-    return cupy.RawKernel(head + {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name], name)
+    return cupy.RawKernel(head + _LOAD_SUM + {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name],
+                          name)
 
 
 def vectorizable(features, *arrays):
@@ -135,19 +153,34 @@ def vectorizable(features, *arrays):
         a is None or a.data.ptr % (8 * a.itemsize) == 0 for a in arrays)
 
 
-def bias_relu(y, bias, *, relu: bool, aux_rows: int | None):
-    """In place: ``y = act(y + bias)`` for a C-contiguous (B, F) ``y``; returns
-    ``(y, aux)``, aux the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given."""
+def _split_source(out, partials):
+    """``(pointer, splits, stride)`` of the kernel's input: ``out`` itself (in place), or the
+    (S, B, F) C-contiguous partial products of a K-split matmul, of ``out``'s dtype, which
+    must then be float32 or float64 (the dtype the partials are added in)."""
+    if partials is None:
+        return np.uintp(0), 0, 0
+    if partials.dtype != out.dtype or out.dtype == np.float16 or \
+            partials.shape[1:] != out.shape or not partials.flags.c_contiguous:
+        raise ValueError(f"partials {partials.shape} {partials.dtype} do not match the "
+                         f"output {out.shape} {out.dtype} (float32/float64, C order)")
+    return partials, partials.shape[0], out.size
+
+
+def bias_relu(y, bias, *, relu: bool, aux_rows: int | None, partials=None):
+    """``y = act(y + bias)`` in place for a C-contiguous (B, F) ``y``; returns ``(y, aux)``,
+    aux the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given. With
+    ``partials`` (S, B, F), ``y`` is written from their sum (in split order) instead."""
     batch, features = y.shape
+    src, splits, pstride = _split_source(y, partials)
     buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows is not None else None
     per = aux_rows if aux_rows is not None else features // 8
     if batch * per:
         kern = _kernel("bias_relu", y.dtype, HAS_BIAS=bias is not None,
-                       HAS_AUX=aux_rows is not None, RELU=relu)
+                       HAS_AUX=aux_rows is not None, RELU=relu, SPLITS=splits)
         kern((-(-batch * per // 256),), (256,),
              (y, bias if bias is not None else np.uintp(0),
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(features),
-              np.int64(aux_rows or 0)))
+              np.int64(aux_rows or 0), src, np.int64(pstride)))
     return y, (buf.T if buf is not None else None)
 
 
@@ -155,10 +188,12 @@ def bias_relu(y, bias, *, relu: bool, aux_rows: int | None):
 DRELU_UNROLL = 4
 
 
-def drelu(dx, aux, ld: int, *, bgrad: bool):
+def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
     """In place: ``dx *= relu'(aux)`` for a C-contiguous (B, F) ``dx`` (aux column n at
-    byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result."""
+    byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result.
+    With ``partials`` (S, B, F), ``dx`` is written from their sum (in split order)."""
     batch, features = dx.shape
+    src, splits, pstride = _split_source(dx, partials)
     # 8 columns per thread; 1 row each on short batches (latency), more on long ones
     rpt, chunks = S.row_chunks(batch, min(32, max(1, batch // 512)))
     db = cupy.empty(features, dtype=dx.dtype) if bgrad else None
@@ -168,10 +203,11 @@ def drelu(dx, aux, ld: int, *, bgrad: bool):
         if bgrad:
             db.fill(0)
         return dx, db
-    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL)
+    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL, SPLITS=splits)
     kern((-(-features // 256), chunks), (32, 8),
          (dx, aux, part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
-          np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt)))
+          np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt), src,
+          np.int64(pstride)))
     if part is not None:
         S.sum_chunks(part, db, None, 1, features, features)
     return dx, db

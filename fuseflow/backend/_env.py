@@ -23,6 +23,16 @@ def env_int(name: str, default: int) -> int:
         return default
 
 
+def env_auto_int(name: str):
+    """"auto" (the default) or a whole number."""
+    raw = os.environ.get(name, "auto")
+    if raw == "auto" or raw.isdigit():
+        return raw if raw == "auto" else int(raw)
+    warnings.warn(f"{name}={raw!r} is neither 'auto' nor a whole number; using 'auto'",
+                  stacklevel=3)
+    return "auto"
+
+
 def env_choice(name: str, choices: dict, default):
     """The value ``choices[raw]`` of a setting with a fixed set of spellings."""
     raw = os.environ.get(name)

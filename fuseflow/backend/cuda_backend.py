@@ -62,6 +62,7 @@ import nvmath
 from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
 from fuseflow.backend import _cuda_autotune as _autotune
+from fuseflow.backend import _k_split
 from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_head as H
@@ -69,7 +70,7 @@ from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
-from fuseflow.backend._env import AUTOTUNE_MODES, env_choice, env_int, env_subset
+from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
@@ -177,6 +178,15 @@ class CudaBackend(Backend):
         self.own_epilog = env_choice("FUSEFLOW_OWN_EPILOG", {m: m for m in OWN_EPILOG_MODES},
                                      "auto")
         self.own_epilog_min = env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
+        #: Those own-epilog matmuls (full float32 forwards and ReLU input gradients) may
+        #: split K themselves (``FUSEFLOW_K_SPLITS``): one strided-batched cuBLASLt matmul
+        #: writes the K slices' partial products and the epilog pass adds them in split
+        #: order as it reads them, in place of cuBLASLt's split-K reduction kernel (one
+        #: launch and one pass over the output fewer; ``_k_split``). "auto" (default):
+        #: small outputs with a long K, in the fewest slices of at most 400 elements; a
+        #: number: that many slices wherever they divide K into multiples of 4 elements
+        #: (0 or 1: never). Not for float16 (its partial products would be rounded).
+        self.k_splits = env_auto_int("FUSEFLOW_K_SPLITS")
         #: Full-float32 dense matmuls (no TF32) of up to this many multiply-adds run
         #: fuseflow's ``_cuda_gemm`` (one launch with the epilog inside) instead of
         #: cuBLASLt's SIMT kernels plus a split-K reduction and an epilog pass
@@ -231,6 +241,7 @@ class CudaBackend(Backend):
             "skinny_tc": self._counters["skinny_tc"],
             "fused_head": self._counters["fused_head"],
             "own_epilog": self._counters["own_epilog"],
+            "k_split": self._counters["k_split"],
             "own_gemm": self._counters["own_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
             "copies": dict(self._copies),
@@ -588,11 +599,36 @@ class CudaBackend(Backend):
                 aux = aux[:out]  # (F, batch) view of the (round_up(F, 8), batch) buffer
         return y, aux
 
+    def _split_k(self, stage, a, b):
+        """``a @ b`` as the (S, M, N) partial products of its K slices (one strided-batched
+        matmul; see ``k_splits``), or None where it is not split."""
+        k = a.shape[1]
+        splits = 0 if a.dtype == np.float16 else \
+            _k_split.k_slices(a.shape[0], b.shape[1], k, self.k_splits)
+        if not splits:
+            return None
+        ks = k // splits
+        a3 = cupy.lib.stride_tricks.as_strided(
+            a, (splits, a.shape[0], ks), (ks * a.strides[1], a.strides[0], a.strides[1]))
+        b3 = cupy.lib.stride_tricks.as_strided(
+            b, (splits, ks, b.shape[1]), (ks * b.strides[0], b.strides[0], b.strides[1]))
+        part, _ = self._matmul(stage + "/split", None, a3, b3, {})
+        self._counters["k_split"] += 1
+        return self._contig("partials", part)
+
     def _linear_unfused(self, x, w, bias, spec):
-        pre, _ = self._matmul("forward", None, x, w.T, {})
-        pre = self._contig("y", pre)
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
+        if spec.activation in (None, "relu") and E.vectorizable(w.shape[0], bias):
+            part = self._split_k("forward", x, w.T)
+            if part is not None:
+                self._counters["own_epilog"] += 1
+                y = cupy.empty(part.shape[1:], dtype=part.dtype)
+                return E.bias_relu(y, bias, relu=spec.activation == "relu",
+                                   aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None,
+                                   partials=part)
+        pre, _ = self._matmul("forward", None, x, w.T, {})
+        pre = self._contig("y", pre)
         if spec.activation in (None, "relu") and E.vectorizable(pre.shape[1], pre, bias):
             self._counters["own_epilog"] += 1
             return E.bias_relu(pre, bias, relu=spec.activation == "relu",
@@ -673,6 +709,13 @@ class CudaBackend(Backend):
         return aux, ld
 
     def _dgrad_unfused(self, dy, w, spec, aux):
+        if spec.activation == "relu" and E.vectorizable(w.shape[1]):
+            ld = self._aux_ld(aux, aux.shape[0], dy.shape[0])
+            part = None if ld is None else self._split_k("dgrad", dy, w)
+            if part is not None:
+                self._counters["own_epilog"] += 1
+                dx = cupy.empty(part.shape[1:], dtype=part.dtype)
+                return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
         dx = self._contig("dx", d.T)
         if spec.activation == "relu":
