@@ -3,7 +3,8 @@
 # alternating), the output layer's weight gradient on the main stream instead of beside
 # layer 2's input gradient (FUSEFLOW_OVERLAP_SKINNY=0 against 1, alternating, small and
 # medium models, with a profile), then JAX and fuseflow on every model with the time to
-# 98% (5 seeds) in one call. Results: $OUT/results-s19c.tgz.
+# 98% (5 seeds) in one call. Results: $OUT/results-s19c.tgz. FUSEFLOW_OVERLAP_SKINNY was an
+# experiment's switch, removed after this call (not adopted): a rerun times one form twice.
 set -uo pipefail
 TAG=s19c
 source "$(dirname "$0")/_device_lib.sh"

@@ -91,10 +91,12 @@ def _generated_sources(monkeypatch):
                                          (0, 1, 0, 1))):
             H._kernel(dt, np.dtype(np.int64 if hb else np.uint8), n, 1 + dg, hb, dg, dr, bg)
         H._sum_kernel(dt)
-        for hb, ha, r in itertools.product((False, True), repeat=3):
-            E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r)
-        for b, u in itertools.product((False, True), (1, E.DRELU_UNROLL)):
-            E._kernel("drelu", dt, BGRAD=b, UNROLL=u)
+        splits = (0,) if dt == np.float16 else (0, 2, 7)   # the own K split's partials
+        for hb, ha, r, sp in itertools.product((False, True), (False, True), (False, True),
+                                               splits):
+            E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r, SPLITS=sp)
+        for b, u, sp in itertools.product((False, True), (1, E.DRELU_UNROLL), splits):
+            E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp)
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)

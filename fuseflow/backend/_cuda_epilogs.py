@@ -12,6 +12,10 @@ over the matmul's output, in place (no second activation buffer):
   lower layer's bias gradient): per-chunk partials reduced in a fixed order, then
   ``_cuda_skinny``'s second pass; deterministic.
 
+Both also take the (S, B, F) partial products of a matmul whose K the backend split into S
+slices (``_k_split``): they add them in split order as they read them and write the
+result to a separate output, in place of cuBLASLt's split-K reduction kernel.
+
 The formats are cuBLASLt's (see ``epilogs.py``), the arithmetic ``_cuda_kernels``'s (the
 accumulation type is float32 for float16/float32, float64 for float64). They need the
 feature count to be a multiple of 8 and 8-element-aligned arrays; callers fall back to the

@@ -10,10 +10,11 @@ fuseflow's own kernels instead, chosen in ``_linear_impl``, ``_dgrad_impl`` and
 ``_wgrad_impl`` by the settings of ``__init__``:
 ``_cuda_skinny`` / ``_cuda_skinny_tc`` (at most 32 features on one side: the output layer),
 ``_cuda_epilogs`` (a plain matmul plus an in-place bias/ReLU or DRELU/bias-gradient pass:
-full float32, and large ReLU input gradients), and ``_cuda_gemm`` (full-float32 matmuls with
-the epilog inside; off by default, for experiments). All of them match the cuBLASLt
-epilogs' formats (relu_aux bits, bias gradients), and the tests check each against the
-NumPy reference.
+full float32, and large ReLU input gradients; at small outputs the backend splits that
+matmul's K itself and the pass adds the slices, ``_k_split``), and ``_cuda_gemm``
+(full-float32 matmuls with the epilog inside; off by default, for experiments). All of
+them match the cuBLASLt epilogs' formats (relu_aux bits, bias gradients), and the tests
+check each against the NumPy reference.
 
 Orientation (cuBLASLt is column-major; activations are row-major ``(batch, features)``):
 
