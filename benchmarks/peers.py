@@ -116,6 +116,27 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     return model, params, opt.init(params), step, x, y
 
 
+def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7):
+    """``(us, loss)``: a fresh compiled fuseflow step of ``model`` (a MODELS key), warmed up
+    with 5 calls, then the median over ``repeats`` of ``steps`` back-to-back calls; the
+    graph and its pool are freed before returning (for probes that compare settings)."""
+    sizes, batch = MODELS[model]
+    _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt_name, prec)
+    compiled = ff.compile(step)
+    st = {"p": params, "s": state, "loss": None}
+
+    def call():
+        st["p"], st["s"], st["loss"] = compiled(st["p"], st["s"], x, y)
+
+    for _ in range(5):
+        call()
+    us = median_step_us(call, cp.cuda.Device().synchronize, steps, repeats)
+    loss = float(st["loss"])
+    compiled = st = None
+    cp.get_default_memory_pool().free_all_blocks()
+    return us, loss
+
+
 def worker_fuseflow(args):
     import cupy as cp
     import numpy as np

@@ -15,9 +15,7 @@ from the unsplit result. Part 2: the compiled medium SGD and Adam steps with eac
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from peers import MODELS, fuseflow_step  # noqa: E402
+from peers import compiled_step_us  # noqa: E402
 from skinny_sweep import graph_us  # noqa: E402
 
 SPLITS = {784: (2, 4, 7, 14), 1024: (2, 4, 8, 16), 512: (2, 4, 8)}
@@ -85,38 +83,21 @@ def matmul_rows(cp, be, autotune):
                 row["batched_matmul_us"] = round(graph_us(lambda: be._split_k(stage, a, bm)), 2)
             rows.append(row)
             print(row, flush=True)
-    be.k_splits = 0
     return rows
 
 
-def step_rows(cp, ff, be, splits, rounds, calls=200, blocks=7):
-    sizes, batch = MODELS["784-1024-1024-10"]
+def step_rows(cp, ff, be, splits, rounds):
     rows = []
     for r in range(rounds):
         for opt in ("sgd", "adam"):
             for s in splits:
                 be.k_splits = s
-                _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt, "fp32")
-                compiled = ff.compile(step)
-                st = [params, state]
-                for _ in range(5):
-                    st[0], st[1], loss = compiled(st[0], st[1], x, y)
-                cp.cuda.Device().synchronize()
-                times = []
-                for _ in range(blocks):
-                    t0 = time.perf_counter()
-                    for _ in range(calls):
-                        st[0], st[1], loss = compiled(st[0], st[1], x, y)
-                    cp.cuda.Device().synchronize()
-                    times.append((time.perf_counter() - t0) / calls * 1e6)
-                row = {"round": r + 1, "optimizer": opt, "k_splits": s,
-                       "step_us": round(statistics.median(times), 2),
-                       "loss": float(loss), "k_split_calls": be.stats()["k_split"]}
+                us, loss = compiled_step_us(ff, cp, "784-1024-1024-10", opt)
+                row = {"round": r + 1, "optimizer": opt, "k_splits": s, "step_us": round(us, 2),
+                       "loss": loss, "k_split_calls": be.stats()["k_split"]}
                 rows.append(row)
                 print(row, flush=True)
-                compiled = st = None
-                cp.get_default_memory_pool().free_all_blocks()
-    be.k_splits = 0
+    be.k_splits = "auto"
     return rows
 
 

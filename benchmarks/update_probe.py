@@ -14,9 +14,7 @@ compiled medium Adam step under each variant, alternating over rounds. JSON out.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from peers import MODELS, fuseflow_step  # noqa: E402
+from peers import compiled_step_us  # noqa: E402
 from skinny_sweep import graph_us  # noqa: E402
 
 UNCAPPED = 2 ** 20
@@ -56,32 +54,17 @@ def kernel_rows(cp, F):
     return rows
 
 
-def step_rows(cp, ff, F, rounds, calls=200, blocks=7):
-    sizes, batch = MODELS["784-1024-1024-10"]
+def step_rows(cp, ff, F, rounds):
     rows = []
     for r in range(rounds):
         for vb, cap in VARIANTS[:4]:
             F.VECTOR_BYTES, F.BLOCKS_PER_SM = vb, cap
-            _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, "adam", "fp32")
-            compiled = ff.compile(step)
-            st = [params, state]
-            for _ in range(5):
-                st[0], st[1], loss = compiled(st[0], st[1], x, y)
-            cp.cuda.Device().synchronize()
-            times = []
-            for _ in range(blocks):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    st[0], st[1], loss = compiled(st[0], st[1], x, y)
-                cp.cuda.Device().synchronize()
-                times.append((time.perf_counter() - t0) / calls * 1e6)
+            us, loss = compiled_step_us(ff, cp, "784-1024-1024-10", "adam")
             row = {"round": r + 1, "optimizer": "adam", "vector_bytes": vb,
-                   "blocks_per_sm": None if cap == UNCAPPED else cap,
-                   "step_us": round(statistics.median(times), 2), "loss": float(loss)}
+                   "blocks_per_sm": None if cap == UNCAPPED else cap, "step_us": round(us, 2),
+                   "loss": loss}
             rows.append(row)
             print(row, flush=True)
-            compiled = st = None
-            cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 

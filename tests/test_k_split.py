@@ -13,17 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import fuseflow.backend as fb
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS
 from fuseflow.backend.numpy_backend import NumpyBackend, pack_relu_aux
 
-cupy = pytest.importorskip("cupy")
-pytest.importorskip("nvmath")
-try:
-    _NDEV = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # noqa: BLE001 - CuPy without a driver or a device
-    _NDEV = 0
-if _NDEV < 1:
-    pytest.skip("no CUDA GPU visible", allow_module_level=True)
+if not fb.cuda_available():
+    pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU", allow_module_level=True)
+
+import cupy  # noqa: E402
 
 from fuseflow.backend.cuda_backend import CudaBackend  # noqa: E402
 

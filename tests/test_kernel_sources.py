@@ -38,8 +38,11 @@ def _include_dir():
 
 
 NVRTC, INCLUDE = _nvrtc(), _include_dir()
-pytestmark = pytest.mark.skipif(NVRTC is None or INCLUDE is None,
-                                reason="needs NVRTC and the CUDA headers")
+# Marked gpu although it needs no GPU: the GPU runs (``pytest -m gpu``) are where CuPy and
+# NVRTC are installed, so that is where it runs; elsewhere it is skipped.
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(NVRTC is None or INCLUDE is None,
+                                 reason="needs NVRTC and the CUDA headers")]
 
 
 class _Recorder:
