@@ -59,6 +59,7 @@ def test_forward_exact_on_integers(rng, dtype, epilog, splits):
                        None if bias is None else cupy.asarray(bias), epilog)
     y_ref, aux_ref = NumpyBackend().linear(x, w, bias, epilog)
     assert be.stats()["k_split"] == 1, f"the split path did not run (seed {rng.seed})"
+    assert be.stats()["copies"] == {}          # slices are views, partials come out C order
     assert y.dtype == dtype and y.flags.c_contiguous
     np.testing.assert_array_equal(cupy.asnumpy(y), y_ref, err_msg=f"seed {rng.seed}")
     if spec.aux:
@@ -80,6 +81,7 @@ def test_dgrad_exact_on_integers(rng, dtype, epilog, splits):
     dx, db = be.linear_dgrad(cupy.asarray(dy), cupy.asarray(w), epilog, aux)
     dx_ref, db_ref = NumpyBackend().linear_dgrad(dy, w, epilog, aux_ref)
     assert be.stats()["k_split"] == 1, f"the split path did not run (seed {rng.seed})"
+    assert be.stats()["copies"] == {}
     np.testing.assert_array_equal(cupy.asnumpy(dx), dx_ref, err_msg=f"seed {rng.seed}")
     if DGRAD_EPILOGS[epilog].bias:
         np.testing.assert_array_equal(cupy.asnumpy(db), db_ref, err_msg=f"seed {rng.seed}")

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The sixteenth session's eighth call: the K-split tests with their new no-copies checks.
+# Results: $OUT/results-s19h.tgz.
+set -uo pipefail
+TAG=s19h
+source "$(dirname "$0")/_device_lib.sh"
+TAILN=4 run pytest_k_split 100 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_k_split.py
