@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The sixteenth session's eighth call: the K-split tests with their new no-copies checks.
+# Prepared in the sixteenth session, not run (its device time ran out): the K-split tests
+# with their new no-copies checks.
 # Results: $OUT/results-s19h.tgz.
 set -uo pipefail
 TAG=s19h
