@@ -126,3 +126,27 @@ def test_unsplittable_cases_run_unsplit(rng, k, dtype):
     y_ref, aux_ref = NumpyBackend().linear(x, w, b, "RELU_AUX_BIAS")
     np.testing.assert_array_equal(cupy.asnumpy(y), y_ref)
     np.testing.assert_array_equal(cupy.asnumpy(aux), aux_ref)
+
+
+def test_default_settings_split_the_medium_models_layers(rng):
+    """With the backend's defaults (own epilogs from 2^18 outputs, ``k_splits="auto"``) the
+    medium model's layer 1 forward (K = 784) and layer 2 input gradient (K = 1024) take the
+    split path, and agree with float64 within float32 rounding."""
+    be = CudaBackend(tf32=False, autotune=False)
+    assert be.k_splits == "auto"
+    x = np.maximum(rng.standard_normal((256, 784)), 0).astype(np.float32)
+    w1 = (rng.standard_normal((1024, 784)) / 28).astype(np.float32)
+    b1 = rng.standard_normal(1024).astype(np.float32)
+    dy = rng.standard_normal((256, 1024)).astype(np.float32)
+    w2 = (rng.standard_normal((1024, 1024)) / 32).astype(np.float32)
+    h, aux = be.linear(cupy.asarray(x), cupy.asarray(w1), cupy.asarray(b1), "RELU_AUX_BIAS")
+    dx, db = be.linear_dgrad(cupy.asarray(dy), cupy.asarray(w2), "DRELU_BGRAD", aux)
+    assert be.stats()["k_split"] == 2, be.stats()
+    pre = x.astype(np.float64) @ w1.T.astype(np.float64) + b1
+    mask = cupy.asnumpy(h) > 0                       # the mask the GPU used
+    prod = dy.astype(np.float64) @ w2.astype(np.float64)
+    for what, got, ref, scale in (("y", h, np.maximum(pre, 0), pre),
+                                  ("dx", dx, prod * mask, prod),
+                                  ("dbias", db, (prod * mask).sum(0), np.abs(prod * mask))):
+        err = np.linalg.norm(cupy.asnumpy(got) - ref) / np.linalg.norm(scale)
+        assert err < 1e-6, f"{what}: relative error {err:.3g} (seed {rng.seed})"

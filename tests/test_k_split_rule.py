@@ -40,3 +40,19 @@ def test_a_number_is_used_where_it_divides_k_into_aligned_slices(setting, slices
 def test_other_settings_are_refused(setting):
     with pytest.raises(ValueError, match="k_splits must be 'auto' or a whole number"):
         k_slices(256, 1024, 784, setting)
+
+
+@pytest.mark.parametrize("raw, value", [(None, "auto"), ("auto", "auto"), ("0", 0), ("4", 4),
+                                        ("-1", "auto"), ("two", "auto"), ("²", "auto")])
+def test_the_environment_setting(monkeypatch, raw, value):
+    from fuseflow.backend._env import env_auto_int
+
+    if raw is None:
+        monkeypatch.delenv("FUSEFLOW_K_SPLITS", raising=False)
+    else:
+        monkeypatch.setenv("FUSEFLOW_K_SPLITS", raw)
+    if value == "auto" and raw not in (None, "auto"):
+        with pytest.warns(UserWarning, match="neither 'auto' nor a whole number"):
+            assert env_auto_int("FUSEFLOW_K_SPLITS") == value
+    else:
+        assert env_auto_int("FUSEFLOW_K_SPLITS") == value

@@ -163,8 +163,9 @@ def _split_source(out, partials):
     must then be float32 or float64 (the dtype the partials are added in)."""
     if partials is None:
         return np.uintp(0), 0, 0
-    if partials.dtype != out.dtype or out.dtype == np.float16 or \
-            partials.shape[1:] != out.shape or not partials.flags.c_contiguous:
+    if partials.dtype != out.dtype or out.dtype == np.float16 or partials.ndim != 3 or \
+            partials.shape[0] < 1 or partials.shape[1:] != out.shape or \
+            not partials.flags.c_contiguous:
         raise ValueError(f"partials {partials.shape} {partials.dtype} do not match the "
                          f"output {out.shape} {out.dtype} (float32/float64, C order)")
     return partials, partials.shape[0], out.size

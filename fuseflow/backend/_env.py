@@ -26,8 +26,10 @@ def env_int(name: str, default: int) -> int:
 def env_auto_int(name: str):
     """"auto" (the default) or a whole number."""
     raw = os.environ.get(name, "auto")
-    if raw == "auto" or raw.isdigit():
-        return raw if raw == "auto" else int(raw)
+    if raw == "auto":
+        return raw
+    if raw.isascii() and raw.isdigit():
+        return int(raw)
     warnings.warn(f"{name}={raw!r} is neither 'auto' nor a whole number; using 'auto'",
                   stacklevel=3)
     return "auto"
