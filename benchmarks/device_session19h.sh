@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepared in the sixteenth session, not run (its device time ran out): the K-split tests
-# with their new no-copies checks.
+# with their later additions (no copies; the default settings at the medium shapes).
 # Results: $OUT/results-s19h.tgz.
 set -uo pipefail
 TAG=s19h
