@@ -35,7 +35,8 @@ GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def gpu_events(run, steps):
-    """Chrome-trace GPU events (name, start us, duration us) of ``run()``, in start order."""
+    """Chrome-trace GPU events (name, start us, duration us, stream) of ``run()``, in start
+    order."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -47,23 +48,29 @@ def gpu_events(run, steps):
         prof.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)
-    ev = [(e["name"], float(e["ts"]), float(e.get("dur", 0.0)))
+    ev = [(e["name"], float(e["ts"]), float(e.get("dur", 0.0)),
+           (e.get("args") or {}).get("stream", e.get("tid")))
           for e in trace.get("traceEvents", [])
           if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
     return sorted(ev, key=lambda e: e[1])
 
 
 def summarize(events, steps):
-    """Per-step kernel table, assuming every step launches the same sequence."""
+    """Per-step kernel table, assuming every step launches the same sequence: each kernel's
+    median duration, and its median start after the step's first kernel and its stream (the
+    timeline: which kernels overlap)."""
     n = len(events) // steps if steps else 0
     if n == 0 or len(events) % steps:
         return {"error": f"{len(events)} GPU events for {steps} steps: not a whole number per "
-                         "step", "events": [(a, round(b, 1), round(c, 2)) for a, b, c in events[:200]]}
+                         "step", "events": [(e[0], round(e[1], 1), round(e[2], 2)) for e in events[:200]]}
     per_step = [events[k * n:(k + 1) * n] for k in range(steps)]
     table = []
     for i in range(n):
         durs = [s[i][2] for s in per_step]
-        table.append({"name": per_step[0][i][0][:160], "us": round(statistics.median(durs), 2)})
+        starts = [s[i][1] - s[0][1] for s in per_step]
+        table.append({"name": per_step[0][i][0][:160], "us": round(statistics.median(durs), 2),
+                      "start_us": round(statistics.median(starts), 2),
+                      "stream": per_step[0][i][3]})
     starts = [s[0][1] for s in per_step]
     periods = [b - a for a, b in zip(starts, starts[1:])]
     busy = [sum(e[2] for e in s) for s in per_step]

@@ -620,20 +620,19 @@ class CudaBackend(Backend):
     def _linear_unfused(self, x, w, bias, spec):
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
-        if spec.activation in (None, "relu") and E.vectorizable(w.shape[0], bias):
-            part = self._split_k("forward", x, w.T)
-            if part is not None:
-                self._counters["own_epilog"] += 1
-                y = cupy.empty(part.shape[1:], dtype=part.dtype)
-                return E.bias_relu(y, bias, relu=spec.activation == "relu",
-                                   aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None,
-                                   partials=part)
-        pre, _ = self._matmul("forward", None, x, w.T, {})
-        pre = self._contig("y", pre)
-        if spec.activation in (None, "relu") and E.vectorizable(pre.shape[1], pre, bias):
+        own = spec.activation in (None, "relu") and E.vectorizable(w.shape[0], bias)
+        # The product: K-slice partials that the epilog adds up, or one plain matmul.
+        part = self._split_k("forward", x, w.T) if own else None
+        if part is not None:
+            pre = cupy.empty(part.shape[1:], dtype=part.dtype)
+        else:
+            pre, _ = self._matmul("forward", None, x, w.T, {})
+            pre = self._contig("y", pre)
+        if own and E.vectorizable(pre.shape[1], pre):
             self._counters["own_epilog"] += 1
             return E.bias_relu(pre, bias, relu=spec.activation == "relu",
-                               aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None)
+                               aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None,
+                               partials=part)
         if spec.activation == "relu":
             if spec.aux:
                 return K.relu_pack(pre, bias, relu_aux_rows(w.shape[0]))
@@ -710,20 +709,18 @@ class CudaBackend(Backend):
         return aux, ld
 
     def _dgrad_unfused(self, dy, w, spec, aux):
-        if spec.activation == "relu" and E.vectorizable(w.shape[1]):
-            ld = self._aux_ld(aux, aux.shape[0], dy.shape[0])
-            part = None if ld is None else self._split_k("dgrad", dy, w)
-            if part is not None:
-                self._counters["own_epilog"] += 1
-                dx = cupy.empty(part.shape[1:], dtype=part.dtype)
-                return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
-        d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
-        dx = self._contig("dx", d.T)
-        if spec.activation == "relu":
-            ld = self._aux_ld(aux, aux.shape[0], dy.shape[0])
-            if ld is not None and E.vectorizable(dx.shape[1], dx):
-                self._counters["own_epilog"] += 1
-                return E.drelu(dx, aux, ld, bgrad=spec.bias)
+        ld = self._aux_ld(aux, aux.shape[0], dy.shape[0]) if spec.activation == "relu" else None
+        own = ld is not None and E.vectorizable(w.shape[1])
+        # The product: K-slice partials that the epilog adds up, or one plain matmul.
+        part = self._split_k("dgrad", dy, w) if own else None
+        if part is not None:
+            dx = cupy.empty(part.shape[1:], dtype=part.dtype)
+        else:
+            d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
+            dx = self._contig("dx", d.T)
+        if own and E.vectorizable(dx.shape[1], dx):
+            self._counters["own_epilog"] += 1
+            return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
         dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
