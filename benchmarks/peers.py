@@ -116,22 +116,30 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     return model, params, opt.init(params), step, x, y
 
 
-def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7):
+def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7,
+                     batches=1, info=None):
     """``(us, loss)``: a fresh compiled fuseflow step of ``model`` (a MODELS key), warmed up
     with 5 calls, then the median over ``repeats`` of ``steps`` back-to-back calls; the
-    graph and its pool are freed before returning (for probes that compare settings)."""
+    graph and its pool are freed before returning (for probes that compare settings).
+    ``batches=2`` alternates between two batch arrays (as a training loop hands a new one to
+    every call). ``info`` (a dict) gets whether the graph copies the batch in itself."""
     sizes, batch = MODELS[model]
     _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt_name, prec)
+    data = [(x, y)] + [(x.copy(), y.copy()) for _ in range(batches - 1)]
     compiled = ff.compile(step)
-    st = {"p": params, "s": state, "loss": None}
+    st = {"p": params, "s": state, "loss": None, "k": 0}
 
     def call():
-        st["p"], st["s"], st["loss"] = compiled(st["p"], st["s"], x, y)
+        xb, yb = data[st["k"] % len(data)]
+        st["k"] += 1
+        st["p"], st["s"], st["loss"] = compiled(st["p"], st["s"], xb, yb)
 
     for _ in range(5):
         call()
     us = median_step_us(call, cp.cuda.Device().synchronize, steps, repeats)
     loss = float(st["loss"])
+    if info is not None:
+        info["in_graph_copy"] = compiled._last is not None and compiled._last.inputs is not None
     compiled = st = None
     cp.get_default_memory_pool().free_all_blocks()
     return us, loss

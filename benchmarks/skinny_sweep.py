@@ -55,7 +55,7 @@ def graph_us(fn, replays=30):
         for _ in range(CALLS):
             fn()  # outputs dropped at once: each call reuses the last one's memory
 
-    _, graph = cap.capture(calls)
+    _, graph, _ = cap.capture(calls)
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     times = []
     with cap.stream:

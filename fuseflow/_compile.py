@@ -85,6 +85,12 @@ def _signature(treedef, leaves):
                           for x in leaves)
 
 
+def _overlaps(a, spans):
+    """Whether the memory of CuPy array ``a`` overlaps one of the ``(start, end)`` spans."""
+    lo = a.data.ptr
+    return any(lo < end and start < lo + a.nbytes for start, end in spans)
+
+
 def _class_difference(new, old):
     """What a structure error cannot print: two node classes of the same name (the
     namedtuples of a state loaded without ``like``); "" when the first difference is not
@@ -109,8 +115,12 @@ def _qualname(cls):
 class _Graph:
     """One captured graph: its static input buffers, outputs, and the capture that owns memory."""
 
-    def __init__(self, capture, graph, static_args, outputs, compile_s, donate, plans=()):
+    def __init__(self, capture, graph, static_args, outputs, compile_s, donate, plans=(),
+                 inputs=None):
         self.capture, self.graph = capture, graph
+        #: the graph's copy of the batch into its input buffers (``InGraphCopy``), or None:
+        #: then each call copies the batch in before the launch
+        self.inputs = inputs
         self.plans = list(plans)  # the graph replays their workspaces: they live as long as it
         self.static_args, self.outputs = static_args, outputs
         self.static_leaves = [x for x in tree.leaves(static_args) if _is_array(x)]
@@ -143,10 +153,13 @@ class CompiledStep:
     def __call__(self, *args):
         g = self._last
         if g is not None and self._fast_path_fits(g, args):
-            copy = g.capture.copy_into
-            for i in g.free:  # the batch: copied into the graph's input buffers
-                if args[i] is not g.static_args[i]:
-                    copy(g.static_args[i], args[i])
+            if g.inputs is not None:  # the graph copies the batch in: point it at this one
+                g.inputs.set_sources([args[i] for i in g.free])
+            else:
+                copy = g.capture.copy_into
+                for i in g.free:  # the batch: copied into the graph's input buffers
+                    if args[i] is not g.static_args[i]:
+                        copy(g.static_args[i], args[i])
             self.calls += 1
             g.capture.launch(g.graph)
             return g.outputs
@@ -184,9 +197,19 @@ class CompiledStep:
         if g is None:
             g = self._graphs[sig] = self._compile(args)
         self.calls += 1
-        copy = g.capture.copy_into
+        copy, by_graph = g.capture.copy_into, set()
+        if g.inputs is not None:  # the graph copies the batch in: point it at this one
+            for i in g.free:
+                if not is_cupy(args[i]):
+                    raise CompileError(
+                        f"{self!r}: argument {i} is a {type(args[i]).__name__} but the step "
+                        "was compiled for GPU arrays there. Fix: pass a CuPy array "
+                        "(ff.device_put(x, 'cuda')), or compile a separate step for host data")
+            g.inputs.set_sources([a if a.flags.c_contiguous else a.copy()
+                                  for a in (args[i] for i in g.free)])
+            by_graph = {id(g.static_args[i]) for i in g.free}
         for dst, src in zip(g.static_leaves, (x for x in leaves if _is_array(x))):
-            if src is not dst:
+            if src is not dst and id(dst) not in by_graph:
                 copy(dst, src if src.flags.c_contiguous else src.copy())
         g.capture.launch(g.graph)
         self._last = g if g.fast else None
@@ -208,10 +231,13 @@ class CompiledStep:
         # The capture under the warm-up's autotune setting: it must find every plan cached
         # as is (planning inside a stream capture would break it).
         with self._autotuning(), backend.get("cuda").recording_plans() as plans:
-            out, graph = capture.capture(lambda: self._traced(static_args))
+            batch = [static_args[i] for i in range(len(args)) if i not in self.donate]
+            out, graph, inputs = capture.capture(
+                lambda: self._traced(static_args),
+                inputs=batch if all(is_cupy(b) for b in batch) else ())
         self.compiles += 1
         return _Graph(capture, graph, static_args, out, time.perf_counter() - t0, self.donate,
-                      plans)
+                      plans, inputs)
 
     @contextlib.contextmanager
     def _autotuning(self):
@@ -227,12 +253,21 @@ class CompiledStep:
         """The step, then its donated results copied into the donated input buffers."""
         out = self.step(*static_args)
         self._check_outputs(out, static_args)
-        result = list(out)
+        from fuseflow.backend._cuda_graph_inputs import copy_arrays
+
+        result, pairs = list(out), []
         for k, i in enumerate(self.donate):
-            for n, o in zip(tree.leaves(out[k]), tree.leaves(static_args[i])):
-                if _is_array(o) and n is not o:
-                    o[...] = n
+            pairs += [(o, n) for n, o in zip(tree.leaves(out[k]), tree.leaves(static_args[i]))
+                      if _is_array(o) and n is not o]
             result[k] = static_args[i]
+        if not all(is_cupy(o) and is_cupy(n) for o, n in pairs):
+            raise CompileError(f"{self!r}: the step returned host arrays for donated GPU "
+                               "arguments. Fix: return the updated GPU arrays")
+        # A new value that is not one C-contiguous span, or that reads a buffer one of the
+        # copies writes (a leaf returned in another leaf's place), is copied out first.
+        spans = [(o.data.ptr, o.data.ptr + o.nbytes) for o, _ in pairs]
+        copy_arrays([(o, n if n.flags.c_contiguous and not _overlaps(n, spans) else n.copy())
+                     for o, n in pairs])  # one kernel for all of them
         return tuple(result)
 
     def _check_donation(self, args):

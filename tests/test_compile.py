@@ -289,3 +289,88 @@ def test_compiled_float16_step_with_the_update_kernels_compute_copy():
     assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
     for a, b in zip(ff.tree.leaves(runs[True][3]), ff.tree.leaves(runs[False][3])):
         np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
+
+
+@gpu
+def test_donated_leaves_returned_in_each_others_place_swap():
+    """A step that returns a donated leaf in another leaf's place (here: swaps two) gets
+    the eager result: each new value is read before any donated buffer is written."""
+    cp = _cuda()
+
+    def swap(p, s, x, y):
+        return {"a": p["b"] + 0 * x.sum(), "b": p["a"]}, s, {"n": y.sum()}
+
+    p = {"a": cp.arange(6, dtype=cp.float32), "b": cp.arange(6, 12, dtype=cp.float32)}
+    s = {"t": cp.zeros(3, dtype=cp.float32)}
+    compiled = ff.compile(swap)
+    x, y = cp.ones(4, dtype=cp.float32), cp.arange(3)
+    p1, s1, _ = compiled(p, s, x, y)
+    np.testing.assert_array_equal(cp.asnumpy(p1["a"]), np.arange(6, 12))
+    np.testing.assert_array_equal(cp.asnumpy(p1["b"]), np.arange(6))
+    p2, _, _ = compiled(p1, s1, x, y)  # the replay swaps back
+    np.testing.assert_array_equal(cp.asnumpy(p2["a"]), np.arange(6))
+    np.testing.assert_array_equal(cp.asnumpy(p2["b"]), np.arange(6, 12))
+
+
+@gpu
+def test_batch_copy_kernel_copies_any_bytes():
+    """``copy_arrays``: 16-byte words where both addresses allow, bytes elsewhere (odd
+    offsets and sizes), more pairs than one launch takes, and empty arrays."""
+    cp = _cuda()
+    from fuseflow.backend._cuda_graph_inputs import COPY_PAIRS, copy_arrays
+
+    rng = np.random.default_rng(0)
+    src = cp.asarray(rng.integers(0, 256, 100_003, dtype=np.uint8))
+    dst = cp.zeros(100_010, dtype=cp.uint8)
+    views = [(dst[1:50_001], src[2:50_002]), (dst[50_048:50_064], src[16:32]),
+             (dst[60_000:60_000], src[0:0]), (dst[50_001:50_034], src[7:40])]
+    floats = [(cp.zeros(999, cp.float32), cp.asarray(rng.standard_normal(999, np.float32)))
+              for _ in range(COPY_PAIRS)]
+    copy_arrays(views + floats)
+    for d, s in views + floats:
+        np.testing.assert_array_equal(cp.asnumpy(d), cp.asnumpy(s))
+    with pytest.raises(ValueError, match="bytes into a"):
+        copy_arrays([(dst[:3], src[:4])])
+
+
+@gpu
+def test_graph_copies_each_calls_batch_in():
+    """On a GPU with the driver's graph-update calls, the graph copies the batch into its
+    input buffers itself (``_cuda_graph_inputs``), repointed before every launch: the losses
+    follow the batches handed in (new arrays, the same array refilled in place, a
+    non-contiguous view, the graph's own buffer), as the eager step's do."""
+    cp = _cuda()
+    from fuseflow.backend import _cuda_graph_inputs
+
+    params, state, step, xs, ys = make_problem()
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cp.asarray(xs), cp.asarray(ys)
+    compiled = ff.compile(step)
+    pc, sc = ff.tree.map(lambda a: a.copy(), (params, state))
+    pe, se = params, state
+    refill = cp.empty_like(xs[0])
+    wide = cp.zeros((xs.shape[1], 2 * xs.shape[2]), dtype=xs.dtype)
+    for i in range(8):
+        x, y = xs[i % 3], ys[i % 3]
+        if i in (3, 4):  # the same array object, refilled in place between calls
+            refill[...] = x
+            xc = refill
+        elif i == 5:  # a non-contiguous view (the slow path copies it contiguous first)
+            wide[:, ::2] = x
+            xc = wide[:, ::2]
+        else:
+            xc = x
+        pe, se, me = step(pe, se, x, y)
+        pc, sc, mc = compiled(pc, sc, xc, y)
+        np.testing.assert_allclose(float(mc["loss"]), float(me["loss"]), rtol=1e-5,
+                                   err_msg=f"call {i}")
+        if i == 0:  # every CUDA 12+ driver has the calls it needs
+            assert _cuda_graph_inputs.available() and compiled._last.inputs is not None
+    static_x = compiled._last.static_args[2]
+    static_x[...] = xs[1]  # the graph's own input buffer, handed in as the batch
+    pe, se, me = step(pe, se, xs[1], ys[1])
+    pc, sc, mc = compiled(pc, sc, static_x, ys[1])
+    np.testing.assert_allclose(float(mc["loss"]), float(me["loss"]), rtol=1e-5)
+    with pytest.raises(ff.CompileError, match="argument 2 is a ndarray but the step was "
+                                              "compiled for GPU arrays"):
+        compiled(pc, sc, cp.asnumpy(xs[0]), ys[0])

@@ -61,17 +61,18 @@ def _generated_sources(monkeypatch):
     from fuseflow.backend import _cuda_epilogs as E
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_gemm as G
+    from fuseflow.backend import _cuda_graph_inputs as GI
     from fuseflow.backend import _cuda_head as H
     from fuseflow.backend import _cuda_skinny as S
     from fuseflow.backend import _cuda_skinny_tc as TC
 
     _Recorder.sources = []
-    for mod in (E, F, G, H, S, TC):
+    for mod in (E, F, G, GI, H, S, TC):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
     caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, H._sum_kernel,
               F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
-              F._next_loss_scale_kernel)
+              F._next_loss_scale_kernel, GI._copy_kernel)
     for cache in caches:
         cache.cache_clear()
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
@@ -98,8 +99,9 @@ def _generated_sources(monkeypatch):
         for hb, ha, r, sp in itertools.product((False, True), (False, True), (False, True),
                                                splits):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r, SPLITS=sp)
-        for b, u, sp in itertools.product((False, True), (1, E.DRELU_UNROLL), splits):
-            E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp)
+        for b, u, sp, t in itertools.product((False, True), (1, E.DRELU_UNROLL), splits,
+                                             (False, True)):
+            E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp, TICKET=b and t)
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)
@@ -126,6 +128,7 @@ def _generated_sources(monkeypatch):
         for scaled in (False, True):
             F._finite_kernel(ct, tuple(range(3, 17)), True, scaled, F.vector_width(dt))
     F._next_loss_scale_kernel()
+    GI._copy_kernel()  # a compiled step's batch and donated-result copies
     for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
         for hb in (False, True):
             TC._kernel("tc_forward", n, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)

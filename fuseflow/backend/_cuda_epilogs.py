@@ -9,8 +9,9 @@ over the matmul's output, in place (no second activation buffer):
 - ``bias_relu``: ``y = act(y + bias)`` and the relu_aux bits, one thread per aux byte
   (8 features of one sample, one 16-32 byte load and store).
 - ``drelu``: ``dx = dx * relu'(aux)`` and, with BGRAD, the column sums of the result (the
-  lower layer's bias gradient): per-chunk partials reduced in a fixed order, then
-  ``_cuda_skinny``'s second pass; deterministic.
+  lower layer's bias gradient): per-chunk partials reduced in a fixed order by the block
+  of each 256 columns that finishes last (``_cuda_tickets``; before, a second launch, which
+  sat on the backward's critical path); deterministic.
 
 Both also take the (S, B, F) partial products of a matmul whose K the backend split into S
 slices (``_k_split``): they add them in split order as they read them and write the
@@ -30,6 +31,7 @@ import cupy
 import numpy as np
 
 from fuseflow.backend import _cuda_skinny as S
+from fuseflow.backend import _cuda_tickets as tickets
 
 _HEAD = r"""
 #include <cuda_fp16.h>
@@ -84,11 +86,14 @@ extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bi
 # Block (32, 8), grid (ceil(F / 256), chunks): thread (tx, ty) takes the 8 features of aux
 # byte j = blockIdx.x * 32 + tx over rows r0 + ty, r0 + ty + 8, ... of its chunk of
 # 8 * rpt rows, UNROLL rows at a time; the 8 row groups' column sums are added in shared
-# memory (each thread's sums run in row order whatever UNROLL is: the same results).
+# memory (each thread's sums run in row order whatever UNROLL is: the same results). With
+# TICKET, the last block of a column range to finish adds the chunks' partials in chunk
+# order (the order of ``sum_chunks``, so the same bits as the second launch it replaces).
 _DRELU = r"""
 extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __restrict__ aux,
         A* __restrict__ colpart, T* __restrict__ db, long long B, long long F, long long ld,
-        int rpt, const T* __restrict__ part, long long pstride) {
+        int rpt, const T* __restrict__ part, long long pstride,
+        unsigned int* __restrict__ ticket) {
     __shared__ A red[BGRAD ? 8 : 1][257];
     const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
     const long long r0 = (long long)blockIdx.y * 8 * rpt;
@@ -136,6 +141,24 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
             if (gridDim.y == 1) db[f] = (T)s;
             else colpart[(long long)blockIdx.y * F + f] = s;
         }
+#if TICKET
+        if (gridDim.y > 1 && last_arrival(ticket + blockIdx.x, gridDim.y) && f < F) {
+            // TAIL chunks' loads in flight at once (one L2 round trip for a batch of 256),
+            // then added in chunk order
+            const long long G = gridDim.y;
+            A t = (A)0;
+            for (long long g0 = 0; g0 < G; g0 += TAIL) {
+                A v[TAIL];
+                #pragma unroll
+                for (int u = 0; u < TAIL; ++u)
+                    v[u] = g0 + u < G ? __ldcg(colpart + (g0 + u) * F + f) : (A)0;
+                #pragma unroll
+                for (int u = 0; u < TAIL; ++u)
+                    if (g0 + u < G) t += v[u];
+            }
+            db[f] = (T)t;
+        }
+#endif
     }
 }
 """
@@ -146,9 +169,9 @@ def _kernel(name, dtype, **flags):
     dtype = np.dtype(dtype)
     head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float")
-    head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
-    return cupy.RawKernel(head + _LOAD_SUM + {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name],
-                          name)
+    head += "".join(f"#define {k} {int(v)}\n" for k, v in {"TAIL": DRELU_TAIL, **flags}.items())
+    return cupy.RawKernel(head + tickets.TICKET_SRC + _LOAD_SUM +
+                          {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name], name)
 
 
 def vectorizable(features, *arrays):
@@ -191,6 +214,11 @@ def bias_relu(y, bias, *, relu: bool, aux_rows: int | None, partials=None):
 
 #: Rows whose loads a ``drelu`` thread issues before it stores any (one per row before).
 DRELU_UNROLL = 4
+#: The bias gradient's chunk partials added by the last block of each column range (one
+#: launch) rather than by ``sum_chunks`` (two); False only for benchmarks' comparisons.
+DRELU_TICKET = True
+#: Chunk partials whose loads each thread of the tail issues together.
+DRELU_TAIL = 32
 
 
 def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
@@ -208,11 +236,14 @@ def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
         if bgrad:
             db.fill(0)
         return dx, db
-    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL, SPLITS=splits)
-    kern((-(-features // 256), chunks), (32, 8),
+    blocks = -(-features // 256)
+    ticket = part is not None and DRELU_TICKET and blocks <= tickets.SIZE
+    kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL, SPLITS=splits,
+                   TICKET=ticket)
+    kern((blocks, chunks), (32, 8),
          (dx, aux, part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
           np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt), src,
-          np.int64(pstride)))
-    if part is not None:
+          np.int64(pstride), tickets.counters(blocks) if ticket else np.uintp(0)))
+    if part is not None and not ticket:
         S.sum_chunks(part, db, None, 1, features, features)
     return dx, db

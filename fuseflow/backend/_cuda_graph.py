@@ -5,6 +5,10 @@ step alone, so no other code can ever be handed memory that a replay writes into
 runs once eagerly in that pool first (planning every matmul, compiling every kernel, and
 leaving blocks of every size the step needs cached), so that the capture itself finds all
 its memory in the pool: cudaMalloc is not allowed while a stream captures.
+
+A compiled step's batch reaches the graph's input buffers through the graph's own first
+node where it can (``_cuda_graph_inputs``: ``capture(..., inputs=...)``); otherwise it is
+copied in before each launch (``copy_into``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import cupy
 
 from fuseflow._namespace import set_host_sync_allowed
+from fuseflow.backend import _cuda_graph_inputs as inputs_
 
 
 class GraphCaptureError(RuntimeError):
@@ -42,11 +47,19 @@ class GraphCapture:
         self.stream.synchronize()
         return out
 
-    def capture(self, fn):
-        """``(fn(), graph)``: fn's GPU work recorded into a graph instead of run."""
+    def capture(self, fn, inputs=()):
+        """``(fn(), graph, copy)``: fn's GPU work recorded into a graph instead of run.
+
+        With ``inputs`` (at most ``COPY_PAIRS`` C-contiguous buffers that fn reads), the
+        graph starts with a copy into them whose sources ``copy.set_sources`` sets before
+        each launch (``_cuda_graph_inputs``); ``copy`` is None where that is not available,
+        and the caller then copies the inputs in before each launch."""
+        in_graph = bool(inputs) and len(inputs) <= inputs_.COPY_PAIRS and inputs_.available()
         with self.scope():
             self.stream.begin_capture()
             try:
+                if in_graph:  # a self-copy until set_sources points it elsewhere
+                    inputs_.copy_arrays([(d, d) for d in inputs])
                 out = fn()
             except BaseException as e:
                 with contextlib.suppress(Exception):
@@ -59,7 +72,11 @@ class GraphCapture:
                         "values as arrays and read them after the call.") from e
                 raise
             graph = self.stream.end_capture()
-        return out, graph
+        copy = None
+        if in_graph:
+            graph.upload(self.stream)  # instantiates it: the copy node is found in the result
+            copy = inputs_.InGraphCopy.find(graph, inputs)
+        return out, graph, copy
 
     @staticmethod
     def launch(graph):

@@ -1,0 +1,185 @@
+"""A compiled step's batch, copied into the graph's input buffers by the graph itself.
+
+Every call of a compiled step brings a new batch at a new address, and the graph reads
+fixed buffers. Copying the batch in before the launch is stream work outside the graph,
+and a graph launched behind such work started its first kernel about 5 us after that work
+ended (H200, the medium model: docs/benchmarks.md), while back-to-back replays follow each
+other within a microsecond. So the graph's first node is ``copy_arrays``' kernel, captured
+reading the input buffers themselves (a harmless self-copy), and before each launch
+``InGraphCopy.set_sources`` points it at the call's arrays: cuGraphExecKernelNodeSetParams
+changes the kernel's arguments for the launches that follow, without stream work.
+
+``copy_arrays`` is also how a compiled step writes its donated results back into its
+input buffers inside the graph (kernel nodes rather than copy-engine memcpy nodes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import cupy
+import numpy as np
+
+#: Arrays that one launch of the copy kernel copies.
+COPY_PAIRS = 4
+
+_COPY_SRC = r"""
+// Block row p copies pair p: 16-byte words where both addresses allow, bytes otherwise.
+extern "C" __global__ void copy_batch(
+        const char* s0, char* d0, long long n0, const char* s1, char* d1, long long n1,
+        const char* s2, char* d2, long long n2, const char* s3, char* d3, long long n3) {
+    const int p = blockIdx.y;
+    const char* s = p == 0 ? s0 : p == 1 ? s1 : p == 2 ? s2 : s3;
+    char* d = p == 0 ? d0 : p == 1 ? d1 : p == 2 ? d2 : d3;
+    const long long n = p == 0 ? n0 : p == 1 ? n1 : p == 2 ? n2 : n3;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if ((((unsigned long long)s | (unsigned long long)d) & 15ull) == 0) {
+        const long long words = n / 16;
+        for (long long i = first; i < words; i += step)
+            reinterpret_cast<int4*>(d)[i] = reinterpret_cast<const int4*>(s)[i];
+        done = words * 16;
+    }
+    for (long long i = done + first; i < n; i += step) d[i] = s[i];
+}
+"""
+
+
+@functools.cache
+def _copy_kernel():
+    return cupy.RawKernel(_COPY_SRC, "copy_batch")
+
+
+def copy_arrays(pairs):
+    """``dst[...] = src`` for each ``(dst, src)`` of equal-sized C-contiguous arrays, on the
+    current stream, in one kernel launch per ``COPY_PAIRS`` pairs (no copy-engine work)."""
+    for k in range(0, len(pairs), COPY_PAIRS):
+        _copy_launch(pairs[k:k + COPY_PAIRS])
+
+
+def _copy_launch(pairs):
+    args, most = [], 0
+    for dst, src in pairs:
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy_arrays: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
+        args += [src, dst, np.int64(src.nbytes)]
+        most = max(most, src.nbytes)
+    args += [np.uintp(0), np.uintp(0), np.int64(0)] * (COPY_PAIRS - len(pairs))
+    if most:
+        _copy_kernel()((_blocks(most), len(pairs)), (256,), tuple(args))
+
+
+def _blocks(nbytes):
+    return min(1024, max(1, -(-nbytes // (16 * 256))))
+
+
+# ---- the driver calls that repoint a captured copy node ------------------------------------
+class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS (v2, CUDA 12+)
+    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint),
+                ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+_KERNEL_NODE = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+
+
+@functools.cache
+def _driver():
+    """The libcuda entry points, or None where any is missing (then the batch is copied
+    before each launch instead)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fns = {name: getattr(lib, sym) for name, sym in (
+            ("get_nodes", "cuGraphGetNodes"), ("node_type", "cuGraphNodeGetType"),
+            ("get_params", "cuGraphKernelNodeGetParams_v2"),
+            ("set_params", "cuGraphExecKernelNodeSetParams_v2"))}
+    except (OSError, AttributeError):
+        return None
+    for f in fns.values():
+        f.restype = ctypes.c_int
+    return fns
+
+
+#: False copies every compiled step's batch in before its launches (for benchmarks'
+#: comparisons); steps compiled while True keep their copy nodes.
+IN_GRAPH = True
+
+
+def available() -> bool:
+    """Whether captured copy nodes can be repointed; loads the copy kernel (which a stream
+    capture must find loaded) when they can."""
+    if not IN_GRAPH or _driver() is None:
+        return False
+    return _copy_kernel().kernel is not None
+
+
+class InGraphCopy:
+    """The captured copy node of a graph and the arguments it runs with next."""
+
+    def __init__(self, graph, node, params, dsts):
+        self._exec = ctypes.c_void_p(graph.graphExec)
+        self._node = node
+        self._params = params
+        self._values = (ctypes.c_uint64 * (3 * COPY_PAIRS))()
+        self._pointers = (ctypes.c_void_p * (3 * COPY_PAIRS))(
+            *[ctypes.addressof(self._values) + 8 * i for i in range(3 * COPY_PAIRS)])
+        self._params.kernelParams = ctypes.cast(self._pointers, ctypes.c_void_p)
+        self._params.extra = None
+        self._dsts = list(dsts)
+        for p, d in enumerate(self._dsts):
+            self._values[3 * p + 1], self._values[3 * p + 2] = d.data.ptr, d.nbytes
+        self._current = None
+
+    @classmethod
+    def find(cls, graph, dsts):
+        """The graph's copy node, the one whose destinations are ``dsts`` (None if it is
+        not there, or the driver calls are missing)."""
+        drv = _driver()
+        if drv is None or not 0 < len(dsts) <= COPY_PAIRS:
+            return None
+        if not graph.graphExec:
+            return None
+        count = ctypes.c_size_t(0)
+        if drv["get_nodes"](ctypes.c_void_p(graph.graph), None, ctypes.byref(count)):
+            return None
+        nodes = (ctypes.c_void_p * count.value)()
+        if drv["get_nodes"](ctypes.c_void_p(graph.graph), nodes, ctypes.byref(count)):
+            return None
+        func = _copy_kernel().kernel.ptr
+        for node in nodes:
+            kind = ctypes.c_int(-1)
+            if drv["node_type"](ctypes.c_void_p(node), ctypes.byref(kind)) or \
+                    kind.value != _KERNEL_NODE:
+                continue
+            params = _KernelNodeParams()
+            if drv["get_params"](ctypes.c_void_p(node), ctypes.byref(params)) or \
+                    params.func != func or not params.kernelParams:
+                continue
+            args = ctypes.cast(params.kernelParams, ctypes.POINTER(ctypes.c_void_p))
+            dst = [ctypes.cast(args[3 * p + 1], ctypes.POINTER(ctypes.c_uint64))[0]
+                   for p in range(len(dsts))]
+            if dst == [d.data.ptr for d in dsts]:
+                return cls(graph, ctypes.c_void_p(node), params, dsts)
+        return None
+
+    def set_sources(self, srcs):
+        """Copy from ``srcs`` (C-contiguous, each of its input buffer's size) in the
+        launches that follow; a repeat of the previous sources costs nothing."""
+        ptrs = tuple(s.data.ptr for s in srcs)
+        if ptrs == self._current:
+            return
+        for p, (s, d) in enumerate(zip(srcs, self._dsts)):
+            if s.nbytes != d.nbytes:
+                raise ValueError(f"copy_arrays: {s.nbytes} bytes into a {d.nbytes}-byte buffer")
+            self._values[3 * p] = ptrs[p]
+        err = _driver()["set_params"](self._exec, self._node, ctypes.byref(self._params))
+        if err:
+            self._current = None
+            raise RuntimeError(f"cuGraphExecKernelNodeSetParams failed (CUresult {err}): the "
+                               "compiled step's batch could not be pointed at")
+        self._current = ptrs

@@ -1,0 +1,89 @@
+"""The own DRELU epilog's bias gradient (``_cuda_epilogs.drelu``): the batch's column sums
+are added per chunk of rows, and the last block of each 256 columns to finish adds the
+chunks' partials (arrival counters, ``_cuda_tickets``) instead of a second launch. Checked
+against the second launch it replaces (the same bits: the same adds in the same order),
+against float64 NumPy, over repeated calls (the counters reset themselves) and on a
+stream of its own.
+
+GPU only (skipped without one), like ``test_gpu_backend.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fuseflow.backend as fb
+from fuseflow.backend.numpy_backend import pack_relu_aux
+
+if not fb.cuda_available():
+    pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU", allow_module_level=True)
+
+import cupy  # noqa: E402
+
+from fuseflow.backend import _cuda_epilogs as E  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(256, 1024), (600, 520), (4100, 1032), (17, 8)]  # (batch, features)
+
+
+def case(rng, batch, features, dtype):
+    dx = rng.standard_normal((batch, features)).astype(dtype)
+    pre = rng.standard_normal((batch, features))
+    return dx, pack_relu_aux(pre), pre >= 0
+
+
+def run(dx, aux, *, ticket, splits=None):
+    """``(dx, db)`` of ``E.drelu`` on copies, with the tail in the kernel or the second launch."""
+    old, E.DRELU_TICKET = E.DRELU_TICKET, ticket
+    try:
+        d = cupy.asarray(dx)
+        a = cupy.asarray(np.ascontiguousarray(aux.T)).T  # column-major, like the layers'
+        part = None
+        if splits:  # the partial products of a K split: their sum is dx
+            part = cupy.stack([d / splits] * splits)
+            d = cupy.empty_like(d)
+        out, db = E.drelu(d, a, a.strides[1], bgrad=True, partials=part)
+        return cupy.asnumpy(out), cupy.asnumpy(db)
+    finally:
+        E.DRELU_TICKET = old
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tail_matches_the_second_launch_and_float64(rng, shape, dtype):
+    dx, aux, mask = case(rng, *shape, dtype)
+    out_t, db_t = run(dx, aux, ticket=True)
+    out_s, db_s = run(dx, aux, ticket=False)
+    np.testing.assert_array_equal(out_t, out_s, err_msg=f"seed {rng.seed}")
+    np.testing.assert_array_equal(db_t, db_s, err_msg=f"seed {rng.seed}")
+    ref = np.where(mask, dx.astype(np.float64), 0.0)
+    np.testing.assert_array_equal(out_t, ref.astype(dtype), err_msg=f"seed {rng.seed}")
+    # column sums of |terms| bound the rounding of any order of adds
+    scale = np.abs(ref).sum(0) + 1e-30
+    tol = 4 * shape[0] * np.finfo(dtype).eps
+    assert np.all(np.abs(db_t - ref.sum(0)) <= tol * scale), f"seed {rng.seed}"
+
+
+def test_tail_with_split_partials_and_repeats(rng):
+    """Three calls in a row (each leaves the counters at zero for the next) agree bit for
+    bit, with and without K-split partials feeding the same kernel."""
+    dx, aux, _ = case(rng, 256, 1024, np.float32)
+    runs = [run(dx, aux, ticket=True, splits=3) for _ in range(3)]
+    ref = run(dx, aux, ticket=False, splits=3)
+    for out, db in runs:
+        np.testing.assert_array_equal(out, ref[0], err_msg=f"seed {rng.seed}")
+        np.testing.assert_array_equal(db, ref[1], err_msg=f"seed {rng.seed}")
+
+
+def test_tail_on_another_stream(rng):
+    """Each stream has counters of its own: a run on a fresh stream agrees with the default
+    stream's."""
+    dx, aux, _ = case(rng, 600, 520, np.float32)
+    ref = run(dx, aux, ticket=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        got = run(dx, aux, ticket=True)
+    stream.synchronize()
+    np.testing.assert_array_equal(got[1], ref[1], err_msg=f"seed {rng.seed}")
