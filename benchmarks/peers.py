@@ -122,7 +122,8 @@ def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7,
     with 5 calls, then the median over ``repeats`` of ``steps`` back-to-back calls; the
     graph and its pool are freed before returning (for probes that compare settings).
     ``batches=2`` alternates between two batch arrays (as a training loop hands a new one to
-    every call). ``info`` (a dict) gets whether the graph copies the batch in itself."""
+    every call). ``info`` (a dict) gets whether the graph copies the batch in itself and the
+    hit ratio of its L2 persistence window (0: none)."""
     sizes, batch = MODELS[model]
     _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt_name, prec)
     data = [(x, y)] + [(x.copy(), y.copy()) for _ in range(batches - 1)]
@@ -139,7 +140,9 @@ def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7,
     us = median_step_us(call, cp.cuda.Device().synchronize, steps, repeats)
     loss = float(st["loss"])
     if info is not None:
-        info["in_graph_copy"] = compiled._last is not None and compiled._last.inputs is not None
+        g = compiled._last
+        info["in_graph_copy"] = g is not None and g.inputs is not None
+        info["l2_hit_ratio"] = g.capture.persist_hit_ratio if g is not None else None
     compiled = st = None
     cp.get_default_memory_pool().free_all_blocks()
     return us, loss

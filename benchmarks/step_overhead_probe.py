@@ -5,7 +5,9 @@
   per array before the launch (before: the profile of call 78 shows 4-5 us idle between the
   copies and the graph's first kernel);
 - ``tail``: the input gradient's bias-gradient partials added by the last block of the
-  DRELU kernel (``_cuda_epilogs.DRELU_TICKET``) or by a second launch.
+  DRELU kernel (``_cuda_epilogs.DRELU_TICKET``) or by a second launch;
+- ``l2``: the donated params and optimizer state in one buffer marked persisting in L2
+  (``FUSEFLOW_L2_PERSIST=1``, ``_cuda_l2``).
 
     python benchmarks/step_overhead_probe.py --out DIR [--rounds 3] [--data-dir MNIST]
 
@@ -20,7 +22,9 @@ epoch over rounds. JSON out.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,12 +36,22 @@ sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from peers import MODELS, compiled_step_us, fuseflow_step  # noqa: E402
 
-VARIANTS = {  # name: (batch copied by the graph, drelu tail in the kernel)
-    "memcpy": (False, False),
-    "tail": (False, True),
-    "in_graph": (True, False),
-    "in_graph+tail": (True, True),
+VARIANTS = {  # name: (batch copied by the graph, drelu tail in the kernel, L2 persistence)
+    "memcpy": (False, False, False),
+    "tail": (False, True, False),
+    "in_graph": (True, False, False),
+    "in_graph+tail": (True, True, False),
+    "in_graph+tail+l2": (True, True, True),
 }
+EPOCH_VARIANTS = ("memcpy", "in_graph+tail", "in_graph+tail+l2")
+
+
+def use(G, E, name):
+    """Switch the settings of variant ``name`` on."""
+    G.IN_GRAPH, E.DRELU_TICKET, l2 = VARIANTS[name]
+    os.environ["FUSEFLOW_L2_PERSIST"] = "1" if l2 else "0"
+    gc.collect()  # freed steps' persisting L2 lines back to normal (GraphCapture's finalizer)
+
 CONFIGS = [("784-1024-1024-10", "sgd"), ("784-1024-1024-10", "adam"), ("784-30-10", "sgd"),
            ("784-30-10", "adam")]
 
@@ -47,6 +61,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--data-dir", help="MNIST's IDX files: also time training epochs")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = ap.parse_args()
 
     import cupy as cp
@@ -57,8 +73,8 @@ def main():
 
     rows = []
     for r in range(args.rounds):
-        for name, (in_graph, ticket) in VARIANTS.items():
-            G.IN_GRAPH, E.DRELU_TICKET = in_graph, ticket
+        for name in args.variants.split(","):
+            use(G, E, name)
             for model, opt in CONFIGS:
                 info = {}
                 us, loss = compiled_step_us(ff, cp, model, opt, batches=2, info=info)
@@ -66,28 +82,28 @@ def main():
                        "us": round(us, 2), "loss": loss, **info}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    G.IN_GRAPH, E.DRELU_TICKET = True, True
+    use(G, E, "in_graph+tail")
     summary = {}
     for model, opt in CONFIGS:
         key = f"{model} {opt}"
         summary[key] = {name: round(statistics.median(
             x["us"] for x in rows if x["variant"] == name and x["model"] == model
-            and x["optimizer"] == opt), 2) for name in VARIANTS}
+            and x["optimizer"] == opt), 2) for name in args.variants.split(",")}
         print(key, json.dumps(summary[key]), flush=True)
-    epochs = epoch_rows(ff, cp, G, args) if args.data_dir else []
+    epochs = epoch_rows(ff, cp, G, E, args) if args.data_dir else []
     write_json(Path(args.out) / "step_overhead_probe.json",
                {**metadata("cupy", "nvmath"), "benchmark": "step_overhead_probe",
                 "variants": VARIANTS, "rows": rows, "median_us": summary, "epochs": epochs})
 
 
-def epoch_rows(ff, cp, G, args):
-    """Seconds per MNIST epoch (234 steps of 256) of the compiled medium Adam step, the
-    batch copied in by the graph or before each launch, alternating over rounds."""
+def epoch_rows(ff, cp, G, E, args):
+    """Seconds per MNIST epoch (234 steps of 256) of the compiled medium Adam step in each
+    of ``EPOCH_VARIANTS``, alternating over rounds."""
     x, y = (cp.asarray(a) for a in ff.data.mnist("train", data_dir=args.data_dir))
     rows = []
     for r in range(args.rounds):
-        for in_graph in (False, True):
-            G.IN_GRAPH = in_graph
+        for name in EPOCH_VARIANTS:
+            use(G, E, name)
             sizes, batch = MODELS["784-1024-1024-10"]
             _, params, state, step, _, _ = fuseflow_step(ff, cp, sizes, batch, "adam", "fp32")
             compiled = ff.compile(step)
@@ -100,17 +116,18 @@ def epoch_rows(ff, cp, G, args):
                     st["p"], st["s"], _ = compiled(st["p"], st["s"], xb, yb)
                 cp.cuda.Device().synchronize()
                 times.append(time.perf_counter() - t0)
-            row = {"round": r, "in_graph": in_graph, "epoch_s": [round(t, 5) for t in times],
-                   "in_graph_copy": compiled._last.inputs is not None}
+            row = {"round": r, "variant": name, "epoch_s": [round(t, 5) for t in times],
+                   "in_graph_copy": compiled._last.inputs is not None,
+                   "l2_hit_ratio": compiled._last.capture.persist_hit_ratio}
             print(json.dumps(row), flush=True)
             rows.append(row)
             compiled = st = None
             cp.get_default_memory_pool().free_all_blocks()
-    G.IN_GRAPH = True
-    for in_graph in (False, True):
-        med = statistics.median(t for row in rows if row["in_graph"] == in_graph
+    use(G, E, "in_graph+tail")
+    for name in EPOCH_VARIANTS:
+        med = statistics.median(t for row in rows if row["variant"] == name
                                 for t in row["epoch_s"][1:])
-        print(f"epoch, in_graph={in_graph}: {med * 1e3:.2f} ms", flush=True)
+        print(f"epoch, {name}: {med * 1e3:.2f} ms", flush=True)
     return rows
 
 

@@ -80,6 +80,10 @@ def _is_array(x):
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
+def _private_copy(x):
+    return x.copy(order="C") if _is_array(x) else x
+
+
 def _signature(treedef, leaves):
     return treedef, tuple((tuple(x.shape), x.dtype.str) if _is_array(x) else ("py", repr(x))
                           for x in leaves)
@@ -221,8 +225,10 @@ class CompiledStep:
         self._check_donation(args)
         capture = graph_capture()
         # Private, contiguous copies of every input: the graph reads and writes only these.
-        static_args = capture.run(lambda: tree.map(
-            lambda x: x.copy(order="C") if _is_array(x) else x, args))
+        if capture.l2_persistence():
+            static_args = self._flat_static(capture, args)
+        else:
+            static_args = capture.run(lambda: tree.map(_private_copy, args))
         # Warm-up, exactly what will be captured: plans (and tunes) matmuls, compiles kernels,
         # fills the pool. (It updates the static params in place; every call copies its inputs
         # in.)
@@ -238,6 +244,19 @@ class CompiledStep:
         self.compiles += 1
         return _Graph(capture, graph, static_args, out, time.perf_counter() - t0, self.donate,
                       plans, inputs)
+
+    def _flat_static(self, capture, args):
+        """The private copies, the donated CuPy arrays side by side in one buffer (for one
+        L2 persistence window over them: ``_cuda_l2``)."""
+        donated = [x for i in self.donate for x in tree.leaves(args[i]) if is_cupy(x)]
+        flat = iter(capture.flat_copies(donated))
+
+        def copy_arg(i, a):
+            if i not in self.donate:
+                return tree.map(_private_copy, a)
+            return tree.map(lambda x: next(flat) if is_cupy(x) else _private_copy(x), a)
+
+        return capture.run(lambda: tuple(copy_arg(i, a) for i, a in enumerate(args)))
 
     @contextlib.contextmanager
     def _autotuning(self):

@@ -374,3 +374,26 @@ def test_graph_copies_each_calls_batch_in():
     with pytest.raises(ff.CompileError, match="argument 2 is a ndarray but the step was "
                                               "compiled for GPU arrays"):
         compiled(pc, sc, cp.asnumpy(xs[0]), ys[0])
+
+
+@gpu
+def test_compiled_step_with_l2_persistence_matches_eager(monkeypatch):
+    """``FUSEFLOW_L2_PERSIST=1``: the donated params and optimizer state live side by side
+    in one buffer, which the graph's kernels keep in L2; the losses and params are those
+    of the eager step."""
+    cp = _cuda()
+    monkeypatch.setenv("FUSEFLOW_L2_PERSIST", "1")
+    params, state, step, xs, ys = make_problem()
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cp.asarray(xs), cp.asarray(ys)
+    compiled = ff.compile(step)
+    eager, graphed, pe, pc = run_side_by_side(step, compiled, params, state, xs, ys, 30)
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    g = compiled._last
+    assert g.capture.persist is not None and 0 < g.capture.persist_hit_ratio <= 1
+    start, size = g.capture.persist
+    for leaf in ff.tree.leaves((g.static_args[0], g.static_args[1])):
+        if isinstance(leaf, cp.ndarray):
+            assert start <= leaf.data.ptr and leaf.data.ptr + leaf.nbytes <= start + size
+    for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(pe)):
+        np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(b), rtol=1e-4, atol=1e-6)

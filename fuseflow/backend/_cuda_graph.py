@@ -14,11 +14,13 @@ copied in before each launch (``copy_into``).
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import cupy
 
 from fuseflow._namespace import set_host_sync_allowed
 from fuseflow.backend import _cuda_graph_inputs as inputs_
+from fuseflow.backend import _cuda_l2
 
 
 class GraphCaptureError(RuntimeError):
@@ -29,6 +31,35 @@ class GraphCapture:
     def __init__(self):
         self.pool = cupy.cuda.MemoryPool()
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        #: (pointer, bytes) of ``flat_copies``' buffer, which the capture marks persisting
+        #: in L2 (``_cuda_l2``); None: no window
+        self.persist = None
+        self.persist_hit_ratio = 0.0
+
+    @staticmethod
+    def l2_persistence() -> bool:
+        """Whether compiled steps keep their donated arrays in L2 (``_cuda_l2``)."""
+        return _cuda_l2.enabled()
+
+    def flat_copies(self, arrays):
+        """C-contiguous copies of the CuPy ``arrays``, side by side in one buffer of the
+        private pool (each at a 256-byte boundary), which the capture marks persisting."""
+        offsets, total = [], 0
+        for a in arrays:
+            offsets.append(total)
+            total += -(-a.nbytes // 256) * 256
+        with self.scope():
+            flat = cupy.empty(max(total, 1), dtype=cupy.uint8)
+            out = []
+            for a, o in zip(arrays, offsets):
+                v = flat[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
+                v[...] = a
+                out.append(v)
+        self.stream.synchronize()
+        self.persist = (flat.data.ptr, total)
+        # when the step goes, so do its lines' persisting marks (not at interpreter exit)
+        weakref.finalize(self, _cuda_l2.reset).atexit = False
+        return out
 
     @contextlib.contextmanager
     def scope(self):
@@ -55,6 +86,8 @@ class GraphCapture:
         each launch (``_cuda_graph_inputs``); ``copy`` is None where that is not available,
         and the caller then copies the inputs in before each launch."""
         in_graph = bool(inputs) and len(inputs) <= inputs_.COPY_PAIRS and inputs_.available()
+        if self.persist:  # the captured kernel nodes keep the stream's window
+            self.persist_hit_ratio = _cuda_l2.set_window(self.stream, *self.persist)
         with self.scope():
             self.stream.begin_capture()
             try:
@@ -72,6 +105,8 @@ class GraphCapture:
                         "values as arrays and read them after the call.") from e
                 raise
             graph = self.stream.end_capture()
+        if self.persist:
+            _cuda_l2.set_window(self.stream, 0, 0)
         copy = None
         if in_graph:
             graph.upload(self.stream)  # instantiates it: the copy node is found in the result

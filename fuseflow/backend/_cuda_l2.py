@@ -1,0 +1,86 @@
+"""Keeping a compiled step's params and optimizer state in the GPU's L2 cache.
+
+A training step at MNIST scale touches its params and optimizer state once for the update
+(Adam: read params, grads and both moments, write params and moments: 52 MB for the
+784-1024-1024-10 model), which then comes from DRAM. The H200's L2 cache (50 MB) could hold
+them from one step to the next. CUDA lets part of L2 be set aside for "persisting" lines
+and a stream mark one address range as such (an access policy window); kernel nodes
+captured from that stream keep the window. So a compiled step whose donated arrays sit in
+one buffer (``GraphCapture.flat_copies``) captures with a window over that buffer.
+
+Off unless ``FUSEFLOW_L2_PERSIST=1`` (see docs/benchmarks.md for what it measured).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import cupy
+
+from fuseflow.backend._env import env_int
+
+_LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
+_ATTR_MAX_PERSISTING_L2 = 108  # cudaDevAttrMaxPersistingL2CacheSize
+_ATTR_MAX_WINDOW = 109  # cudaDevAttrMaxAccessPolicyWindowSize
+_ACCESS_POLICY_WINDOW = 1  # CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+_NORMAL, _STREAMING, _PERSISTING = 0, 1, 2  # CUaccessProperty
+
+
+class _Window(ctypes.Structure):  # CUaccessPolicyWindow
+    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t),
+                ("hitRatio", ctypes.c_float), ("hitProp", ctypes.c_int),
+                ("missProp", ctypes.c_int)]
+
+
+class _AttrValue(ctypes.Union):  # CUlaunchAttributeValue (64 bytes)
+    _fields_ = [("window", _Window), ("pad", ctypes.c_char * 64)]
+
+
+def enabled() -> bool:
+    """``FUSEFLOW_L2_PERSIST=1`` and the driver has the call (read on each compile)."""
+    return bool(env_int("FUSEFLOW_L2_PERSIST", 0)) and _set_attribute() is not None
+
+
+@functools.cache
+def _driver(name):
+    try:
+        fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _set_attribute():
+    return _driver("cuStreamSetAttribute")
+
+
+def reset():
+    """Turn every persisting L2 line of the current context back to normal: a freed
+    step's lines must not keep their L2 space from the work that follows."""
+    fn = _driver("cuCtxResetPersistingL2Cache")
+    if fn is not None:
+        fn()
+
+
+def set_window(stream, ptr: int, nbytes: int) -> float:
+    """Mark ``[ptr, ptr + nbytes)`` persisting for the kernels ``stream`` runs or captures
+    from now on (``nbytes`` 0: no window), after setting L2 aside for it; returns the
+    window's hit ratio (the share of it that the set-aside holds)."""
+    dev = cupy.cuda.runtime.getDevice()
+    value = _AttrValue()
+    ratio = 0.0
+    if nbytes:
+        most = cupy.cuda.runtime.deviceGetAttribute(_ATTR_MAX_PERSISTING_L2, dev)
+        nbytes = min(nbytes, cupy.cuda.runtime.deviceGetAttribute(_ATTR_MAX_WINDOW, dev))
+        aside = min(most, nbytes)
+        if cupy.cuda.runtime.deviceGetLimit(_LIMIT_PERSISTING_L2) < aside:
+            cupy.cuda.runtime.deviceSetLimit(_LIMIT_PERSISTING_L2, aside)
+        ratio = min(1.0, cupy.cuda.runtime.deviceGetLimit(_LIMIT_PERSISTING_L2) / nbytes)
+        value.window = _Window(ptr, nbytes, ratio, _PERSISTING, _STREAMING)
+    err = _set_attribute()(ctypes.c_void_p(stream.ptr), _ACCESS_POLICY_WINDOW,
+                           ctypes.byref(value))
+    if err:
+        raise RuntimeError(f"cuStreamSetAttribute (access policy window) failed: CUresult {err}")
+    return ratio
