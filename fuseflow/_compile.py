@@ -225,8 +225,9 @@ class CompiledStep:
         self._check_donation(args)
         capture = graph_capture()
         # Private, contiguous copies of every input: the graph reads and writes only these.
-        if capture.l2_persistence():
-            static_args = self._flat_static(capture, args)
+        donated = [x for i in self.donate for x in tree.leaves(args[i]) if is_cupy(x)]
+        if capture.l2_persistence(sum(x.nbytes for x in donated)):
+            static_args = self._flat_static(capture, args, donated)
         else:
             static_args = capture.run(lambda: tree.map(_private_copy, args))
         # Warm-up, exactly what will be captured: plans (and tunes) matmuls, compiles kernels,
@@ -245,10 +246,9 @@ class CompiledStep:
         return _Graph(capture, graph, static_args, out, time.perf_counter() - t0, self.donate,
                       plans, inputs)
 
-    def _flat_static(self, capture, args):
-        """The private copies, the donated CuPy arrays side by side in one buffer (for one
-        L2 persistence window over them: ``_cuda_l2``)."""
-        donated = [x for i in self.donate for x in tree.leaves(args[i]) if is_cupy(x)]
+    def _flat_static(self, capture, args, donated):
+        """The private copies, the ``donated`` CuPy arrays side by side in one buffer (for
+        one L2 persistence window over them: ``_cuda_l2``)."""
         flat = iter(capture.flat_copies(donated))
 
         def copy_arg(i, a):

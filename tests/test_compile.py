@@ -397,3 +397,18 @@ def test_compiled_step_with_l2_persistence_matches_eager(monkeypatch):
             assert start <= leaf.data.ptr and leaf.data.ptr + leaf.nbytes <= start + size
     for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(pe)):
         np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(b), rtol=1e-4, atol=1e-6)
+
+
+@gpu
+def test_l2_persistence_setting(monkeypatch):
+    """"auto" (the default) keeps a step's donated arrays in L2 where they fit in the L2
+    the GPU lets be set aside; 1 always; 0 never."""
+    _cuda()
+    from fuseflow.backend import _cuda_l2
+
+    monkeypatch.delenv("FUSEFLOW_L2_PERSIST", raising=False)
+    assert _cuda_l2.enabled(1 << 20) and not _cuda_l2.enabled(1 << 40)
+    monkeypatch.setenv("FUSEFLOW_L2_PERSIST", "1")
+    assert _cuda_l2.enabled(1 << 40)
+    monkeypatch.setenv("FUSEFLOW_L2_PERSIST", "0")
+    assert not _cuda_l2.enabled(1 << 20)

@@ -37,9 +37,10 @@ class GraphCapture:
         self.persist_hit_ratio = 0.0
 
     @staticmethod
-    def l2_persistence() -> bool:
-        """Whether compiled steps keep their donated arrays in L2 (``_cuda_l2``)."""
-        return _cuda_l2.enabled()
+    def l2_persistence(nbytes: int) -> bool:
+        """Whether a step whose donated arrays take ``nbytes`` keeps them in L2
+        (``_cuda_l2``)."""
+        return _cuda_l2.enabled(nbytes)
 
     def flat_copies(self, arrays):
         """C-contiguous copies of the CuPy ``arrays``, side by side in one buffer of the

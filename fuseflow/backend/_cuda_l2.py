@@ -8,7 +8,10 @@ and a stream mark one address range as such (an access policy window); kernel no
 captured from that stream keep the window. So a compiled step whose donated arrays sit in
 one buffer (``GraphCapture.flat_copies``) captures with a window over that buffer.
 
-Off unless ``FUSEFLOW_L2_PERSIST=1`` (see docs/benchmarks.md for what it measured).
+``FUSEFLOW_L2_PERSIST``: "auto" (the default) where the donated arrays fit in the L2 the
+GPU lets be set aside (the whole window persists: MNIST-scale models); 1 always (a larger
+window persists in part); 0 never. Measured on the H200: MNIST epochs of the medium Adam
+step 3-4% faster (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import functools
 
 import cupy
 
-from fuseflow.backend._env import env_int
+from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
 
 _LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
 _ATTR_MAX_PERSISTING_L2 = 108  # cudaDevAttrMaxPersistingL2CacheSize
@@ -37,9 +40,16 @@ class _AttrValue(ctypes.Union):  # CUlaunchAttributeValue (64 bytes)
     _fields_ = [("window", _Window), ("pad", ctypes.c_char * 64)]
 
 
-def enabled() -> bool:
-    """``FUSEFLOW_L2_PERSIST=1`` and the driver has the call (read on each compile)."""
-    return bool(env_int("FUSEFLOW_L2_PERSIST", 0)) and _set_attribute() is not None
+def enabled(nbytes: int) -> bool:
+    """Whether a step whose donated arrays take ``nbytes`` keeps them in L2 (the setting
+    is read on each compile; see the module docstring)."""
+    mode = env_choice("FUSEFLOW_L2_PERSIST", AUTOTUNE_MODES, "auto")
+    if not mode or _set_attribute() is None:
+        return False
+    if mode == "auto":
+        dev = cupy.cuda.runtime.getDevice()
+        return 0 < nbytes <= cupy.cuda.runtime.deviceGetAttribute(_ATTR_MAX_PERSISTING_L2, dev)
+    return True
 
 
 @functools.cache
