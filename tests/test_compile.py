@@ -401,12 +401,14 @@ def test_compiled_step_with_l2_persistence_matches_eager(monkeypatch):
 
 @gpu
 def test_l2_persistence_setting(monkeypatch):
-    """"auto" (the default) keeps a step's donated arrays in L2 where they fit in the L2
-    the GPU lets be set aside; 1 always; 0 never."""
+    """"auto" keeps a step's donated arrays in L2 where they fit in the L2 the GPU lets be
+    set aside; 1 always; 0 (the default) never."""
     _cuda()
     from fuseflow.backend import _cuda_l2
 
     monkeypatch.delenv("FUSEFLOW_L2_PERSIST", raising=False)
+    assert not _cuda_l2.enabled(1 << 20)
+    monkeypatch.setenv("FUSEFLOW_L2_PERSIST", "auto")
     assert _cuda_l2.enabled(1 << 20) and not _cuda_l2.enabled(1 << 40)
     monkeypatch.setenv("FUSEFLOW_L2_PERSIST", "1")
     assert _cuda_l2.enabled(1 << 40)

@@ -8,10 +8,12 @@ and a stream mark one address range as such (an access policy window); kernel no
 captured from that stream keep the window. So a compiled step whose donated arrays sit in
 one buffer (``GraphCapture.flat_copies``) captures with a window over that buffer.
 
-``FUSEFLOW_L2_PERSIST``: "auto" (the default) where the donated arrays fit in the L2 the
-GPU lets be set aside (the whole window persists: MNIST-scale models); 1 always (a larger
-window persists in part); 0 never. Measured on the H200: MNIST epochs of the medium Adam
-step 3-4% faster (docs/benchmarks.md).
+``FUSEFLOW_L2_PERSIST``: 0 (the default) never; "auto" where the donated arrays fit in the
+L2 the GPU lets be set aside (the whole window persists: MNIST-scale models); 1 always (a
+larger window persists in part). Measured on the H200 (docs/benchmarks.md, calls 83-84):
+MNIST epochs of the medium Adam step 2.4-3.8% faster with it, steps on a fixed batch no
+faster; off by default until its effect on the work that follows it in a process (the
+set-aside stays reserved) has been measured.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class _AttrValue(ctypes.Union):  # CUlaunchAttributeValue (64 bytes)
 def enabled(nbytes: int) -> bool:
     """Whether a step whose donated arrays take ``nbytes`` keeps them in L2 (the setting
     is read on each compile; see the module docstring)."""
-    mode = env_choice("FUSEFLOW_L2_PERSIST", AUTOTUNE_MODES, "auto")
+    mode = env_choice("FUSEFLOW_L2_PERSIST", AUTOTUNE_MODES, False)
     if not mode or _set_attribute() is None:
         return False
     if mode == "auto":
