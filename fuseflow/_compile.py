@@ -200,8 +200,8 @@ class CompiledStep:
         g = self._graphs.get(sig)
         if g is None:
             g = self._graphs[sig] = self._compile(args)
-        self.calls += 1
         copy, by_graph = g.capture.copy_into, set()
+        sources = None  # the batch the graph copies in: alive until the launch is issued
         if g.inputs is not None:  # the graph copies the batch in: point it at this one
             for i in g.free:
                 if not is_cupy(args[i]):
@@ -209,13 +209,15 @@ class CompiledStep:
                         f"{self!r}: argument {i} is a {type(args[i]).__name__} but the step "
                         "was compiled for GPU arrays there. Fix: pass a CuPy array "
                         "(ff.device_put(x, 'cuda')), or compile a separate step for host data")
-            g.inputs.set_sources([a if a.flags.c_contiguous else a.copy()
-                                  for a in (args[i] for i in g.free)])
+            sources = [a if a.flags.c_contiguous else a.copy() for a in (args[i] for i in g.free)]
+            g.inputs.set_sources(sources)
             by_graph = {id(g.static_args[i]) for i in g.free}
         for dst, src in zip(g.static_leaves, (x for x in leaves if _is_array(x))):
             if src is not dst and id(dst) not in by_graph:
                 copy(dst, src if src.flags.c_contiguous else src.copy())
+        self.calls += 1
         g.capture.launch(g.graph)
+        del sources  # freed after the launch: stream order keeps them until the copy ran
         self._last = g if g.fast else None
         return g.outputs
 
@@ -225,7 +227,8 @@ class CompiledStep:
         self._check_donation(args)
         capture = graph_capture()
         # Private, contiguous copies of every input: the graph reads and writes only these.
-        donated = [x for i in self.donate for x in tree.leaves(args[i]) if is_cupy(x)]
+        # in argument order: _flat_static hands the copies out in that order
+        donated = [x for i in sorted(self.donate) for x in tree.leaves(args[i]) if is_cupy(x)]
         if capture.l2_persistence(sum(x.nbytes for x in donated)):
             static_args = self._flat_static(capture, args, donated)
         else:

@@ -293,23 +293,27 @@ def test_compiled_float16_step_with_the_update_kernels_compute_copy():
 
 @gpu
 def test_donated_leaves_returned_in_each_others_place_swap():
-    """A step that returns a donated leaf in another leaf's place (here: swaps two) gets
-    the eager result: each new value is read before any donated buffer is written."""
+    """A step that returns donated leaves in each other's places (a swap, and a strided view
+    of another leaf) gets the eager result: each new value is read before any donated
+    buffer is written, also where the copies span many blocks."""
     cp = _cuda()
+    n = 1 << 21
 
     def swap(p, s, x, y):
-        return {"a": p["b"] + 0 * x.sum(), "b": p["a"]}, s, {"n": y.sum()}
+        new = {"a": p["b"], "b": p["a"], "c": p["d"][::2], "d": p["c"].repeat(2)}
+        return new, s, {"n": y.sum() + x.sum()}
 
-    p = {"a": cp.arange(6, dtype=cp.float32), "b": cp.arange(6, 12, dtype=cp.float32)}
-    s = {"t": cp.zeros(3, dtype=cp.float32)}
+    p0 = {"a": cp.arange(n, dtype=cp.float32), "b": -cp.arange(n, dtype=cp.float32),
+          "c": cp.arange(n // 2, dtype=cp.float32) + 0.5, "d": cp.arange(n, dtype=cp.float32) * 3}
+    ref = ff.tree.map(cp.asnumpy, p0)
     compiled = ff.compile(swap)
     x, y = cp.ones(4, dtype=cp.float32), cp.arange(3)
-    p1, s1, _ = compiled(p, s, x, y)
-    np.testing.assert_array_equal(cp.asnumpy(p1["a"]), np.arange(6, 12))
-    np.testing.assert_array_equal(cp.asnumpy(p1["b"]), np.arange(6))
-    p2, _, _ = compiled(p1, s1, x, y)  # the replay swaps back
-    np.testing.assert_array_equal(cp.asnumpy(p2["a"]), np.arange(6))
-    np.testing.assert_array_equal(cp.asnumpy(p2["b"]), np.arange(6, 12))
+    p, s = ff.tree.map(lambda a: a.copy(), p0), {"t": cp.zeros(3, dtype=cp.float32)}
+    for call in range(3):  # the first call compiles, the next two replay
+        p, s, _ = compiled(p, s, x, y)
+        ref = {"a": ref["b"], "b": ref["a"], "c": ref["d"][::2], "d": ref["c"].repeat(2)}
+        for k in ref:
+            np.testing.assert_array_equal(cp.asnumpy(p[k]), ref[k], err_msg=f"{k}, call {call}")
 
 
 @gpu

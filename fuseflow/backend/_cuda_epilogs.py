@@ -11,7 +11,8 @@ over the matmul's output, in place (no second activation buffer):
 - ``drelu``: ``dx = dx * relu'(aux)`` and, with BGRAD, the column sums of the result (the
   lower layer's bias gradient): per-chunk partials reduced in a fixed order by the block
   of each 256 columns that finishes last (``_cuda_tickets``; before, a second launch, which
-  sat on the backward's critical path); deterministic.
+  sat on the backward's critical path; float64 keeps it, see ``DRELU_TAIL``);
+  deterministic.
 
 Both also take the (S, B, F) partial products of a matmul whose K the backend split into S
 slices (``_k_split``): they add them in split order as they read them and write the
@@ -169,7 +170,8 @@ def _kernel(name, dtype, **flags):
     dtype = np.dtype(dtype)
     head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
         "{A}", "double" if dtype == np.float64 else "float")
-    head += "".join(f"#define {k} {int(v)}\n" for k, v in {"TAIL": DRELU_TAIL, **flags}.items())
+    flags = {"TAIL": DRELU_TAIL.get(dtype, 1), **flags}
+    head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
     return cupy.RawKernel(head + tickets.TICKET_SRC + _LOAD_SUM +
                           {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name], name)
 
@@ -217,8 +219,12 @@ DRELU_UNROLL = 4
 #: The bias gradient's chunk partials added by the last block of each column range (one
 #: launch) rather than by ``sum_chunks`` (two); False only for benchmarks' comparisons.
 DRELU_TICKET = True
-#: Chunk partials whose loads each thread of the tail issues together.
-DRELU_TAIL = 32
+#: Per dtype, the chunk partials whose loads each thread of the tail issues together: as
+#: many as keep the kernel's registers (ptxas, sm_90) where they were without the tail:
+#: float32 96 (95 before), float16 80 (78; 32 loads took it to 96, from 3 blocks per SM to
+#: 2). float64 has none and keeps the second launch: its tail took it from 128 registers to
+#: 142-155, from 2 blocks per SM to 1.
+DRELU_TAIL = {np.dtype(np.float32): 32, np.dtype(np.float16): 16}
 
 
 def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
@@ -237,7 +243,8 @@ def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
             db.fill(0)
         return dx, db
     blocks = -(-features // 256)
-    ticket = part is not None and DRELU_TICKET and blocks <= tickets.SIZE
+    ticket = part is not None and DRELU_TICKET and blocks <= tickets.SIZE and \
+        dx.dtype in DRELU_TAIL
     kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL, SPLITS=splits,
                    TICKET=ticket)
     kern((blocks, chunks), (32, 8),

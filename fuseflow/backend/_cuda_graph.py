@@ -89,10 +89,23 @@ class GraphCapture:
         in_graph = bool(inputs) and len(inputs) <= inputs_.COPY_PAIRS and inputs_.available()
         if self.persist:  # the captured kernel nodes keep the stream's window
             self.persist_hit_ratio = _cuda_l2.set_window(self.stream, *self.persist)
+        try:
+            graph, out = self._record(fn, inputs if in_graph else ())
+        finally:
+            if self.persist:
+                _cuda_l2.set_window(self.stream, 0, 0)
+        copy = None
+        if in_graph:
+            graph.upload(self.stream)  # instantiates it: the copy node is found in the result
+            copy = inputs_.InGraphCopy.find(graph, inputs)
+        return out, graph, copy
+
+    def _record(self, fn, inputs):
+        """``(graph, fn())``: the stream capture itself (see ``capture``)."""
         with self.scope():
             self.stream.begin_capture()
             try:
-                if in_graph:  # a self-copy until set_sources points it elsewhere
+                if inputs:  # a self-copy until set_sources points it elsewhere
                     inputs_.copy_arrays([(d, d) for d in inputs])
                 out = fn()
             except BaseException as e:
@@ -105,14 +118,7 @@ class GraphCapture:
                         "printing arrays) nor move data between host and device: return such "
                         "values as arrays and read them after the call.") from e
                 raise
-            graph = self.stream.end_capture()
-        if self.persist:
-            _cuda_l2.set_window(self.stream, 0, 0)
-        copy = None
-        if in_graph:
-            graph.upload(self.stream)  # instantiates it: the copy node is found in the result
-            copy = inputs_.InGraphCopy.find(graph, inputs)
-        return out, graph, copy
+            return self.stream.end_capture(), out
 
     @staticmethod
     def launch(graph):
