@@ -21,6 +21,8 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow.backend import _libcuda
+
 #: Arrays that one launch of the copy kernel copies.
 COPY_PAIRS = 4
 
@@ -76,33 +78,11 @@ def _blocks(nbytes):
 
 
 # ---- the driver calls that repoint a captured copy node ------------------------------------
-class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS (v2, CUDA 12+)
-    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint),
-                ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
-                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
-                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
-                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
-
-
-_KERNEL_NODE = 0  # CU_GRAPH_NODE_TYPE_KERNEL
-
-
-@functools.cache
 def _driver():
     """The libcuda entry points, or None where any is missing (then the batch is copied
     before each launch instead)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fns = {name: getattr(lib, sym) for name, sym in (
-            ("get_nodes", "cuGraphGetNodes"), ("node_type", "cuGraphNodeGetType"),
-            ("get_params", "cuGraphKernelNodeGetParams_v2"),
-            ("set_params", "cuGraphExecKernelNodeSetParams_v2"))}
-    except (OSError, AttributeError):
-        return None
-    for f in fns.values():
-        f.restype = ctypes.c_int
-    return fns
+    return _libcuda.entries(get_params="cuGraphKernelNodeGetParams_v2",
+                            set_params="cuGraphExecKernelNodeSetParams_v2")
 
 
 #: False copies every compiled step's batch in before its launches (for benchmarks'
@@ -140,23 +120,14 @@ class InGraphCopy:
         """The graph's copy node, the one whose destinations are ``dsts`` (None if it is
         not there, or the driver calls are missing)."""
         drv = _driver()
-        if drv is None or not 0 < len(dsts) <= COPY_PAIRS:
+        if drv is None or not 0 < len(dsts) <= COPY_PAIRS or not graph.graphExec:
             return None
-        if not graph.graphExec:
-            return None
-        count = ctypes.c_size_t(0)
-        if drv["get_nodes"](ctypes.c_void_p(graph.graph), None, ctypes.byref(count)):
-            return None
-        nodes = (ctypes.c_void_p * count.value)()
-        if drv["get_nodes"](ctypes.c_void_p(graph.graph), nodes, ctypes.byref(count)):
-            return None
+        nodes = _libcuda.graph_nodes(graph.graph)
         func = _copy_kernel().kernel.ptr
-        for node in nodes:
-            kind = ctypes.c_int(-1)
-            if drv["node_type"](ctypes.c_void_p(node), ctypes.byref(kind)) or \
-                    kind.value != _KERNEL_NODE:
+        for node in nodes or ():
+            if _libcuda.node_type(node) != _libcuda.KERNEL_NODE:
                 continue
-            params = _KernelNodeParams()
+            params = _libcuda.KernelNodeParams()
             if drv["get_params"](ctypes.c_void_p(node), ctypes.byref(params)) or \
                     params.func != func or not params.kernelParams:
                 continue

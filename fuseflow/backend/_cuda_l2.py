@@ -19,10 +19,10 @@ set-aside stays reserved) has been measured.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import cupy
 
+from fuseflow.backend import _libcuda
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
 
 _LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
@@ -54,24 +54,14 @@ def enabled(nbytes: int) -> bool:
     return True
 
 
-@functools.cache
-def _driver(name):
-    try:
-        fn = getattr(ctypes.CDLL("libcuda.so.1"), name)
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def _set_attribute():
-    return _driver("cuStreamSetAttribute")
+    return _libcuda.entry("cuStreamSetAttribute")
 
 
 def reset():
     """Turn every persisting L2 line of the current context back to normal: a freed
     step's lines must not keep their L2 space from the work that follows."""
-    fn = _driver("cuCtxResetPersistingL2Cache")
+    fn = _libcuda.entry("cuCtxResetPersistingL2Cache")
     if fn is not None:
         fn()
 

@@ -1,0 +1,72 @@
+"""The CUDA driver's entry points that CuPy does not wrap, through ctypes.
+
+Each is looked up once by its exported symbol name (versioned names such as
+``cuGraphKernelNodeGetParams_v2`` included); None where the driver is missing or lacks it,
+so callers fall back to a path without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+
+@functools.cache
+def _lib():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+@functools.cache
+def entry(symbol: str):
+    """The driver function ``symbol`` (returning a CUresult), or None."""
+    lib = _lib()
+    fn = getattr(lib, symbol, None) if lib is not None else None
+    if fn is not None:
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def entries(**symbols):
+    """``{name: function}`` for ``name=symbol`` pairs, or None if any is missing."""
+    fns = {name: entry(symbol) for name, symbol in symbols.items()}
+    return None if any(f is None for f in fns.values()) else fns
+
+
+class KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS (the v2 layout, CUDA 12+)."""
+    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint),
+                ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
+                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+#: CUgraphNodeType values
+KERNEL_NODE, MEMSET_NODE = 0, 2
+
+
+def graph_nodes(graph: int):
+    """The nodes of the CUgraph ``graph`` (None if the driver call is missing or fails)."""
+    get = entry("cuGraphGetNodes")
+    if get is None or not graph:
+        return None
+    count = ctypes.c_size_t(0)
+    if get(ctypes.c_void_p(graph), None, ctypes.byref(count)):
+        return None
+    nodes = (ctypes.c_void_p * count.value)()
+    if count.value and get(ctypes.c_void_p(graph), nodes, ctypes.byref(count)):
+        return None
+    return list(nodes[:count.value])
+
+
+def node_type(node) -> int:
+    """The CUgraphNodeType of ``node`` (-1 if it cannot be read)."""
+    fn = entry("cuGraphNodeGetType")
+    kind = ctypes.c_int(-1)
+    if fn is None or fn(ctypes.c_void_p(node), ctypes.byref(kind)):
+        return -1
+    return kind.value
