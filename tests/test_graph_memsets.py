@@ -190,3 +190,23 @@ def test_compiled_16bit_step_with_cublaslt_memsets_matches_eager():
     for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(pe)):
         np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(b), rtol=1e-5, atol=1e-6)
     assert _libcuda.MEMSET_NODE not in _node_types(compiled._last.graph)
+
+
+def test_memset_setting(monkeypatch):
+    """FUSEFLOW_GRAPH_MEMSETS: "kernel" (default) or "keep"; anything else warns and keeps
+    the default. Read when the module loads."""
+    pytest.importorskip("cupy")
+    import importlib
+
+    from fuseflow.backend import _cuda_graph_memsets as M
+
+    try:
+        for raw, want in (("kernel", True), ("keep", False)):
+            monkeypatch.setenv("FUSEFLOW_GRAPH_MEMSETS", raw)
+            assert importlib.reload(M).ENABLED is want
+        monkeypatch.setenv("FUSEFLOW_GRAPH_MEMSETS", "off")
+        with pytest.warns(UserWarning, match="not one of"):
+            assert importlib.reload(M).ENABLED is True
+    finally:
+        monkeypatch.delenv("FUSEFLOW_GRAPH_MEMSETS")
+        importlib.reload(M)

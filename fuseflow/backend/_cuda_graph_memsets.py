@@ -29,7 +29,7 @@ from fuseflow.backend._env import env_choice
 
 #: "kernel" (default): memset nodes become fill kernels; "keep": the graph as captured
 #: (FUSEFLOW_GRAPH_MEMSETS; benchmarks switch ``ENABLED`` for side-by-sides).
-ENABLED = env_choice("FUSEFLOW_GRAPH_MEMSETS", ("kernel", "keep"), "kernel") == "kernel"
+ENABLED = env_choice("FUSEFLOW_GRAPH_MEMSETS", {"kernel": True, "keep": False}, True)
 
 _FILL_SRC = r"""
 // what a memset node stores: height rows of width elements of elsize bytes, pitch bytes apart
