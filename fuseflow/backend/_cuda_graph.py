@@ -8,8 +8,7 @@ its memory in the pool: cudaMalloc is not allowed while a stream captures.
 
 A compiled step's batch reaches the graph's input buffers through the graph's own first
 node where it can (``_cuda_graph_inputs``: ``capture(..., inputs=...)``); otherwise it is
-copied in before each launch (``copy_into``). The memsets that a capture records (cuBLASLt
-issues some) run as kernels in the replayed graph (``_cuda_graph_memsets``).
+copied in before each launch (``copy_into``).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import cupy
 
 from fuseflow._namespace import set_host_sync_allowed
 from fuseflow.backend import _cuda_graph_inputs as inputs_
-from fuseflow.backend import _cuda_graph_memsets, _cuda_l2
+from fuseflow.backend import _cuda_l2
 
 
 class GraphCaptureError(RuntimeError):
@@ -86,8 +85,7 @@ class GraphCapture:
         With ``inputs`` (at most ``COPY_PAIRS`` C-contiguous buffers that fn reads), the
         graph starts with a copy into them whose sources ``copy.set_sources`` sets before
         each launch (``_cuda_graph_inputs``); ``copy`` is None where that is not available,
-        and the caller then copies the inputs in before each launch. The graph's memset
-        nodes are fill kernels in what it replays (``_cuda_graph_memsets``)."""
+        and the caller then copies the inputs in before each launch."""
         in_graph = bool(inputs) and len(inputs) <= inputs_.COPY_PAIRS and inputs_.available()
         if self.persist:  # the captured kernel nodes keep the stream's window
             self.persist_hit_ratio = _cuda_l2.set_window(self.stream, *self.persist)
@@ -96,8 +94,6 @@ class GraphCapture:
         finally:
             if self.persist:
                 _cuda_l2.set_window(self.stream, 0, 0)
-        with self.stream:  # the fill kernel loads (once) outside any capture
-            graph = _cuda_graph_memsets.without_memsets(graph) or graph
         copy = None
         if in_graph:
             graph.upload(self.stream)  # instantiates it: the copy node is found in the result

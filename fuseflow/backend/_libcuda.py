@@ -45,8 +45,8 @@ class KernelNodeParams(ctypes.Structure):
                 ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 
-#: CUgraphNodeType values
-KERNEL_NODE, MEMSET_NODE = 0, 2
+#: CUgraphNodeType of a kernel node
+KERNEL_NODE = 0
 
 
 def graph_nodes(graph: int):
