@@ -3,6 +3,12 @@
 A key is a small uint32 array of shape (2,). The same key always gives the same numbers;
 ``split`` derives independent keys. Numbers are drawn on the host with NumPy's Philox
 generator, so a model initialised from a key is identical on every backend.
+
+``bits`` is the exception: a counter-based generator (Philox4x32-10, as Random123, cuRAND
+and JAX's GPU kernels use) whose element i depends only on the key and i. So the same bits
+can be computed where the data is, on the host here and by the GPU backend's kernel
+(``Backend.random_bits``) inside a compiled step, bit for bit alike. Dropout draws its
+masks from it.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ import numpy as np
 
 __all__ = [
     "bernoulli",
+    "bits",
     "fold_in",
     "generator",
+    "keep_threshold",
     "key",
     "normal",
     "permutation",
+    "philox4x32",
     "randint",
     "split",
     "truncated_normal",
@@ -135,3 +144,56 @@ def permutation(k, n: int) -> np.ndarray:
 
 def randint(k, shape, low, high, dtype=np.int64) -> np.ndarray:
     return generator(k).integers(low, high, size=shape, dtype=dtype)
+
+
+# ---- Philox4x32-10 (Salmon et al., SC 2011), the counter-based generator behind ``bits`` ----
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # round multipliers
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # key schedule (Weyl) increments
+_MASK32 = 0xFFFFFFFF
+
+
+def philox4x32(counters, k):
+    """Philox4x32-10 of the ``(4, n)`` uint32 ``counters`` under key ``k`` (two uint32): the
+    ``(4, n)`` uint32 outputs. ``philox4x32([[0], [0], [0], [0]], [0, 0])`` gives
+    Random123's known answer 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8."""
+    c = [np.asarray(w, dtype=np.uint32) for w in counters]
+    k0, k1 = int(k[0]) & _MASK32, int(k[1]) & _MASK32
+    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + PHILOX_W[0]) & _MASK32, (k1 + PHILOX_W[1]) & _MASK32
+        p0 = m0 * c[0].astype(np.uint64)
+        p1 = m1 * c[2].astype(np.uint64)
+        c = [(p1 >> np.uint64(32)).astype(np.uint32) ^ c[1] ^ np.uint32(k0),
+             p1.astype(np.uint32),
+             (p0 >> np.uint64(32)).astype(np.uint32) ^ c[3] ^ np.uint32(k1),
+             p0.astype(np.uint32)]
+    return np.stack(c)
+
+
+def bits(k, shape, stream: int = 0) -> np.ndarray:
+    """Random uint32 bits of ``shape``: element i (in C order) is word ``i % 4`` of
+    Philox4x32-10 under the key at counter ``(i // 4, stream, 0)`` (the 64-bit block index
+    in the first two words; ``stream``, a uint32, keeps other uses of one key apart, as
+    ``KEY_STREAM`` does). The GPU backend computes the same bits on the device
+    (``Backend.random_bits``)."""
+    k = _check_key(k, "ff.random.bits")
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    n = math.prod(shape)
+    blocks = np.arange(-(-n // 4), dtype=np.uint64)
+    zeros = np.zeros(blocks.shape, dtype=np.uint32)
+    streams = np.full(blocks.shape, int(stream) & _MASK32, dtype=np.uint32)
+    out = philox4x32([blocks.astype(np.uint32), (blocks >> np.uint64(32)).astype(np.uint32),
+                      streams, zeros], k)
+    return np.ascontiguousarray(out.T).reshape(-1)[:n].reshape(shape)
+
+
+#: ``bits``' stream of the keys a model derives for its layers from the key it is given
+#: (``Backend.layer_keys``): apart from the bits the key draws itself (stream 0)
+KEY_STREAM = 0x6B657973  # "keys"
+
+
+def keep_threshold(rate: float) -> int:
+    """The uint32 bound below which ``bits`` keep an element, for dropping with probability
+    ``rate`` in [0, 1): floor((1 - rate) * 2**32), so P(keep) is 1 - rate to within 2**-32."""
+    return min(int((1.0 - rate) * 2 ** 32), _MASK32)

@@ -63,16 +63,17 @@ def _generated_sources(monkeypatch):
     from fuseflow.backend import _cuda_gemm as G
     from fuseflow.backend import _cuda_graph_inputs as GI
     from fuseflow.backend import _cuda_head as H
+    from fuseflow.backend import _cuda_random as R
     from fuseflow.backend import _cuda_skinny as S
     from fuseflow.backend import _cuda_skinny_tc as TC
 
     _Recorder.sources = []
-    for mod in (E, F, G, GI, H, S, TC):
+    for mod in (E, F, G, GI, H, R, S, TC):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
     caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, H._sum_kernel,
               F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
-              F._next_loss_scale_kernel, GI._copy_kernel)
+              F._next_loss_scale_kernel, GI._copy_kernel, R._kernel)
     for cache in caches:
         cache.cache_clear()
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
@@ -129,6 +130,9 @@ def _generated_sources(monkeypatch):
             F._finite_kernel(ct, tuple(range(3, 17)), True, scaled, F.vector_width(dt))
     F._next_loss_scale_kernel()
     GI._copy_kernel()  # a compiled step's batch and donated-result copies
+    R._kernel("unsigned int", False)  # ff.random.bits, and Dropout's factors per dtype
+    for ct in ("__half", "float", "double"):
+        R._kernel(ct, True)
     for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
         for hb in (False, True):
             TC._kernel("tc_forward", n, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)

@@ -18,6 +18,9 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 
+import numpy as np
+
+from fuseflow import random
 from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS,
                                       aux_shape, lookup)
 
@@ -183,6 +186,37 @@ class Backend:
 
     def _linear_softmax_xent(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype):
         return None
+
+    # ---- random numbers (counter-based: the same bits on every backend) ---------------------
+    def random_bits(self, key, shape, stream=0):
+        """``ff.random.bits(key, shape, stream)`` as an array of this backend: uint32 bits
+        that depend only on the key, the stream and the element's index (Philox4x32-10)."""
+        self.calls["random_bits"] += 1
+        return self._random(key, shape, None, 0.0, stream)
+
+    def layer_keys(self, key, n):
+        """``n`` keys, an ``(n, 2)`` uint32 array of this backend, derived from ``key`` (its
+        ``KEY_STREAM`` bits): what a model hands its layers. On the GPU a device key gives
+        device keys without leaving the GPU (inside a compiled step too)."""
+        return self.random_bits(key, (n, 2), random.KEY_STREAM)
+
+    def dropout_scale(self, key, shape, dtype, rate):
+        """Dropout's factor, in ``dtype``: ``1 / (1 - rate)`` where ``random_bits(key, shape)``
+        is below ``ff.random.keep_threshold(rate)``, else 0 (so ``x * scale`` drops and
+        rescales in one product, and the backward multiplies by the same array)."""
+        if not 0.0 <= rate < 1.0:
+            raise BackendError(f"dropout_scale: rate must be in [0, 1), got {rate!r}")
+        self.calls["dropout_scale"] += 1
+        return self._random(key, shape, np.dtype(dtype), float(rate))
+
+    def _random(self, key, shape, dtype, rate, stream=0):
+        """Bits (``dtype`` None) or dropout factors, computed on the host (the reference)."""
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        bits = random.bits(self.to_numpy(key), shape, stream)
+        if dtype is None:
+            return self.asarray(bits)
+        keep = bits < np.uint32(random.keep_threshold(rate))
+        return self.asarray(keep.astype(dtype) * dtype.type(1.0 / (1.0 - rate)))
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):

@@ -62,12 +62,14 @@ import numpy as np
 import nvmath
 from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
+from fuseflow import random
 from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_overlap
+from fuseflow.backend import _cuda_random
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend import _k_split
@@ -282,6 +284,31 @@ class CudaBackend(Backend):
             if previous is not None:
                 previous.extend(self._recording)
             self._recording = previous
+
+    # ---- random numbers --------------------------------------------------------------------
+    def _random(self, key, shape, dtype, rate, stream=0):
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if dtype is not None:
+            self._check_dtype("dropout_scale", dtype)
+        return _cuda_random.bits_or_scale(self._device_key(key), shape, dtype, rate, stream)
+
+    def _device_key(self, key):
+        """The key as a (2,) uint32 CuPy array. A host key is copied to the GPU, which a
+        compiled step cannot do while it is captured: there it must arrive on the GPU."""
+        if isinstance(key, cupy.ndarray):
+            if key.shape != (2,) or key.dtype != np.uint32:
+                raise BackendError(f"random numbers: expected a key (uint32 array of shape "
+                                   f"(2,)), got dtype {key.dtype} shape {key.shape}. Fix: "
+                                   "ff.device_put(ff.random.key(seed), 'cuda').")
+            return cupy.ascontiguousarray(key)
+        key = random._check_key(self.to_numpy(key), "random numbers")
+        if cupy.cuda.get_current_stream().is_capturing():
+            raise BackendError(
+                "random numbers inside a compiled step (ff.compile): the key is a host array, "
+                "and a CUDA graph cannot copy host memory. Fix: pass the key to the step as "
+                "an argument on the GPU, e.g. step(params, opt_state, x, y, "
+                "ff.device_put(key, 'cuda')); the graph then copies each call's key in.")
+        return cupy.asarray(key)
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):

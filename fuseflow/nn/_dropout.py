@@ -1,13 +1,21 @@
-"""Dropout: zero each input with probability ``rate`` in training, scale the rest by 1/(1-rate)."""
+"""Dropout: zero each input with probability ``rate`` in training, scale the rest by 1/(1-rate).
+
+The mask comes from ``ff.random.bits`` (counter-based), computed where ``x`` is: on the GPU
+by one kernel that reads the key from device memory, so a compiled step (``ff.compile``)
+can draw a new mask each call from a key passed to it as a GPU array. The same key gives
+the same mask on every backend.
+"""
 
 from __future__ import annotations
 
-from fuseflow import backend, random
+from fuseflow import backend
 from fuseflow.nn._layer import (Layer, as_shape, check_array, check_dtype, check_float,
                                 check_residuals, check_saved_shape, number)
 
 
 class Dropout(Layer):
+    draws_random = True
+
     def __init__(self, rate):
         self.rate = number(Dropout, "rate", rate, lambda r: 0.0 <= r < 1.0,
                            "a number in [0, 1) (the fraction of inputs zeroed in training)",
@@ -27,8 +35,10 @@ class Dropout(Layer):
             raise self.error("training needs a random key. Fix: forward(params, x, "
                              "key=ff.random.key(step)) or train=False for inference.")
         be = backend.of(x, where=repr(self))
-        keep = random.bernoulli(key, 1.0 - self.rate, x.shape)
-        scale = be.asarray(keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.rate)))
+        try:
+            scale = be.dropout_scale(key, x.shape, x.dtype, self.rate)
+        except (TypeError, ValueError) as e:  # a bad key, or a host key inside a capture
+            raise self.error(str(e)) from None
         return x * scale, {"scale": scale}
 
     def backward(self, params, residuals, dy):

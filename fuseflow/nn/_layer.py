@@ -27,6 +27,9 @@ class LayerError(ValueError):
 class Layer:
     #: set by layers whose backward accepts ``need_input_grad=False`` (skips computing dx)
     skips_input_grad = False
+    #: set by layers whose training forward draws random numbers from its ``key`` (Dropout):
+    #: ``ff.train.fit`` then hands a compiled step each step's key as a device array
+    draws_random = False
 
     def init(self, key, in_shape):
         raise NotImplementedError

@@ -73,6 +73,11 @@ class Serial(Layer):
     skips_input_grad = True
     releases_residuals = True
 
+    @property
+    def draws_random(self) -> bool:
+        """Whether any layer draws random numbers in training (then it needs a key)."""
+        return any(getattr(layer, "draws_random", False) for layer in self.layers)
+
     def __init__(self, *layers):
         if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
             layers = tuple(layers[0])
@@ -124,7 +129,9 @@ class Serial(Layer):
 
     def _forward_stages(self, params, x, key, train, residuals, count):
         """The first ``count`` stages' forward; their residuals go into ``residuals``."""
-        keys = random.split(key, len(self.layers)) if key is not None else [None] * len(self.layers)
+        keys = [None] * len(self.layers)
+        if key is not None:  # derived where the key is: device keys in a compiled step
+            keys = backend.of(key).layer_keys(key, len(self.layers))
         for s, st in enumerate(self.stages[:count]):
             i = st.index
             try:

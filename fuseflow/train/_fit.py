@@ -84,8 +84,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     ``loss_fn`` defaults to softmax cross-entropy (labels checked once, up front).
     ``drop_last`` keeps every batch the same shape (a different remainder is left out each
     epoch). ``compute_dtype`` is passed to ``make_step`` (mixed precision). ``compiled``
-    captures the step in a CUDA graph (``ff.compile``) when the params are on the GPU; the
-    model must then draw no random numbers (no Dropout), as it gets no key. With
+    captures the step in a CUDA graph (``ff.compile``) when the params are on the GPU; a
+    model with Dropout (``draws_random``) then gets each step's key as a GPU array. With
     ``out_dir``, each epoch writes ``ckpt-epoch{N}.safetensors``,
     ``last.safetensors`` (``metadata`` plus the epoch's record under "metrics"),
     ``metrics.jsonl`` and ``curves.png``. If ``out_dir`` holds another run's files, or
@@ -148,7 +148,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     step_fn = _summing(make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype,
                                  comm=comm))
     if compiled:
-        step_fn = _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
+        step_fn = _keyed(step_fn, put) if draws_random(model) else \
+            _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
     saved, saved_epoch, final = None, state.epoch, None
     try:
         with interrupt_between_steps() as stop:
@@ -202,6 +203,22 @@ def _summing(step_fn):
         acc = metrics["accuracy"] if "accuracy" in metrics else xp.zeros((), loss.dtype)
         return params, opt_state, sums + xp.stack([loss, acc]).astype(sums.dtype) * len(x), \
             metrics
+    return step
+
+
+def draws_random(model) -> bool:
+    """Whether the model's training forward draws random numbers (``Layer.draws_random``)."""
+    return bool(getattr(model, "draws_random", False))
+
+
+def _keyed(step_fn, put):
+    """The step compiled with the layers' key as a sixth positional array, moved to the
+    params' device each step (on the GPU the graph then copies it in, like the batch)."""
+    compiled = compile_step(lambda p, s, sums, x, y, k: step_fn(p, s, sums, x, y, key=k),
+                            donate_argnums=(0, 1, 2))
+
+    def step(params, opt_state, sums, x, y, key=None):
+        return compiled(params, opt_state, sums, x, y, put(key))
     return step
 
 
