@@ -8,7 +8,8 @@ generator, so a model initialised from a key is identical on every backend.
 and JAX's GPU kernels use) whose element i depends only on the key and i. So the same bits
 can be computed where the data is, on the host here and by the GPU backend's kernel
 (``Backend.random_bits``) inside a compiled step, bit for bit alike. Dropout draws its
-masks from it.
+masks from it, and ``Serial`` its layers' keys (``Backend.layer_keys``); before 2026-12-04
+both came from NumPy's Philox, so a seed gives other masks than it did then.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def _as_int(where, name, value, fix) -> int:
 
 
 def _check_key(k, where="ff.random") -> np.ndarray:
+    if type(k).__module__.startswith("cupy"):
+        raise TypeError(f"{where}: the key is a GPU array, and ff.random draws on the host. "
+                        "Fix: ff.backend.of(x).random_bits(key, shape) draws on the GPU (the "
+                        "same bits), or pass a host key (ff.device_put(key, 'cpu')).")
     k = np.asarray(k)
     if k.shape != (2,) or k.dtype != np.uint32:
         raise TypeError(f"{where}: expected a key (uint32 array of shape (2,)), got dtype "
@@ -182,7 +187,7 @@ def bits(k, shape, stream: int = 0) -> np.ndarray:
     n = math.prod(shape)
     blocks = np.arange(-(-n // 4), dtype=np.uint64)
     zeros = np.zeros(blocks.shape, dtype=np.uint32)
-    streams = np.full(blocks.shape, int(stream) & _MASK32, dtype=np.uint32)
+    streams = np.full(blocks.shape, check_stream(stream), dtype=np.uint32)
     out = philox4x32([blocks.astype(np.uint32), (blocks >> np.uint64(32)).astype(np.uint32),
                       streams, zeros], k)
     return np.ascontiguousarray(out.T).reshape(-1)[:n].reshape(shape)
@@ -194,6 +199,16 @@ KEY_STREAM = 0x6B657973  # "keys"
 
 
 def keep_threshold(rate: float) -> int:
-    """The uint32 bound below which ``bits`` keep an element, for dropping with probability
-    ``rate`` in [0, 1): floor((1 - rate) * 2**32), so P(keep) is 1 - rate to within 2**-32."""
-    return min(int((1.0 - rate) * 2 ** 32), _MASK32)
+    """The bound below which ``bits`` keep an element, for dropping with probability
+    ``rate`` in [0, 1): floor((1 - rate) * 2**32), so P(keep) is 1 - rate to within 2**-32
+    (2**32 at rate 0: every element is kept)."""
+    return int((1.0 - rate) * 2 ** 32)
+
+
+def check_stream(stream) -> int:
+    """``stream`` as an int in [0, 2**32) (the counter word ``bits`` gives it)."""
+    value = _as_int("ff.random.bits", "stream", stream, "stream=0")
+    if not 0 <= value <= _MASK32:
+        raise ValueError(f"ff.random.bits: stream must be in [0, 2**32), got {value}. Fix: "
+                         "a uint32 such as stream=1.")
+    return value

@@ -68,10 +68,38 @@ def test_bits_refuse_a_bad_key():
         ff.random.bits(np.zeros(3, np.uint32), 4)
 
 
-def test_keep_threshold():
+def test_keep_threshold_and_the_edges_of_dropout_scale():
+    """Rate 0 keeps every element (the bound is 2**32, above every uint32); a rate whose
+    factor overflows the dtype is refused rather than turned into inf or nan; the stream
+    word must be a uint32."""
     assert ff.random.keep_threshold(0.25) == 3 * 2 ** 30
-    assert ff.random.keep_threshold(0.0) == 2 ** 32 - 1
+    assert ff.random.keep_threshold(0.0) == 2 ** 32
     assert ff.random.keep_threshold(0.5) == 2 ** 31
+    be = ff.backend.get("numpy")
+    np.testing.assert_array_equal(be.dropout_scale(ff.random.key(0), 1 << 16, np.float32, 0.0),
+                                  np.ones(1 << 16, np.float32))
+    with pytest.raises(BackendError, match="not finite in float16"):
+        be.dropout_scale(ff.random.key(0), 8, np.float16, 0.99999)
+    for bad in (-1, 2 ** 32):
+        with pytest.raises(ValueError, match="stream must be in"):
+            be.random_bits(ff.random.key(0), 8, stream=bad)
+    with pytest.raises(TypeError, match="stream must be an int"):
+        ff.random.bits(ff.random.key(0), 8, stream=1.5)
+
+
+def test_serial_derives_layer_keys_only_for_layers_that_take_them():
+    """A Serial of Dense layers draws no layer keys (no host or GPU work per step); one with
+    another layer does, and a bad key names the Serial."""
+    be = ff.backend.get("numpy")
+    x = np.ones((4, 6), np.float32)
+    for model, draws in ((nn.Serial(nn.Dense(5, "relu"), nn.Dense(3)), 0),
+                         (nn.Serial(nn.Dense(5, "relu"), nn.Dropout(0.5), nn.Dense(3)), 1)):
+        _, params = model.init(ff.random.key(0), (6,))
+        be.reset_stats()
+        model.forward(params, x, key=ff.random.key(1))
+        assert be.calls["random_bits"] == draws
+    with pytest.raises(LayerError, match=r"Serial\(.*\): the key: .*expected a key"):
+        model.forward(params, x, key=np.zeros(2, np.int32))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -124,7 +152,8 @@ def _fit_runs(device, compiled_flags, epochs=2):
 
 
 def test_fit_compiled_with_dropout_on_numpy_matches_eager():
-    """On NumPy, compile is a pass-through: the keyed compiled path trains exactly as eager."""
+    """fit's keyed compiled path (``_keyed``: the key a sixth positional argument) on NumPy,
+    where compile is a pass-through: it trains exactly as eager."""
     eager, compiled = _fit_runs("cpu", (False, True))
     assert [r["train_loss"] for r in eager.history] == \
         [r["train_loss"] for r in compiled.history]
@@ -155,8 +184,39 @@ def test_gpu_bits_equal_the_hosts(shape):
 
 
 @gpu
+def test_gpu_bits_streams_grid_loop_and_torch_keys(monkeypatch):
+    """Another stream word, a grid capped at 3 blocks (the grid-stride loop runs many
+    passes) and a key given through DLPack: the host's bits. A GPU key handed to the host
+    generator says what to use instead."""
+    cp = _cuda()
+    from fuseflow.backend import _cuda_random
+
+    be = ff.backend.get("cuda")
+    k = ff.random.key(77)
+    np.testing.assert_array_equal(cp.asnumpy(be.random_bits(cp.asarray(k), 999, stream=5)),
+                                  ff.random.bits(k, 999, stream=5))
+    monkeypatch.setattr(_cuda_random, "MAX_BLOCKS", 3)
+    np.testing.assert_array_equal(cp.asnumpy(be.random_bits(cp.asarray(k), (37, 1001))),
+                                  ff.random.bits(k, (37, 1001)))
+    np.testing.assert_array_equal(
+        cp.asnumpy(be.dropout_scale(cp.asarray(k), 50_001, np.float16, 0.3)),
+        ff.backend.get("numpy").dropout_scale(k, 50_001, np.float16, 0.3))
+    monkeypatch.undo()
+    try:  # a torch GPU tensor as the key (DLPack), where torch can hold uint32 on the GPU
+        import torch
+
+        tk = torch.from_numpy(k.copy()).cuda()
+    except Exception:  # noqa: BLE001 - no torch, no CUDA torch, or no uint32 there
+        tk = None
+    if tk is not None:
+        np.testing.assert_array_equal(cp.asnumpy(be.random_bits(tk, 64)), ff.random.bits(k, 64))
+    with pytest.raises(TypeError, match="random_bits"):
+        ff.random.bits(cp.asarray(k), 4)
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-@pytest.mark.parametrize("rate", [1e-9, 0.1, 0.5, 0.9])
+@pytest.mark.parametrize("rate", [0.0, 1e-9, 0.1, 0.5, 0.9, 0.999])
 def test_gpu_dropout_scale_equals_the_hosts(dtype, rate):
     cp = _cuda()
     k = ff.random.key(42)

@@ -22,7 +22,7 @@ _SRC = r"""
 // SCALE 0: out[i] = the bits; SCALE 1: out[i] = bits < threshold ? inv : 0 (Dropout's factor)
 extern "C" __global__ void philox_bits(const unsigned int* __restrict__ key, T* __restrict__ out,
                                        unsigned long long n, unsigned int stream,
-                                       unsigned int threshold, double inv) {
+                                       unsigned long long threshold, double inv) {
     const unsigned long long blocks = (n + 3) / 4;
     for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
          b < blocks; b += (unsigned long long)gridDim.x * blockDim.x) {
@@ -43,7 +43,7 @@ extern "C" __global__ void philox_bits(const unsigned int* __restrict__ key, T* 
             const unsigned long long i = 4 * b + j;
             if (i < n) {
 #if SCALE
-                out[i] = w[j] < threshold ? (T)(ACC)inv : (T)(ACC)0;
+                out[i] = (unsigned long long)w[j] < threshold ? (T)(ACC)inv : (T)(ACC)0;
 #else
                 out[i] = w[j];
 #endif
@@ -53,6 +53,8 @@ extern "C" __global__ void philox_bits(const unsigned int* __restrict__ key, T* 
 }
 """
 _THREADS = 256
+#: grid cap; larger draws loop (tests lower it to run the grid-stride loop at small sizes)
+MAX_BLOCKS = 65535
 
 
 @functools.cache
@@ -77,9 +79,9 @@ def bits_or_scale(key, shape, dtype=None, rate=0.0, stream=0):
     if n:
         # the host's factor: 1 / (1 - rate) rounded once to the dtype (exact in a double)
         factor = float(np.dtype(dtype).type(1.0 / (1.0 - rate))) if dtype is not None else 0.0
-        blocks = max(1, min(-(-n // (4 * _THREADS)), 65535))
+        blocks = max(1, min(-(-n // (4 * _THREADS)), MAX_BLOCKS))
         _kernel(ctype, dtype is not None)(
             (blocks,), (_THREADS,),
-            (key, out, np.uint64(n), np.uint32(stream), np.uint32(random.keep_threshold(rate)),
+            (key, out, np.uint64(n), np.uint32(stream), np.uint64(random.keep_threshold(rate)),
              np.float64(factor)))
     return out

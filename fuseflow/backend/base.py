@@ -192,7 +192,7 @@ class Backend:
         """``ff.random.bits(key, shape, stream)`` as an array of this backend: uint32 bits
         that depend only on the key, the stream and the element's index (Philox4x32-10)."""
         self.calls["random_bits"] += 1
-        return self._random(key, shape, None, 0.0, stream)
+        return self._random(key, shape, None, 0.0, random.check_stream(stream))
 
     def layer_keys(self, key, n):
         """``n`` keys, an ``(n, 2)`` uint32 array of this backend, derived from ``key`` (its
@@ -206,8 +206,15 @@ class Backend:
         rescales in one product, and the backward multiplies by the same array)."""
         if not 0.0 <= rate < 1.0:
             raise BackendError(f"dropout_scale: rate must be in [0, 1), got {rate!r}")
+        dtype = np.dtype(dtype)
+        with np.errstate(over="ignore"):  # the overflow is the error raised below
+            factor = dtype.type(1.0 / (1.0 - rate))
+        if not np.isfinite(factor):
+            raise BackendError(f"dropout_scale: 1 / (1 - rate) = {1.0 / (1.0 - rate):.4g} is "
+                               f"not finite in {dtype} (rate {rate!r}). Fix: a smaller rate, "
+                               "or compute in float32.")
         self.calls["dropout_scale"] += 1
-        return self._random(key, shape, np.dtype(dtype), float(rate))
+        return self._random(key, shape, dtype, float(rate))
 
     def _random(self, key, shape, dtype, rate, stream=0):
         """Bits (``dtype`` None) or dropout factors, computed on the host (the reference)."""
@@ -215,8 +222,8 @@ class Backend:
         bits = random.bits(self.to_numpy(key), shape, stream)
         if dtype is None:
             return self.asarray(bits)
-        keep = bits < np.uint32(random.keep_threshold(rate))
-        return self.asarray(keep.astype(dtype) * dtype.type(1.0 / (1.0 - rate)))
+        keep = bits.astype(np.uint64) < np.uint64(random.keep_threshold(rate))
+        return self.asarray(np.where(keep, dtype.type(1.0 / (1.0 - rate)), dtype.type(0)))
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):

@@ -295,6 +295,9 @@ class CudaBackend(Backend):
     def _device_key(self, key):
         """The key as a (2,) uint32 CuPy array. A host key is copied to the GPU, which a
         compiled step cannot do while it is captured: there it must arrive on the GPU."""
+        if not isinstance(key, (cupy.ndarray, np.ndarray)) and hasattr(key, "__dlpack_device__") \
+                and key.__dlpack_device__()[0] in DLPACK_GPU_DEVICES:
+            key = cupy.from_dlpack(key)  # a torch / JAX GPU key, read in place
         if isinstance(key, cupy.ndarray):
             if key.shape != (2,) or key.dtype != np.uint32:
                 raise BackendError(f"random numbers: expected a key (uint32 array of shape "

@@ -130,8 +130,13 @@ class Serial(Layer):
     def _forward_stages(self, params, x, key, train, residuals, count):
         """The first ``count`` stages' forward; their residuals go into ``residuals``."""
         keys = [None] * len(self.layers)
-        if key is not None:  # derived where the key is: device keys in a compiled step
-            keys = backend.of(key).layer_keys(key, len(self.layers))
+        if key is not None and any(st.dense is None for st in self.stages[:count]):
+            # only layers other than Dense take keys; derived where the key is (on the GPU
+            # inside a compiled step)
+            try:
+                keys = backend.of(key).layer_keys(key, len(self.layers))
+            except (TypeError, ValueError) as e:
+                raise LayerError(f"{self!r}: the key: {e}") from None
         for s, st in enumerate(self.stages[:count]):
             i = st.index
             try:
