@@ -130,9 +130,9 @@ def _generated_sources(monkeypatch):
             F._finite_kernel(ct, tuple(range(3, 17)), True, scaled, F.vector_width(dt))
     F._next_loss_scale_kernel()
     GI._copy_kernel()  # a compiled step's batch and donated-result copies
-    R._kernel("unsigned int", False)  # ff.random.bits, and Dropout's factors per dtype
-    for ct in ("__half", "float", "double"):
-        R._kernel(ct, True)
+    R._kernel("unsigned int", 0)  # ff.random.bits, Dropout's factors and forward per dtype
+    for ct, mode in itertools.product(("__half", "float", "double"), (1, 2)):
+        R._kernel(ct, mode)
     for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
         for hb in (False, True):
             TC._kernel("tc_forward", n, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)

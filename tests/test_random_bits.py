@@ -249,18 +249,32 @@ def test_gpu_layer_keys_and_serial_dropout_equal_the_hosts():
 
 
 @gpu
-def test_gpu_dropout_forward_backward_equal_the_hosts():
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_gpu_dropout_forward_backward_equal_the_hosts(dtype):
+    """The one-pass forward kernel (output and factor), a strided input (the two-step
+    fallback) and the backward: the host's values, signed zeros, infinities and NaNs
+    included (NaN payloads differ between CPUs and GPUs)."""
     cp = _cuda()
     rng = np.random.default_rng(1)
-    x, dy = (rng.standard_normal((64, 300)).astype(np.float32) for _ in range(2))
+    x, dy = (rng.standard_normal((64, 300)).astype(dtype) for _ in range(2))
+    x[0, :4] = [np.inf, -np.inf, -0.0, np.nan]
     k = ff.random.key(5)
     layer = nn.Dropout(0.4)
-    y, res = layer.forward({}, x, key=k)
+    with np.errstate(invalid="ignore"):  # inf * 0 on the host: nan, as on the GPU
+        y, res = layer.forward({}, x, key=k)
     _, dx = layer.backward({}, res, dy)
     yg, resg = layer.forward({}, cp.asarray(x), key=cp.asarray(k))
     _, dxg = layer.backward({}, resg, cp.asarray(dy))
-    np.testing.assert_array_equal(cp.asnumpy(yg), y)
-    np.testing.assert_array_equal(cp.asnumpy(dxg), dx)
+    for got, want in ((yg, y), (resg["scale"], res["scale"]), (dxg, dx)):
+        got = cp.asnumpy(got)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)  # NaN where the host has NaN (any payload)
+        real = ~np.isnan(want)
+        np.testing.assert_array_equal(np.signbit(got[real]), np.signbit(want[real]))
+    xt = cp.asarray(np.ascontiguousarray(x.T)).T  # not C-contiguous
+    yt, st = ff.backend.get("cuda").dropout(cp.asarray(k), xt, 0.4)
+    np.testing.assert_array_equal(cp.asnumpy(yt), y)
+    np.testing.assert_array_equal(cp.asnumpy(st), res["scale"])
 
 
 def _dropout_step():

@@ -19,10 +19,12 @@ from fuseflow import random
 from fuseflow.backend._cuda_fused import _CTYPES
 
 _SRC = r"""
-// SCALE 0: out[i] = the bits; SCALE 1: out[i] = bits < threshold ? inv : 0 (Dropout's factor)
+// SCALE 0: out[i] = the bits; 1: out[i] = bits < threshold ? inv : 0 (Dropout's factor);
+// 2: that factor, and y[i] = x[i] * out[i] (Dropout's forward: one pass over x)
 extern "C" __global__ void philox_bits(const unsigned int* __restrict__ key, T* __restrict__ out,
                                        unsigned long long n, unsigned int stream,
-                                       unsigned long long threshold, double inv) {
+                                       unsigned long long threshold, double inv,
+                                       const T* __restrict__ x, T* __restrict__ y) {
     const unsigned long long blocks = (n + 3) / 4;
     for (unsigned long long b = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
          b < blocks; b += (unsigned long long)gridDim.x * blockDim.x) {
@@ -43,7 +45,11 @@ extern "C" __global__ void philox_bits(const unsigned int* __restrict__ key, T* 
             const unsigned long long i = 4 * b + j;
             if (i < n) {
 #if SCALE
-                out[i] = (unsigned long long)w[j] < threshold ? (T)(ACC)inv : (T)(ACC)0;
+                const T f = (unsigned long long)w[j] < threshold ? (T)(ACC)inv : (T)(ACC)0;
+                out[i] = f;
+#if SCALE == 2
+                y[i] = x[i] * f;  // one rounding, as the host's x * scale
+#endif
 #else
                 out[i] = w[j];
 #endif
@@ -58,7 +64,7 @@ MAX_BLOCKS = 65535
 
 
 @functools.cache
-def _kernel(ctype: str, scale: bool):
+def _kernel(ctype: str, scale: int):
     acc = "double" if ctype == "double" else "float"  # exact: the factor is a T value
     defines = (f"#include <cuda_fp16.h>\ntypedef {ctype} T; typedef {acc} ACC;\n"
                f"#define SCALE {int(scale)}\n"
@@ -67,21 +73,25 @@ def _kernel(ctype: str, scale: bool):
     return cupy.RawKernel(defines + _SRC, "philox_bits")
 
 
-def bits_or_scale(key, shape, dtype=None, rate=0.0, stream=0):
+def bits_or_scale(key, shape, dtype=None, rate=0.0, stream=0, x=None):
     """``ff.random.bits(key, shape, stream)`` (``dtype`` None) or Dropout's factors in ``dtype``
     (``1 / (1 - rate)`` where the bits are below ``keep_threshold(rate)``, else 0), on the
-    current stream; ``key`` a (2,) uint32 CuPy array."""
+    current stream; ``key`` a (2,) uint32 CuPy array. With ``x`` (C-contiguous, of
+    ``shape`` and ``dtype``): ``(x * factors, factors)`` from the same pass."""
     n = int(np.prod(shape, dtype=np.int64))
     if dtype is None:
         out, ctype = cupy.empty(shape, dtype=np.uint32), "unsigned int"
     else:
         out, ctype = cupy.empty(shape, dtype=dtype), _CTYPES[np.dtype(dtype)]
+    y = None if x is None else cupy.empty_like(x)
     if n:
         # the host's factor: 1 / (1 - rate) rounded once to the dtype (exact in a double)
         factor = float(np.dtype(dtype).type(1.0 / (1.0 - rate))) if dtype is not None else 0.0
         blocks = max(1, min(-(-n // (4 * _THREADS)), MAX_BLOCKS))
-        _kernel(ctype, dtype is not None)(
+        null = np.uintp(0)
+        mode = 0 if dtype is None else 1 if x is None else 2
+        _kernel(ctype, mode)(
             (blocks,), (_THREADS,),
             (key, out, np.uint64(n), np.uint32(stream), np.uint64(random.keep_threshold(rate)),
-             np.float64(factor)))
-    return out
+             np.float64(factor), null if x is None else x, null if y is None else y))
+    return out if x is None else (y, out)

@@ -204,6 +204,24 @@ class Backend:
         """Dropout's factor, in ``dtype``: ``1 / (1 - rate)`` where ``random_bits(key, shape)``
         is below ``ff.random.keep_threshold(rate)``, else 0 (so ``x * scale`` drops and
         rescales in one product, and the backward multiplies by the same array)."""
+        dtype = self._check_rate(dtype, rate)
+        self.calls["dropout_scale"] += 1
+        return self._random(key, shape, dtype, float(rate))
+
+    def dropout(self, key, x, rate):
+        """Dropout's forward: ``(x * scale, scale)`` with ``scale`` as ``dropout_scale(key,
+        x.shape, x.dtype, rate)`` gives it (on the GPU both from one pass over x)."""
+        self._check_rate(x.dtype, rate)
+        self.calls["dropout"] += 1
+        return self._dropout(key, x, float(rate))
+
+    def _dropout(self, key, x, rate):
+        scale = self._random(key, x.shape, x.dtype, rate)
+        return x * scale, scale
+
+    @staticmethod
+    def _check_rate(dtype, rate):
+        """``dtype`` (a np.dtype) where ``rate`` is a dropout rate it can scale by."""
         if not 0.0 <= rate < 1.0:
             raise BackendError(f"dropout_scale: rate must be in [0, 1), got {rate!r}")
         dtype = np.dtype(dtype)
@@ -213,8 +231,7 @@ class Backend:
             raise BackendError(f"dropout_scale: 1 / (1 - rate) = {1.0 / (1.0 - rate):.4g} is "
                                f"not finite in {dtype} (rate {rate!r}). Fix: a smaller rate, "
                                "or compute in float32.")
-        self.calls["dropout_scale"] += 1
-        return self._random(key, shape, dtype, float(rate))
+        return dtype
 
     def _random(self, key, shape, dtype, rate, stream=0):
         """Bits (``dtype`` None) or dropout factors, computed on the host (the reference)."""

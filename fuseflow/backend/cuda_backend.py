@@ -292,6 +292,12 @@ class CudaBackend(Backend):
             self._check_dtype("dropout_scale", dtype)
         return _cuda_random.bits_or_scale(self._device_key(key), shape, dtype, rate, stream)
 
+    def _dropout(self, key, x, rate):
+        if not (isinstance(x, cupy.ndarray) and x.flags.c_contiguous):
+            return super()._dropout(key, x, rate)
+        self._check_dtype("dropout", x.dtype)
+        return _cuda_random.bits_or_scale(self._device_key(key), x.shape, x.dtype, rate, x=x)
+
     def _device_key(self, key):
         """The key as a (2,) uint32 CuPy array. A host key is copied to the GPU, which a
         compiled step cannot do while it is captured: there it must arrive on the GPU."""

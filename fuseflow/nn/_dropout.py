@@ -1,9 +1,9 @@
 """Dropout: zero each input with probability ``rate`` in training, scale the rest by 1/(1-rate).
 
 The mask comes from ``ff.random.bits`` (counter-based), computed where ``x`` is: on the GPU
-by one kernel that reads the key from device memory, so a compiled step (``ff.compile``)
-can draw a new mask each call from a key passed to it as a GPU array. The same key gives
-the same mask on every backend.
+by one kernel that reads the key from device memory and writes the output and the saved
+factor in one pass, so a compiled step (``ff.compile``) can draw a new mask each call from
+a key passed to it as a GPU array. The same key gives the same mask on every backend.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ class Dropout(Layer):
                              "key=ff.random.key(step)) or train=False for inference.")
         be = backend.of(x, where=repr(self))
         try:
-            scale = be.dropout_scale(key, x.shape, x.dtype, self.rate)
+            y, scale = be.dropout(key, x, self.rate)
         except (TypeError, ValueError) as e:  # a bad key, or a host key inside a capture
             raise self.error(str(e)) from None
-        return x * scale, {"scale": scale}
+        return y, {"scale": scale}
 
     def backward(self, params, residuals, dy):
         check_array(self, dy, "dy")
