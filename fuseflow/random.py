@@ -24,6 +24,7 @@ __all__ = [
     "bits",
     "fold_in",
     "generator",
+    "keep_factor",
     "keep_threshold",
     "key",
     "normal",
@@ -203,6 +204,13 @@ def keep_threshold(rate: float) -> int:
     ``rate`` in [0, 1): floor((1 - rate) * 2**32), so P(keep) is 1 - rate to within 2**-32
     (2**32 at rate 0: every element is kept)."""
     return int((1.0 - rate) * 2 ** 32)
+
+
+def keep_factor(rate: float, dtype) -> np.generic:
+    """What a kept element is multiplied by, for dropping with probability ``rate``:
+    ``1 / (1 - rate)`` rounded once to ``dtype`` (inf where it overflows the dtype)."""
+    with np.errstate(over="ignore"):
+        return np.dtype(dtype).type(1.0 / (1.0 - rate))
 
 
 def check_stream(stream) -> int:

@@ -78,9 +78,10 @@ def _blocks(nbytes):
 
 
 # ---- the driver calls that repoint a captured copy node ------------------------------------
+@functools.cache
 def _driver():
     """The libcuda entry points, or None where any is missing (then the batch is copied
-    before each launch instead)."""
+    before each launch instead). Cached: ``set_sources`` reads it before every launch."""
     return _libcuda.entries(get_params="cuGraphKernelNodeGetParams_v2",
                             set_params="cuGraphExecKernelNodeSetParams_v2")
 

@@ -64,10 +64,11 @@ MAX_BLOCKS = 65535
 
 
 @functools.cache
-def _kernel(ctype: str, scale: int):
+def _kernel(ctype: str, mode: int):
+    """``mode`` 0: bits; 1: Dropout's factors; 2: the factors and x times them (``SCALE``)."""
     acc = "double" if ctype == "double" else "float"  # exact: the factor is a T value
     defines = (f"#include <cuda_fp16.h>\ntypedef {ctype} T; typedef {acc} ACC;\n"
-               f"#define SCALE {int(scale)}\n"
+               f"#define SCALE {int(mode)}\n"
                f"#define M0 {random.PHILOX_M[0]}u\n#define M1 {random.PHILOX_M[1]}u\n"
                f"#define W0 {random.PHILOX_W[0]}u\n#define W1 {random.PHILOX_W[1]}u\n")
     return cupy.RawKernel(defines + _SRC, "philox_bits")
@@ -85,8 +86,8 @@ def bits_or_scale(key, shape, dtype=None, rate=0.0, stream=0, x=None):
         out, ctype = cupy.empty(shape, dtype=dtype), _CTYPES[np.dtype(dtype)]
     y = None if x is None else cupy.empty_like(x)
     if n:
-        # the host's factor: 1 / (1 - rate) rounded once to the dtype (exact in a double)
-        factor = float(np.dtype(dtype).type(1.0 / (1.0 - rate))) if dtype is not None else 0.0
+        # the host's factor, rounded once to the dtype (exact in a double)
+        factor = float(random.keep_factor(rate, dtype)) if dtype is not None else 0.0
         blocks = max(1, min(-(-n // (4 * _THREADS)), MAX_BLOCKS))
         null = np.uintp(0)
         mode = 0 if dtype is None else 1 if x is None else 2

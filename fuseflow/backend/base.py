@@ -225,9 +225,7 @@ class Backend:
         if not 0.0 <= rate < 1.0:
             raise BackendError(f"dropout_scale: rate must be in [0, 1), got {rate!r}")
         dtype = np.dtype(dtype)
-        with np.errstate(over="ignore"):  # the overflow is the error raised below
-            factor = dtype.type(1.0 / (1.0 - rate))
-        if not np.isfinite(factor):
+        if not np.isfinite(random.keep_factor(rate, dtype)):
             raise BackendError(f"dropout_scale: 1 / (1 - rate) = {1.0 / (1.0 - rate):.4g} is "
                                f"not finite in {dtype} (rate {rate!r}). Fix: a smaller rate, "
                                "or compute in float32.")
@@ -235,12 +233,11 @@ class Backend:
 
     def _random(self, key, shape, dtype, rate, stream=0):
         """Bits (``dtype`` None) or dropout factors, computed on the host (the reference)."""
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         bits = random.bits(self.to_numpy(key), shape, stream)
         if dtype is None:
             return self.asarray(bits)
         keep = bits.astype(np.uint64) < np.uint64(random.keep_threshold(rate))
-        return self.asarray(np.where(keep, dtype.type(1.0 / (1.0 - rate)), dtype.type(0)))
+        return self.asarray(np.where(keep, random.keep_factor(rate, dtype), dtype.type(0)))
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):

@@ -287,7 +287,6 @@ class CudaBackend(Backend):
 
     # ---- random numbers --------------------------------------------------------------------
     def _random(self, key, shape, dtype, rate, stream=0):
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if dtype is not None:
             self._check_dtype("dropout_scale", dtype)
         return _cuda_random.bits_or_scale(self._device_key(key), shape, dtype, rate, stream)
