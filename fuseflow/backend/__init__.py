@@ -229,7 +229,36 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
         return None
     from fuseflow.backend import _cuda_fused
 
-    get("cuda").calls["multi_tensor_update/" + kind + ("" if same else "/scaled")] += 1
+    cuda = get("cuda")
+    cuda.calls["multi_tensor_update/" + kind + ("" if same else "/scaled")] += 1
+    # in place (a compiled step's donated buffers) and not skippable (no loss scaling)
+    split = cuda.take_update_split(grads, usable=hyper.get("in_place") and finite is None)
+    if split is not None:
+        return _split_update(*split, kind, params, grads, states, grad_scale, low, hyper)
     return _cuda_fused.multi_tensor_update(
         kind, params, grads, states, finite=finite() if callable(finite) else finite,
         grad_scale=grad_scale, low=low, **hyper)
+
+
+def _split_update(split, early, kind, params, grads, states, grad_scale, low, hyper):
+    """The in-place update as two launches: the leaves whose gradients the side stream made
+    on that stream, the others on the main stream (``_cuda_overlap.SplitPoint``). Both
+    kernels read the same old counters and write the same new ones (the same values), so
+    the result is that of the one launch, bit for bit."""
+    from fuseflow.backend import _cuda_fused
+
+    def pick(seq, want):
+        return None if seq is None else [a for a, e in zip(seq, early) if e == want]
+
+    # the one-launch kernel too: a later capture that cannot split must not compile it
+    _cuda_fused.multi_tensor_update(kind, params, grads, states, grad_scale=grad_scale,
+                                    low=low, compile_only=True, **hyper)
+    split.release()
+    for want, stream in ((True, split.side), (False, split.main)):
+        with stream:
+            _cuda_fused.multi_tensor_update(
+                kind, pick(params, want), pick(grads, want),
+                [pick(group, want) for group in states], grad_scale=grad_scale,
+                low=pick(low, want), **{**hyper, "decays": pick(hyper.get("decays"), want)})
+    split.rejoin()
+    return (params, states) if low is None else (params, states, low)

@@ -324,7 +324,8 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
                         count=None, b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None,
                         decay=0.0, nesterov=False, in_place=False, finite=None,
                         grad_scale=None, new_count=None, sched_count=None,
-                        new_sched_count=None, step_table=None, low=None):
+                        new_sched_count=None, step_table=None, low=None,
+                        compile_only=False):
     """One launch that updates every tensor; returns ``(new_params, new_states)``, and
     ``new_low`` third when ``low`` is given.
 
@@ -340,6 +341,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     ``sched_count``; the kernel writes ``sched_count + 1`` to ``new_sched_count``.
     ``low``: a lower-precision copy of every param (mixed precision's compute params); the
     kernel also stores each new param cast to it (into ``low`` itself when ``in_place``).
+    ``compile_only``: build (and load) the kernel for these tensors, launch nothing.
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -357,6 +359,9 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
                                        bool(nesterov), _aligned(every, width), gtype,
                                        grad_scale is not None, width,
                                        _CTYPES[low[0].dtype] if low else None)
+    if compile_only:
+        kern.compile()
+        return None
     args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),

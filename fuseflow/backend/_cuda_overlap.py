@@ -21,6 +21,14 @@ captured on a stream keeps its side nodes' per-stream resources (the arrival cou
 own. (So every compiled signature and every training thread leaves one stream behind; a
 stream costs little, and a graph may replay for as long as its step lives.)
 
+A scope opened with ``update_early=True`` (``Serial``'s, under the overlap order "after")
+also lets the optimizer update that follows start early (``SplitPoint``): the leaves whose
+gradients the side stream made are updated there, beside the main stream's last work,
+instead of after the join. That is safe because in that order every overlapped weight
+gradient is forked after its layer's last read of its params on the main stream (its input
+gradient), and the update takes the split only when nothing was issued on the main stream
+between the join and the update (``ready``).
+
 A plan's cuBLASLt workspace is shared by every execution of that plan, so the backend keys
 the side stream's weight-gradient plans apart from the main stream's ("wgrad/side"): a
 layer whose weight gradient stays on the main stream (a Dense subclass, a custom layer)
@@ -32,6 +40,8 @@ from __future__ import annotations
 import threading
 
 import cupy
+
+from fuseflow.backend import _libcuda
 
 _SIDE_STREAMS: dict = {}
 
@@ -54,9 +64,13 @@ def _event_on(stream) -> cupy.cuda.Event:
 class OverlapScope:
     """One backward pass's forks to side streams (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, update_early: bool = False):
         self._forks = {}  # (device, main stream ptr) -> (device, main, side)
         self._keep = []
+        self._made = []  # (start, end) of the arrays side work produced
+        self._update_early = update_early
+        #: after ``join``: the SplitPoint the next optimizer update may take, or None
+        self.split = None
 
     def fork(self, *reads) -> cupy.cuda.Stream:
         """The current stream's side stream, after all the current stream's work so far;
@@ -69,17 +83,68 @@ class OverlapScope:
         self._keep.append(reads)
         return side
 
+    def made(self, *arrays):
+        """Record arrays that side work wrote (weight and bias gradients): an update that
+        takes the split updates their leaves on the side stream."""
+        self._made += [(a.data.ptr, a.data.ptr + a.nbytes) for a in arrays if a is not None]
+
     def join(self):
         """Every forked-from stream waits for its side stream (each one tried, the first
         error raised after); the kept inputs are let go once all have been joined."""
         error = None
+        one = len(self._forks) == 1 and self._update_early and self._made
         for device, main, side in self._forks.values():
             try:
                 with cupy.cuda.Device(device):
+                    before = _libcuda.capture_deps(main.ptr) if one else None
                     main.wait_event(_event_on(side))
+                    after = _libcuda.capture_deps(main.ptr) if one else None
+                    if one and (before is None) == (after is None):
+                        self.split = SplitPoint(main, side, self._made, before, after)
             except Exception as e:  # noqa: BLE001 - join the others, then raise it
                 error = error or e
+                self.split = None
         self._forks.clear()
         if error is not None:
             raise error  # the inputs stay kept: a stream that did not join may still read
         self._keep.clear()
+
+
+class SplitPoint:
+    """Where a scope joined its side stream, for the optimizer update that follows.
+
+    ``ready()`` says whether the update may split there: its leaves whose gradients the
+    side stream made (``early``) are then updated on the side stream, the others on the
+    main stream, and ``rejoin`` makes the main stream wait for both. While a graph is
+    captured, the join is first taken back (``release``: the main stream's next node
+    depends again on its own work only), so the side's update runs beside the main
+    stream's last work; that needs the main stream to have issued nothing since the join.
+    Outside a capture the side stream first waits for the main stream (nothing overlaps;
+    the warm-up of a compiled step builds the same kernels this way).
+    """
+
+    def __init__(self, main, side, made, before, after):
+        self.main, self.side, self._made = main, side, tuple(made)
+        self._before, self._after = before, after
+
+    def ready(self) -> bool:
+        if cupy.cuda.get_current_stream().ptr != self.main.ptr:
+            return False
+        if self._after is None:  # not captured: ordered by events instead
+            return _libcuda.capture_deps(self.main.ptr) is None
+        return _libcuda.capture_deps(self.main.ptr) == self._after
+
+    def early(self, array) -> bool:
+        """Whether side work wrote ``array``'s memory (the gradient of an early leaf)."""
+        start = array.data.ptr
+        end = start + array.nbytes
+        return any(a <= start and end <= b for a, b in self._made)
+
+    def release(self):
+        """Before the side stream's update: take the captured join back, or (not captured)
+        make the side stream wait for the main stream."""
+        if self._after is None or not _libcuda.set_capture_deps(self.main.ptr, self._before):
+            self.side.wait_event(_event_on(self.main))
+
+    def rejoin(self):
+        self.main.wait_event(_event_on(self.side))

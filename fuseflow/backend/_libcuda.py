@@ -70,3 +70,43 @@ def node_type(node) -> int:
     if fn is None or fn(ctypes.c_void_p(node), ctypes.byref(kind)):
         return -1
     return kind.value
+
+
+#: CUstreamCaptureStatus of a stream that is capturing
+CAPTURE_ACTIVE = 1
+#: cuStreamUpdateCaptureDependencies' flag: replace the stream's dependency set
+SET_CAPTURE_DEPENDENCIES = 1
+
+
+def capture_deps(stream: int):
+    """The nodes a capturing ``stream``'s next node will depend on, as a tuple of node
+    handles; None when it is not capturing or the driver cannot say, and where an edge
+    carries data (a programmatic launch's), which ``set_capture_deps`` would not restore."""
+    v2 = entry("cuStreamGetCaptureInfo_v2")  # errs (lossy query) on edges with data
+    get = v2 or entry("cuStreamGetCaptureInfo_v3")
+    if get is None:
+        return None
+    status, ident, graph = ctypes.c_int(0), ctypes.c_uint64(0), ctypes.c_void_p()
+    deps, count = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_size_t(0)
+    edges = ctypes.POINTER(ctypes.c_uint64)()  # CUgraphEdgeData: 8 bytes, all 0 = plain
+    args = [ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(ident),
+            ctypes.byref(graph), ctypes.byref(deps)] + ([] if v2 else [ctypes.byref(edges)]) \
+        + [ctypes.byref(count)]
+    if get(*args) or status.value != CAPTURE_ACTIVE:
+        return None
+    if edges and any(edges[i] for i in range(count.value)):
+        return None
+    return tuple(deps[i] for i in range(count.value))
+
+
+def set_capture_deps(stream: int, nodes) -> bool:
+    """Make a capturing ``stream``'s next node depend on exactly ``nodes`` (handles from
+    ``capture_deps``, plain edges); whether the driver did."""
+    v2 = entry("cuStreamUpdateCaptureDependencies_v2")  # CUDA 12.3+: with edge data
+    update = v2 or entry("cuStreamUpdateCaptureDependencies")
+    if update is None:
+        return False
+    arr = (ctypes.c_void_p * max(len(nodes), 1))(*nodes)
+    args = [ctypes.c_void_p(stream), arr] + ([None] if v2 else []) + \
+        [ctypes.c_size_t(len(nodes)), ctypes.c_uint(SET_CAPTURE_DEPENDENCIES)]
+    return update(*args) == 0

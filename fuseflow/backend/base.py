@@ -98,10 +98,13 @@ class Backend:
         input gradient (see ``CudaBackend.overlap_order``); False here: nothing overlaps."""
         return False
 
-    def overlapping_wgrad(self):
+    def overlapping_wgrad(self, update_early=False):
         """A scope whose ``linear_wgrad(..., overlap=True)`` calls may run concurrently with
         the input-gradient chain (the CUDA backend: on a second stream, joined at the exit).
-        A backward pass whose weight gradients nothing reads before it ends opens one."""
+        A backward pass whose weight gradients nothing reads before it ends opens one.
+        ``update_early=True``: the pass also never reads an overlapped layer's params after
+        forking its weight gradient (``Serial``'s), so an optimizer update issued right
+        after the scope may start before the join (the CUDA backend, in a captured step)."""
         return contextlib.nullcontext()
 
     # ---- standalone activations (when no matmul is there to fuse with) ----------------------

@@ -220,6 +220,12 @@ class CudaBackend(Backend):
         #: compiled full-fp32 steps 15-20% faster with "after", 784-1024-1024-10's within 1%.
         self.overlap_order = env_choice("FUSEFLOW_OVERLAP_ORDER",
                                         {"before": "before", "after": "after"}, "after")
+        #: FUSEFLOW_SPLIT_UPDATE (1, default; 0 off): in a compiled step, the fused
+        #: optimizer update right after ``Serial``'s backward updates the leaves whose
+        #: gradients the side stream made on that stream, as soon as they are ready, beside
+        #: the main stream's last weight gradient (``_cuda_overlap.SplitPoint``): two
+        #: launches instead of one. Counted in ``stats()["split_update"]``.
+        self.split_update = env_int("FUSEFLOW_SPLIT_UPDATE", 1) != 0
         self._local = threading.local()  # .overlap: this thread's open OverlapScope
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
@@ -247,6 +253,7 @@ class CudaBackend(Backend):
             "k_split": self._counters["k_split"],
             "own_gemm": self._counters["own_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
+            "split_update": self._counters["split_update"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -773,24 +780,45 @@ class CudaBackend(Backend):
                 return self._wgrad_impl(dy, x, spec)
             with scope.fork(dy, x):  # the side stream, current inside
                 self._counters["overlapped_wgrad"] += 1
-                return self._wgrad_impl(dy, x, spec, stage="wgrad/side")
+                dw, db = self._wgrad_impl(dy, x, spec, stage="wgrad/side")
+                scope.made(dw, db)
+                return dw, db
 
         return self._guard(op, run, {"dy": dy, "x": x}, outputs)
 
     @contextlib.contextmanager
-    def overlapping_wgrad(self):
+    def overlapping_wgrad(self, update_early=False):
         """See ``Backend.overlapping_wgrad``: overlapped weight gradients run on the current
         stream's side stream; the exit makes the current stream wait for them. Nested scopes
-        each join their own."""
-        scope = _cuda_overlap.OverlapScope() if self.overlap_wgrad else None
+        each join their own. ``update_early`` (and ``split_update``, overlap order "after"):
+        the optimizer update right after may start on the side stream
+        (``_cuda_overlap.SplitPoint``, taken by ``take_update_split``)."""
+        early = update_early and self.split_update and self.overlap_order == "after"
+        scope = _cuda_overlap.OverlapScope(early) if self.overlap_wgrad else None
         previous = getattr(self._local, "overlap", None)
         self._local.overlap = scope
+        self._local.split = None
         try:
             yield
         finally:
             self._local.overlap = previous
             if scope is not None:
                 scope.join()
+                self._local.split = scope.split
+
+    def take_update_split(self, grads, usable=True):
+        """``(split, early)`` for an optimizer update of ``grads`` issued right after an
+        ``update_early`` scope's join, where it may start on the side stream (``early``:
+        per leaf, whether the side stream made its gradient); else None, and always None
+        when not ``usable``. One use: the scope's SplitPoint is dropped either way."""
+        split, self._local.split = getattr(self._local, "split", None), None
+        if split is None or not usable or not split.ready():
+            return None
+        early = [split.early(g) for g in grads]
+        if all(early) or not any(early):
+            return None
+        self._counters["split_update"] += 1
+        return split, early
 
     def _overlap_scope(self, dtype, nbytes):
         """The open OverlapScope that side work on ``nbytes`` of kept inputs may fork to, or
@@ -913,6 +941,8 @@ class CudaBackend(Backend):
                 scope = self._overlap_scope(dtype, colpart.nbytes)
                 with scope.fork(colpart) if scope is not None else contextlib.nullcontext():
                     H.sum_partials(colpart, db)
+                    if scope is not None:
+                        scope.made(db)
             self._counters["fused_head"] += 1
             return loss, y, dy, dx, db
 

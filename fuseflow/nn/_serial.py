@@ -190,7 +190,8 @@ class Serial(Layer):
         if release_residuals and not isinstance(residuals, list):
             raise TypeError("Serial.backward: release_residuals=True needs residuals as a list "
                             "that the caller owns (list(residuals)), not a tuple")
-        with backend.of(dy, where="Serial.backward").overlapping_wgrad():
+        with backend.of(dy, where="Serial.backward").overlapping_wgrad(
+                update_early=True):
             grads = [{} for _ in self.layers]
             dx = self._backward_stages(params, residuals, dy, need_input_grad,
                                        release_residuals, grads, len(self.stages))
@@ -231,7 +232,8 @@ class Serial(Layer):
         below = self.stages[s - 1] if s > 0 else None
         fuse = below is not None and below.dense is not None and below.activation is not None
         grads = [{} for _ in self.layers]
-        with backend.of(h, where="Serial.backward").overlapping_wgrad():
+        with backend.of(h, where="Serial.backward").overlapping_wgrad(
+                update_early=True):
             try:
                 head.dense.check_params(params[i], h)
                 residuals[i] = {"x": h}

@@ -1,0 +1,179 @@
+"""The optimizer update split at the side stream's join (``_cuda_overlap.SplitPoint``): in
+a compiled step, the leaves whose gradients the side stream made are updated there, the
+others on the main stream. The numbers must be those of the one-launch update bit for bit,
+and the split must only be taken where it is safe. GPU tests are marked and skip without a
+GPU; the CPU tests check the parts that need none."""
+
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import nn
+from tests.test_compile import make_problem, run_side_by_side
+
+gpu = pytest.mark.gpu
+
+
+def _cuda():
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    return cupy
+
+
+def test_numpy_scopes_take_update_early_and_change_nothing():
+    be = ff.backend.get("numpy")
+    rng = np.random.default_rng(0)
+    dy, x = rng.standard_normal((16, 5)), rng.standard_normal((16, 7))
+    with be.overlapping_wgrad(update_early=True):
+        dw, db = be.linear_wgrad(dy, x, "BGRADB", overlap=True)
+    np.testing.assert_array_equal(dw, dy.T @ x)
+    np.testing.assert_allclose(db, dy.sum(axis=0))
+
+
+def test_capture_queries_answer_none_without_a_capturing_stream():
+    from fuseflow.backend import _libcuda
+
+    assert _libcuda.capture_deps(0) is None  # the legacy stream never captures
+
+
+OPTIMIZERS = {
+    "sgd": lambda: ff.optim.sgd(0.05),
+    "momentum": lambda: ff.optim.sgd(0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: ff.optim.adam(1e-3),
+    # per-leaf weight-decay flags: each launch must get its own leaves' flags
+    "adamw_masked": lambda: ff.optim.adamw(
+        1e-3, weight_decay=0.1, mask=lambda p: ff.tree.map(lambda a: a.ndim == 2, p)),
+    # the step size from the schedule's table, the count advanced by both launches alike
+    "adam_schedule": lambda: ff.optim.adam(ff.optim.cosine_decay_schedule(1e-3, 20)),
+}
+
+
+def _compiled_runs(be, cp, monkeypatch, opt, steps=20, step_fn=None):
+    """``{split_update: (eager losses, compiled losses, eager params, compiled params,
+    split count)}`` from the same start."""
+    params, state, step, xs, ys = make_problem(sizes=(784, 512, 512, 10), batch=256,
+                                               optimizer=opt)
+    step = step_fn(opt) if step_fn else step
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cp.asarray(xs), cp.asarray(ys)
+    runs = {}
+    for split in (False, True):
+        monkeypatch.setattr(be, "split_update", split)
+        be.reset_stats()
+        compiled = ff.compile(step)
+        runs[split] = (*run_side_by_side(step, compiled, params, state, xs, ys, steps),
+                       be.stats()["split_update"])
+    return runs
+
+
+def _assert_same(runs, cp):
+    _, graphed, _, pc, _ = runs[True]
+    assert graphed == runs[False][1]
+    for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(runs[False][3])):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_split_update_equals_one_launch(name, monkeypatch):
+    """The compiled step with the split gives the one-launch step's losses and params bit
+    for bit over 20 steps, and the eager step's losses to 1e-5. It splits twice: in the
+    warm-up (events order it) and in the capture (the join taken back)."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    assert be.overlap_order == "after"
+    runs = _compiled_runs(be, cp, monkeypatch, OPTIMIZERS[name]())
+    eager, graphed, _, _, splits = runs[True]
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert splits == 2 and runs[False][4] == 0
+    _assert_same(runs, cp)
+
+
+@gpu
+def test_no_split_after_work_on_the_main_stream(monkeypatch):
+    """A step that launches work between the backward and the update (here it reads the
+    params) is captured without the split (the join stays), and gives the same numbers.
+    Only the warm-up, ordered by events, splits."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
+    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+    def make_step(opt):
+        def step(params, opt_state, x, y):
+            loss, grads = grad_fn(params, x, y)
+            norm = sum((p * p).sum() for p in ff.tree.leaves(params))
+            params, opt_state = ff.optim.update_and_apply(opt, grads, opt_state, params)
+            return params, opt_state, {"loss": loss, "norm": norm}
+        return step
+
+    runs = _compiled_runs(be, cp, monkeypatch, ff.optim.adam(1e-3), step_fn=make_step)
+    assert runs[True][4] == 1
+    _assert_same(runs, cp)
+
+
+@gpu
+@pytest.mark.parametrize("case", ["before", "no_overlap", "float16"])
+def test_no_split_where_it_is_not_safe(case, monkeypatch):
+    """No split under the overlap order "before" (a weight gradient forked before its
+    layer's input gradient reads the params), without overlapped weight gradients, or under
+    loss scaling (the update is skipped on non-finite gradients of every leaf)."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "split_update", True)
+    if case == "before":
+        monkeypatch.setattr(be, "overlap_order", "before")
+    if case == "no_overlap":
+        monkeypatch.setattr(be, "overlap_wgrad", False)
+    opt = ff.optim.adam(1e-3)
+    if case == "float16":
+        monkeypatch.setattr(be, "overlap_wgrad", True)  # overlapped, yet no split
+        opt = ff.mixed_precision.dynamic_loss_scaling(opt)
+        params, state, _, xs, ys = make_problem(sizes=(784, 512, 512, 10), batch=256,
+                                                optimizer=opt)
+        model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
+        grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
+                                                    "float16", unscaled=False)
+
+        def step(p, s, x, y):
+            loss, g = grad_fn(p, x, y, loss_scale=s.scale)
+            p, s = ff.mixed_precision.update_and_apply_scaled(opt, g, s, p)
+            return p, s, {"loss": loss}
+    else:
+        params, state, step, xs, ys = make_problem(sizes=(784, 512, 512, 10), batch=256,
+                                                   optimizer=opt)
+    params, state = ff.device_put((params, state), "cuda")
+    be.reset_stats()
+    compiled = ff.compile(step)
+    for i in range(3):
+        params, state, _ = compiled(params, state, cp.asarray(xs[i]), cp.asarray(ys[i]))
+    assert be.stats()["split_update"] == 0
+    if case != "no_overlap":
+        assert be.stats()["overlapped_wgrad"] > 0
+
+
+@gpu
+def test_fit_compiled_splits_and_matches_eager(monkeypatch):
+    """``fit(compiled=True)`` (make_step: the update right after the backward) takes the
+    split, and its losses match the eager fit's."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "split_update", True)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1024, 64), dtype=np.float32)
+    y = rng.integers(0, 10, 1024)
+    model = nn.Serial(nn.Dense(256, "relu"), nn.Dense(256, "relu"), nn.Dense(10))
+    losses = {}
+    for compiled in (False, True):
+        opt = ff.optim.adam(1e-3)
+        state = ff.train.init_state(model, opt, (64,), ff.random.key(0))
+        state = state._replace(params=ff.device_put(state.params, "cuda"),
+                               opt_state=ff.device_put(state.opt_state, "cuda"))
+        be.reset_stats()
+        result = ff.train.fit(model, opt, state, (cp.asarray(x), cp.asarray(y)), epochs=2,
+                              batch_size=128, compiled=compiled, progress=False, log=None)
+        losses[compiled] = [r["train_loss"] for r in result.history]
+        assert (be.stats()["split_update"] > 0) == compiled
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
