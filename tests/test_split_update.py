@@ -177,3 +177,21 @@ def test_fit_compiled_splits_and_matches_eager(monkeypatch):
         losses[compiled] = [r["train_loss"] for r in result.history]
         assert (be.stats()["split_update"] > 0) == compiled
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+
+
+@gpu
+@pytest.mark.parametrize("setting, sizes, expected", [
+    ("auto", (784, 512, 512, 10), 2), ("auto", (784, 30, 10), 0), (True, (784, 30, 10), 2)])
+def test_auto_splits_only_large_early_leaves(setting, sizes, expected, monkeypatch):
+    """"auto" (the default) splits where the side stream's leaves hold at least
+    ``split_update_min_elements`` (the 512-wide model's 267K; not 784-30-10's few hundred, whose
+    update is shorter than a launch: measured slower split)."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "split_update", setting)
+    params, state, step, xs, ys = make_problem(sizes=sizes, batch=256)
+    params, state = ff.device_put((params, state), "cuda")
+    be.reset_stats()
+    compiled = ff.compile(step)
+    compiled(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
+    assert be.stats()["split_update"] == expected
