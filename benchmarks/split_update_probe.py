@@ -5,7 +5,9 @@
 With ``split_update`` "auto" (the CUDA backend's default, ``FUSEFLOW_SPLIT_UPDATE``), the fused
 update of the leaves whose weight gradients ran on the side stream starts there as soon as
 they are ready, beside the main stream's last weight gradient (``_cuda_overlap.SplitPoint``),
-where they hold at least 2^18 elements; against 0 (one launch after the join).
+where they hold at least 2^18 elements; against 0 (one launch after the join); under the
+overlap orders "after" (default) and "early" (each weight gradient forked before its layer's
+input gradient, the lowest layer's on the main stream).
 Each row: a fresh compiled step of ``peers.py``'s (full float32, two alternating batches),
 the median over 7 blocks of 200 back-to-back calls; settings alternate within each round.
 JSON out (``split_update_probe.json``) with the medians per setting and their ratio.
@@ -27,6 +29,9 @@ from peers import compiled_step_us  # noqa: E402
 
 CONFIGS = [("784-1024-1024-10", "adam"), ("784-1024-1024-10", "sgd"),
            ("784-30-10", "adam"), ("784-30-10", "sgd")]
+#: (overlap order, split_update): the one-launch update after the join, the default, and
+#: the order that forks each weight gradient before its layer's input gradient
+SETTINGS = [("after", False), ("after", "auto"), ("early", "auto"), ("early", False)]
 
 
 def main():
@@ -43,23 +48,21 @@ def main():
     rows = []
     for r in range(args.rounds):
         for model, opt in CONFIGS:
-            for split in ((False, "auto") if r % 2 == 0 else ("auto", False)):
-                be.split_update = split
+            for order, split in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
+                be.overlap_order, be.split_update = order, split
                 be.reset_stats()
                 us, loss = compiled_step_us(ff, cp, model, opt, batches=2)
-                row = {"round": r, "model": model, "optimizer": opt, "split_update": split,
-                       "splits": be.stats()["split_update"], "us": round(us, 2),
-                       "loss": loss}
+                row = {"round": r, "model": model, "optimizer": opt, "order": order,
+                       "split_update": split, "splits": be.stats()["split_update"],
+                       "us": round(us, 2), "loss": loss}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     summary = []
     for model, opt in CONFIGS:
-        med = {s: statistics.median(x["us"] for x in rows if x["model"] == model
-                                    and x["optimizer"] == opt and x["split_update"] == s)
-               for s in (False, "auto")}
-        summary.append({"model": model, "optimizer": opt, "one_launch_us": round(med[False], 2),
-                        "auto_us": round(med["auto"], 2),
-                        "ratio": round(med["auto"] / med[False], 4)})
+        med = {f"{o}/{sp}": round(statistics.median(
+            x["us"] for x in rows if x["model"] == model and x["optimizer"] == opt
+            and x["order"] == o and x["split_update"] == sp), 2) for o, sp in SETTINGS}
+        summary.append({"model": model, "optimizer": opt, "median_us": med})
         print(json.dumps(summary[-1]), flush=True)
     write_json(Path(args.out) / "split_update_probe.json",
                {**metadata("cupy", "nvmath"), "benchmark": "split_update_probe",

@@ -68,12 +68,13 @@ OVERLAPPED = {"mlp": 3, "wide": 4, "nested": 1 + 2, "subclass": 2, "shared_shape
 
 
 @gpu
-@pytest.mark.parametrize("order", ["before", "after"])
+@pytest.mark.parametrize("order", ["before", "after", "early"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_overlapped_grads_equal_one_stream(name, order, monkeypatch):
-    """Either overlap order gives the one stream's numbers bit for bit. "before" forks
+    """Every overlap order gives the one stream's numbers bit for bit. "before" forks
     every plain Dense stage's weight gradient; "after" (the default: forked once the input
-    gradient is issued) runs the lowest layer's on the main stream."""
+    gradient is issued) and "early" (forked before it) run the lowest layer's on the main
+    stream."""
     cp = _cuda()
     be = ff.backend.get("cuda")
     make, features, batch = MODELS[name]

@@ -21,13 +21,14 @@ captured on a stream keeps its side nodes' per-stream resources (the arrival cou
 own. (So every compiled signature and every training thread leaves one stream behind; a
 stream costs little, and a graph may replay for as long as its step lives.)
 
-A scope opened with ``update_early=True`` (``Serial``'s, under the overlap order "after")
-also lets the optimizer update that follows start early (``SplitPoint``): the leaves whose
-gradients the side stream made are updated there, beside the main stream's last work,
-instead of after the join. That is safe because in that order every overlapped weight
-gradient is forked after its layer's last read of its params on the main stream (its input
-gradient), and the update takes the split only when nothing was issued on the main stream
-between the join and the update (``ready``).
+A scope opened with ``update_early=True`` (``Serial``'s, under the overlap orders "after"
+and "early") also lets the optimizer update that follows start early (``SplitPoint``): the
+leaves whose gradients the side stream made are updated there, beside the main stream's
+last work, instead of after the join. That update waits for the side stream's work and for
+the main stream's last input gradient (``main_read``): in ``Serial`` an overlapped layer's
+params are read on the main stream only by its input gradient (and, for the output layer,
+by the fused head kernel issued before its fork). The update takes the split only when
+nothing was issued on the main stream between the join and the update (``ready``).
 
 A plan's cuBLASLt workspace is shared by every execution of that plan, so the backend keys
 the side stream's weight-gradient plans apart from the main stream's ("wgrad/side"): a
@@ -68,6 +69,7 @@ class OverlapScope:
         self._forks = {}  # (device, main stream ptr) -> (device, main, side)
         self._keep = []
         self._made = []  # (start, end) of the arrays side work produced
+        self._reads = []  # the main stream's capture dependencies after each input gradient
         self._update_early = update_early
         #: after ``join``: the SplitPoint the next optimizer update may take, or None
         self.split = None
@@ -88,6 +90,12 @@ class OverlapScope:
         takes the split updates their leaves on the side stream."""
         self._made += [(a.data.ptr, a.data.ptr + a.nbytes) for a in arrays if a is not None]
 
+    def main_read(self):
+        """Record the current (main) stream's position after an op that read params (an
+        input gradient): an early update waits for it."""
+        if self._update_early:
+            self._reads.append(_libcuda.capture_deps(cupy.cuda.get_current_stream().ptr))
+
     def join(self):
         """Every forked-from stream waits for its side stream (each one tried, the first
         error raised after); the kept inputs are let go once all have been joined."""
@@ -99,8 +107,11 @@ class OverlapScope:
                     before = _libcuda.capture_deps(main.ptr) if one else None
                     main.wait_event(_event_on(side))
                     after = _libcuda.capture_deps(main.ptr) if one else None
-                    if one and (before is None) == (after is None):
-                        self.split = SplitPoint(main, side, self._made, before, after)
+                    # captured: every read's position known (else no split)
+                    known = before is None or all(r is not None for r in self._reads)
+                    if one and (before is None) == (after is None) and known:
+                        read = self._reads[-1] if before is not None and self._reads else ()
+                        self.split = SplitPoint(main, side, self._made, before, after, read)
             except Exception as e:  # noqa: BLE001 - join the others, then raise it
                 error = error or e
                 self.split = None
@@ -123,9 +134,9 @@ class SplitPoint:
     the warm-up of a compiled step builds the same kernels this way).
     """
 
-    def __init__(self, main, side, made, before, after):
+    def __init__(self, main, side, made, before, after, read=()):
         self.main, self.side, self._made = main, side, tuple(made)
-        self._before, self._after = before, after
+        self._before, self._after, self._read = before, after, tuple(read)
 
     def ready(self) -> bool:
         if cupy.cuda.get_current_stream().ptr != self.main.ptr:
@@ -141,10 +152,18 @@ class SplitPoint:
         return any(a <= start and end <= b for a, b in self._made)
 
     def release(self):
-        """Before the side stream's update: take the captured join back, or (not captured)
-        make the side stream wait for the main stream."""
-        if self._after is None or not _libcuda.set_capture_deps(self.main.ptr, self._before):
+        """Before the side stream's update: make it wait for the main stream's last read of
+        params too and take the captured join back; not captured (or where the driver does
+        not take the new dependencies), the side stream waits for all the main stream's
+        work instead."""
+        if self._after is None:
             self.side.wait_event(_event_on(self.main))
+            return
+        deps = _libcuda.capture_deps(self.side.ptr)
+        if deps is None or not _libcuda.set_capture_deps(
+                self.side.ptr, tuple(dict.fromkeys(deps + self._read))):
+            self.side.wait_event(_event_on(self.main))  # still joined: after everything
+        _libcuda.set_capture_deps(self.main.ptr, self._before)  # else it stays joined
 
     def rejoin(self):
         self.main.wait_event(_event_on(self.side))

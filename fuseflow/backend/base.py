@@ -98,6 +98,12 @@ class Backend:
         input gradient (see ``CudaBackend.overlap_order``); False here: nothing overlaps."""
         return False
 
+    def lowest_wgrad_on_main(self, dy, x) -> bool:
+        """The lowest layer's weight gradient of these operands (no input gradient follows
+        it) is best run on the main stream, not overlapped (see
+        ``CudaBackend.overlap_order``); False here: nothing overlaps."""
+        return False
+
     def overlapping_wgrad(self, update_early=False):
         """A scope whose ``linear_wgrad(..., overlap=True)`` calls may run concurrently with
         the input-gradient chain (the CUDA backend: on a second stream, joined at the exit).

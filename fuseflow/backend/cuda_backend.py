@@ -218,8 +218,10 @@ class CudaBackend(Backend):
         #: stream, beside the side stream's; "before" forks each one before its layer's
         #: input gradient. Measured on the H200 (docs/benchmarks.md, call 57): 784-30-10's
         #: compiled full-fp32 steps 15-20% faster with "after", 784-1024-1024-10's within 1%.
+        #: "early" forks each one before its layer's input gradient, as "before", but runs
+        #: the lowest layer's on the main stream, as "after".
         self.overlap_order = env_choice("FUSEFLOW_OVERLAP_ORDER",
-                                        {"before": "before", "after": "after"}, "after")
+                                        {o: o for o in ("before", "after", "early")}, "after")
         #: FUSEFLOW_SPLIT_UPDATE: in a compiled step, the fused optimizer update right
         #: after ``Serial``'s backward updates the leaves whose gradients the side stream
         #: made on that stream, as soon as they are ready, beside the main stream's last
@@ -693,6 +695,13 @@ class CudaBackend(Backend):
         return pre, None
 
     def _linear_dgrad(self, dy, w, spec, aux):
+        out = self._linear_dgrad_impl(dy, w, spec, aux)
+        scope = getattr(self._local, "overlap", None)
+        if scope is not None:  # the last read of w: an early update of w waits for it
+            scope.main_read()
+        return out
+
+    def _linear_dgrad_impl(self, dy, w, spec, aux):
         op = f"linear_dgrad/{spec.name}"
         self._check_device(op, dy=dy, w=w, aux=aux)
         self._check_dtype(op, dy.dtype)
@@ -798,7 +807,7 @@ class CudaBackend(Backend):
         each join their own. ``update_early`` (and ``split_update``, overlap order "after"):
         the optimizer update right after may start on the side stream
         (``_cuda_overlap.SplitPoint``, taken by ``take_update_split``)."""
-        early = update_early and self.split_update and self.overlap_order == "after"
+        early = update_early and self.split_update and self.overlap_order in ("after", "early")
         scope = _cuda_overlap.OverlapScope(early) if self.overlap_wgrad else None
         previous = getattr(self._local, "overlap", None)
         self._local.overlap = scope
@@ -839,6 +848,10 @@ class CudaBackend(Backend):
 
     def wgrad_after_dgrad(self, dy, x) -> bool:
         return self.overlap_order == "after" and \
+            self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes) is not None
+
+    def lowest_wgrad_on_main(self, dy, x) -> bool:
+        return self.overlap_order in ("after", "early") and \
             self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes) is not None
 
     def _linear_wgrad_overlapped(self, dy, x, spec):

@@ -77,13 +77,12 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
 def _wgrad_order(be, overlap, need_input_grad, dy, x):
     """``(overlap, late)``: with the backend's overlap order "after" an overlapped weight
     gradient is issued after the input gradient (late), so that it runs beside the next
-    layer's work, and the lowest layer's (no input gradient: nothing follows it on the
-    main stream) runs on the main stream. Otherwise first, so that x can be freed before
-    dx is allocated."""
-    late = overlap and be.wgrad_after_dgrad(dy, x)
-    if late and not need_input_grad:
+    layer's work; otherwise first ("before", "early": beside the input gradient), so that
+    x can be freed before dx is allocated. Under "after" and "early" the lowest layer's (no
+    input gradient: nothing follows it on the main stream) runs on the main stream."""
+    if overlap and not need_input_grad and be.lowest_wgrad_on_main(dy, x):
         return False, False
-    return overlap, late
+    return overlap, overlap and be.wgrad_after_dgrad(dy, x)
 
 
 def _weight_grads(be, dpre, x, has_bias, db, overlap):
