@@ -29,9 +29,11 @@ from peers import compiled_step_us  # noqa: E402
 
 CONFIGS = [("784-1024-1024-10", "adam"), ("784-1024-1024-10", "sgd"),
            ("784-30-10", "adam"), ("784-30-10", "sgd")]
-#: (overlap order, split_update): the one-launch update after the join, the default, and
-#: the order that forks each weight gradient before its layer's input gradient
-SETTINGS = [("after", False), ("after", "auto"), ("early", "auto"), ("early", False)]
+#: (overlap order, split_update, side streams): the one-launch update after the join, the
+#: split, the order that forks each weight gradient before its layer's input gradient, and
+#: two side streams taken in turn
+SETTINGS = [("after", False, 1), ("after", "auto", 1), ("early", "auto", 1),
+            ("early", "auto", 2), ("after", "auto", 2)]
 
 
 def main():
@@ -48,20 +50,22 @@ def main():
     rows = []
     for r in range(args.rounds):
         for model, opt in CONFIGS:
-            for order, split in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
-                be.overlap_order, be.split_update = order, split
+            for order, split, streams in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
+                be.overlap_order, be.split_update, be.overlap_streams = order, split, streams
                 be.reset_stats()
                 us, loss = compiled_step_us(ff, cp, model, opt, batches=2)
                 row = {"round": r, "model": model, "optimizer": opt, "order": order,
-                       "split_update": split, "splits": be.stats()["split_update"],
+                       "split_update": split, "side_streams": streams,
+                       "splits": be.stats()["split_update"],
                        "us": round(us, 2), "loss": loss}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     summary = []
     for model, opt in CONFIGS:
-        med = {f"{o}/{sp}": round(statistics.median(
+        med = {f"{o}/{sp}/{n}": round(statistics.median(
             x["us"] for x in rows if x["model"] == model and x["optimizer"] == opt
-            and x["order"] == o and x["split_update"] == sp), 2) for o, sp in SETTINGS}
+            and x["order"] == o and x["split_update"] == sp and x["side_streams"] == n), 2)
+            for o, sp, n in SETTINGS}
         summary.append({"model": model, "optimizer": opt, "median_us": med})
         print(json.dumps(summary[-1]), flush=True)
     write_json(Path(args.out) / "split_update_probe.json",

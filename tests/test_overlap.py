@@ -68,9 +68,10 @@ OVERLAPPED = {"mlp": 3, "wide": 4, "nested": 1 + 2, "subclass": 2, "shared_shape
 
 
 @gpu
+@pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize("order", ["before", "after", "early"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_overlapped_grads_equal_one_stream(name, order, monkeypatch):
+def test_overlapped_grads_equal_one_stream(name, order, streams, monkeypatch):
     """Every overlap order gives the one stream's numbers bit for bit. "before" forks
     every plain Dense stage's weight gradient; "after" (the default: forked once the input
     gradient is issued) and "early" (forked before it) run the lowest layer's on the main
@@ -90,6 +91,7 @@ def test_overlapped_grads_equal_one_stream(name, order, monkeypatch):
     g0 = [cp.asnumpy(a) for a in ff.tree.leaves(g0)]
     monkeypatch.setattr(be, "overlap_wgrad", True)
     monkeypatch.setattr(be, "overlap_order", order)
+    monkeypatch.setattr(be, "overlap_streams", streams)  # 2: forks alternate between two
     for _ in range(3):
         be.reset_stats()
         loss1, g1 = grad_fn(params, x, y)

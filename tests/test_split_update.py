@@ -76,16 +76,19 @@ def _assert_same(runs, cp):
 
 
 @gpu
-@pytest.mark.parametrize("order", ["after", "early"])
+@pytest.mark.parametrize("order, streams", [("after", 1), ("early", 1), ("after", 2),
+                                            ("early", 2)])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_split_update_equals_one_launch(name, order, monkeypatch):
+def test_split_update_equals_one_launch(name, order, streams, monkeypatch):
     """The compiled step with the split gives the one-launch step's losses and params bit
     for bit over 20 steps, and the eager step's losses to 1e-5. It splits twice: in the
     warm-up (events order it) and in the capture (the join taken back). Under "early" the
-    side stream's update must also wait for the input gradient that reads its params."""
+    side stream's update must also wait for the input gradient that reads its params; with
+    two side streams, for both."""
     cp = _cuda()
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "overlap_order", order)
+    monkeypatch.setattr(be, "overlap_streams", streams)
     runs = _compiled_runs(be, cp, monkeypatch, OPTIMIZERS[name]())
     eager, graphed, _, _, splits = runs[True]
     np.testing.assert_allclose(graphed, eager, rtol=1e-5)

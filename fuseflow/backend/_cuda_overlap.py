@@ -47,9 +47,9 @@ from fuseflow.backend import _libcuda
 _SIDE_STREAMS: dict = {}
 
 
-def _side_stream(device: int, main) -> cupy.cuda.Stream:
+def _side_stream(device: int, main, index: int = 0) -> cupy.cuda.Stream:
     # the key holds the calling thread: no other thread ever makes this entry (no lock)
-    key = (device, main.ptr, threading.get_ident())
+    key = (device, main.ptr, threading.get_ident(), index)
     side = _SIDE_STREAMS.get(key)
     if side is None:
         side = _SIDE_STREAMS[key] = cupy.cuda.Stream(non_blocking=True)
@@ -63,25 +63,35 @@ def _event_on(stream) -> cupy.cuda.Event:
 
 
 class OverlapScope:
-    """One backward pass's forks to side streams (see the module docstring)."""
+    """One backward pass's forks to side streams (see the module docstring).
 
-    def __init__(self, update_early: bool = False):
-        self._forks = {}  # (device, main stream ptr) -> (device, main, side)
+    ``sides``: side streams per main stream, taken in turn by successive forks (2: a short
+    weight gradient forked first does not hold up the next one behind it). ``last_side``:
+    the index of the side stream the latest fork returned (plans are keyed by it: a plan's
+    workspace must not be used on two streams at once).
+    """
+
+    def __init__(self, update_early: bool = False, sides: int = 1):
+        self._forks = {}  # (device, main stream ptr, side index) -> (device, main, side)
         self._keep = []
         self._made = []  # (start, end) of the arrays side work produced
         self._reads = []  # the main stream's capture dependencies after each input gradient
         self._update_early = update_early
+        self._sides, self._count = max(1, sides), 0
+        self.last_side = 0
         #: after ``join``: the SplitPoint the next optimizer update may take, or None
         self.split = None
 
     def fork(self, *reads) -> cupy.cuda.Stream:
-        """The current stream's side stream, after all the current stream's work so far;
-        ``reads`` (arrays the side work reads) stay alive until ``join``."""
+        """The current stream's next side stream, after all the current stream's work so
+        far; ``reads`` (arrays the side work reads) stay alive until ``join``."""
         device = cupy.cuda.runtime.getDevice()
         main = cupy.cuda.get_current_stream()
-        side = _side_stream(device, main)
+        self.last_side = self._count % self._sides
+        self._count += 1
+        side = _side_stream(device, main, self.last_side)
         side.wait_event(_event_on(main))
-        self._forks[(device, main.ptr)] = (device, main, side)
+        self._forks[(device, main.ptr, self.last_side)] = (device, main, side)
         self._keep.append(reads)
         return side
 
@@ -97,21 +107,25 @@ class OverlapScope:
             self._reads.append(_libcuda.capture_deps(cupy.cuda.get_current_stream().ptr))
 
     def join(self):
-        """Every forked-from stream waits for its side stream (each one tried, the first
+        """Every forked-from stream waits for its side streams (each one tried, the first
         error raised after); the kept inputs are let go once all have been joined."""
         error = None
-        one = len(self._forks) == 1 and self._update_early and self._made
+        mains = {}
         for device, main, side in self._forks.values():
+            mains.setdefault((device, main.ptr), (device, main, []))[2].append(side)
+        one = len(mains) == 1 and self._update_early and self._made
+        for device, main, sides in mains.values():
             try:
                 with cupy.cuda.Device(device):
                     before = _libcuda.capture_deps(main.ptr) if one else None
-                    main.wait_event(_event_on(side))
+                    for side in sides:
+                        main.wait_event(_event_on(side))
                     after = _libcuda.capture_deps(main.ptr) if one else None
                     # captured: every read's position known (else no split)
                     known = before is None or all(r is not None for r in self._reads)
                     if one and (before is None) == (after is None) and known:
                         read = self._reads[-1] if before is not None and self._reads else ()
-                        self.split = SplitPoint(main, side, self._made, before, after, read)
+                        self.split = SplitPoint(main, sides, self._made, before, after, read)
             except Exception as e:  # noqa: BLE001 - join the others, then raise it
                 error = error or e
                 self.split = None
@@ -122,20 +136,21 @@ class OverlapScope:
 
 
 class SplitPoint:
-    """Where a scope joined its side stream, for the optimizer update that follows.
+    """Where a scope joined its side streams, for the optimizer update that follows.
 
     ``ready()`` says whether the update may split there: its leaves whose gradients the
-    side stream made (``early``) are then updated on the side stream, the others on the
-    main stream, and ``rejoin`` makes the main stream wait for both. While a graph is
-    captured, the join is first taken back (``release``: the main stream's next node
-    depends again on its own work only), so the side's update runs beside the main
-    stream's last work; that needs the main stream to have issued nothing since the join.
-    Outside a capture the side stream first waits for the main stream (nothing overlaps;
-    the warm-up of a compiled step builds the same kernels this way).
+    side streams made (``early``) are then updated on the first side stream (``side``),
+    after all of them, the others on the main stream, and ``rejoin`` makes the main stream
+    wait for both. While a graph is captured, the join is first taken back (``release``:
+    the main stream's next node depends again on its own work only), so the side's update
+    runs beside the main stream's last work; that needs the main stream to have issued
+    nothing since the join. Outside a capture the side stream first waits for the main
+    stream (nothing overlaps; the warm-up of a compiled step builds the same kernels this
+    way).
     """
 
-    def __init__(self, main, side, made, before, after, read=()):
-        self.main, self.side, self._made = main, side, tuple(made)
+    def __init__(self, main, sides, made, before, after, read=()):
+        self.main, self.sides, self.side, self._made = main, tuple(sides), sides[0], tuple(made)
         self._before, self._after, self._read = before, after, tuple(read)
 
     def ready(self) -> bool:
@@ -152,18 +167,19 @@ class SplitPoint:
         return any(a <= start and end <= b for a, b in self._made)
 
     def release(self):
-        """Before the side stream's update: make it wait for the main stream's last read of
-        params too and take the captured join back; not captured (or where the driver does
-        not take the new dependencies), the side stream waits for all the main stream's
-        work instead."""
+        """Before the side stream's update: make it wait for every side stream and for the
+        main stream's last read of params, and take the captured join back; not captured
+        (or where the driver does not take the new dependencies), the side stream waits for
+        all the main stream's work instead (which joined every side stream)."""
         if self._after is None:
             self.side.wait_event(_event_on(self.main))
             return
-        deps = _libcuda.capture_deps(self.side.ptr)
-        if deps is None or not _libcuda.set_capture_deps(
-                self.side.ptr, tuple(dict.fromkeys(deps + self._read))):
+        deps = [_libcuda.capture_deps(s.ptr) for s in self.sides]
+        if any(d is None for d in deps) or not _libcuda.set_capture_deps(
+                self.side.ptr, tuple(dict.fromkeys(sum(deps, ()) + self._read))):
             self.side.wait_event(_event_on(self.main))  # still joined: after everything
         _libcuda.set_capture_deps(self.main.ptr, self._before)  # else it stays joined
 
     def rejoin(self):
-        self.main.wait_event(_event_on(self.side))
+        for side in self.sides:
+            self.main.wait_event(_event_on(side))

@@ -222,6 +222,9 @@ class CudaBackend(Backend):
         #: the lowest layer's on the main stream, as "after".
         self.overlap_order = env_choice("FUSEFLOW_OVERLAP_ORDER",
                                         {o: o for o in ("before", "after", "early")}, "after")
+        #: FUSEFLOW_OVERLAP_STREAMS (default 1): side streams per main stream, taken in
+        #: turn by successive overlapped weight gradients.
+        self.overlap_streams = max(1, env_int("FUSEFLOW_OVERLAP_STREAMS", 1))
         #: FUSEFLOW_SPLIT_UPDATE: in a compiled step, the fused optimizer update right
         #: after ``Serial``'s backward updates the leaves whose gradients the side stream
         #: made on that stream, as soon as they are ready, beside the main stream's last
@@ -794,7 +797,8 @@ class CudaBackend(Backend):
                 return self._wgrad_impl(dy, x, spec)
             with scope.fork(dy, x):  # the side stream, current inside
                 self._counters["overlapped_wgrad"] += 1
-                dw, db = self._wgrad_impl(dy, x, spec, stage="wgrad/side")
+                stage = "wgrad/side" + (str(scope.last_side) if scope.last_side else "")
+                dw, db = self._wgrad_impl(dy, x, spec, stage=stage)
                 scope.made(dw, db)
                 return dw, db
 
@@ -808,7 +812,8 @@ class CudaBackend(Backend):
         the optimizer update right after may start on the side stream
         (``_cuda_overlap.SplitPoint``, taken by ``take_update_split``)."""
         early = update_early and self.split_update and self.overlap_order in ("after", "early")
-        scope = _cuda_overlap.OverlapScope(early) if self.overlap_wgrad else None
+        scope = (_cuda_overlap.OverlapScope(early, self.overlap_streams) if self.overlap_wgrad
+                 else None)
         previous = getattr(self._local, "overlap", None)
         self._local.overlap = scope
         self._local.split = None
