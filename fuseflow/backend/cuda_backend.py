@@ -212,19 +212,24 @@ class CudaBackend(Backend):
         #: 41 us against 30 alone, and the steps 1.3% (SGD) and 1.6% (Adam) slower (call 62).
         self.overlap_wgrad = env_choice("FUSEFLOW_OVERLAP_WGRAD", AUTOTUNE_MODES, "auto")
         self.overlap_max_bytes = env_int("FUSEFLOW_OVERLAP_MAX_BYTES", 2 ** 24)
-        #: FUSEFLOW_OVERLAP_ORDER: "after" (default) forks an overlapped weight gradient
-        #: once its layer's input gradient is issued, so that it runs beside the next
-        #: layer's work, and runs the lowest layer's (nothing follows it) on the main
-        #: stream, beside the side stream's; "before" forks each one before its layer's
-        #: input gradient. Measured on the H200 (docs/benchmarks.md, call 57): 784-30-10's
-        #: compiled full-fp32 steps 15-20% faster with "after", 784-1024-1024-10's within 1%.
-        #: "early" forks each one before its layer's input gradient, as "before", but runs
-        #: the lowest layer's on the main stream, as "after".
+        #: FUSEFLOW_OVERLAP_ORDER: "early" (default) forks an overlapped weight gradient
+        #: before its layer's input gradient, so that it runs beside it, and runs the lowest
+        #: layer's (nothing follows it on the main stream) on the main stream; "after" forks
+        #: each one once its layer's input gradient is issued (beside the next layer's
+        #: work), the lowest layer's on the main stream; "before" forks every one before
+        #: its layer's input gradient, the lowest layer's too. Measured on the H200
+        #: (docs/benchmarks.md): call 57, 784-30-10's compiled full-fp32 steps 15-20% faster
+        #: with "after" than "before", 784-1024-1024-10's within 1%; call 101, with the
+        #: split update and two side streams, 784-1024-1024-10 Adam 120.5 us "early"
+        #: against 136.1 "after" (SGD 107.2 against 119.0), 784-30-10 within 0.4 us.
         self.overlap_order = env_choice("FUSEFLOW_OVERLAP_ORDER",
-                                        {o: o for o in ("before", "after", "early")}, "after")
-        #: FUSEFLOW_OVERLAP_STREAMS (default 1): side streams per main stream, taken in
-        #: turn by successive overlapped weight gradients.
-        self.overlap_streams = max(1, env_int("FUSEFLOW_OVERLAP_STREAMS", 1))
+                                        {o: o for o in ("before", "after", "early")}, "early")
+        #: FUSEFLOW_OVERLAP_STREAMS (default 2): side streams per main stream, taken in
+        #: turn by successive overlapped weight gradients, so that a short one forked first
+        #: (the output layer's) does not hold up the next behind it. Measured (call 101,
+        #: "early", split update): 784-1024-1024-10 Adam 120.5 us against 123.2 with one,
+        #: SGD 107.2 against 112.2; 784-30-10 Adam 28.6 against 28.0, SGD 22.5 against 22.3.
+        self.overlap_streams = max(1, env_int("FUSEFLOW_OVERLAP_STREAMS", 2))
         #: FUSEFLOW_SPLIT_UPDATE: in a compiled step, the fused optimizer update right
         #: after ``Serial``'s backward updates the leaves whose gradients the side stream
         #: made on that stream, as soon as they are ready, beside the main stream's last
