@@ -221,7 +221,7 @@ class CudaBackend(Backend):
         #: (docs/benchmarks.md): call 57, 784-30-10's compiled full-fp32 steps 15-20% faster
         #: with "after" than "before", 784-1024-1024-10's within 1%; call 101, with the
         #: split update and two side streams, 784-1024-1024-10 Adam 120.5 us "early"
-        #: against 136.1 "after" (SGD 107.2 against 119.0), 784-30-10 within 0.4 us.
+        #: against 136.1 "after" (SGD 107.2 against 119.0), 784-30-10 within 1 us.
         self.overlap_order = env_choice("FUSEFLOW_OVERLAP_ORDER",
                                         {o: o for o in ("before", "after", "early")}, "early")
         #: FUSEFLOW_OVERLAP_STREAMS (default 2): side streams per main stream, taken in
