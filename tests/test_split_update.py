@@ -32,10 +32,35 @@ def test_numpy_scopes_take_update_early_and_change_nothing():
     np.testing.assert_allclose(db, dy.sum(axis=0))
 
 
-def test_capture_queries_answer_none_without_a_capturing_stream():
+@gpu
+def test_capture_dependencies_are_read_and_set_in_a_real_capture():
+    """The driver queries the split update stands on: inside a capture, the stream's next
+    node depends on its last one; after ``set_capture_deps(stream, ())`` the next node is a
+    second root of the graph (no edge); outside a capture, no answer."""
+    cp = _cuda()
     from fuseflow.backend import _libcuda
 
-    assert _libcuda.capture_deps(0) is None  # the legacy stream never captures
+    x = cp.ones(1024, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    assert _libcuda.capture_deps(stream.ptr) is None
+    assert _libcuda.capture_id(stream.ptr) is None
+    with stream:
+        stream.begin_capture()
+        x += 1
+        deps = _libcuda.capture_deps(stream.ptr)
+        ident = _libcuda.capture_id(stream.ptr)
+        cut = _libcuda.set_capture_deps(stream.ptr, ())
+        after_cut = _libcuda.capture_deps(stream.ptr)
+        x *= 2
+        graph = stream.end_capture()
+    assert len(deps) == 1 and ident is not None
+    assert cut and after_cut == ()
+    import ctypes
+
+    roots = _libcuda.entry("cuGraphGetRootNodes")
+    count = ctypes.c_size_t(0)
+    assert roots(ctypes.c_void_p(graph.graph), None, ctypes.byref(count)) == 0
+    assert count.value == 2 and len(_libcuda.graph_nodes(graph.graph)) == 2
 
 
 OPTIMIZERS = {
@@ -64,7 +89,7 @@ def _compiled_runs(be, cp, monkeypatch, opt, steps=20, step_fn=None):
         be.reset_stats()
         compiled = ff.compile(step)
         runs[split] = (*run_side_by_side(step, compiled, params, state, xs, ys, steps),
-                       be.stats()["split_update"])
+                       (be.stats()["split_update"], be.stats()["split_update_overlapped"]))
     return runs
 
 
@@ -92,7 +117,7 @@ def test_split_update_equals_one_launch(name, order, streams, monkeypatch):
     runs = _compiled_runs(be, cp, monkeypatch, OPTIMIZERS[name]())
     eager, graphed, _, _, splits = runs[True]
     np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert splits == 2 and runs[False][4] == 0
+    assert splits == (2, 1) and runs[False][4] == (0, 0)  # (split, of those overlapped)
     _assert_same(runs, cp)
 
 
@@ -115,16 +140,78 @@ def test_no_split_after_work_on_the_main_stream(monkeypatch):
         return step
 
     runs = _compiled_runs(be, cp, monkeypatch, ff.optim.adam(1e-3), step_fn=make_step)
-    assert runs[True][4] == 1
+    assert runs[True][4] == (1, 0)
+    _assert_same(runs, cp)
+
+
+class ForkingDense(nn.Layer):
+    """A custom (non-Dense) layer that overlaps its own weight gradient, then reads its
+    weight again on the main stream: the early update of that weight must wait for it."""
+
+    def __init__(self, features):
+        super().__init__()
+        self.features = features
+
+    def init(self, key, in_shape):
+        w = ff.random.normal(key, (self.features, in_shape[-1])) * 0.05
+        return (self.features,), {"w": w.astype(np.float32)}
+
+    def forward(self, params, x, *, key=None, train=True):
+        be = ff.backend.of(x, params["w"], where="ForkingDense")
+        y, _ = be.linear(x, params["w"], None, "DEFAULT")
+        return y, {"x": x}
+
+    def backward(self, params, residuals, dy):
+        be = ff.backend.of(dy, params["w"], where="ForkingDense")
+        dw, _ = be.linear_wgrad(dy, residuals["x"], "DEFAULT", overlap=True)
+        dx, _ = be.linear_dgrad(dy, params["w"], "DEFAULT")
+        dx = dx + 0.0 * (params["w"] * params["w"]).sum()  # reads w after the fork
+        return {"w": dw}, dx
+
+
+@gpu
+def test_custom_layer_forking_its_weight_gradient_splits_safely(monkeypatch):
+    """A custom layer below the Dense stages forks its weight gradient and reads its
+    weight after that; Serial records its whole backward as a read, and the split update
+    gives the one launch's numbers."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    model = nn.Serial(nn.Dense(512, "relu"), ForkingDense(512), nn.ReLU(),
+                      nn.Dense(512, "relu"), nn.Dense(10))
+    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
+
+    def make_step(opt):
+        def step(params, opt_state, x, y):
+            loss, grads = grad_fn(params, x, y)
+            params, opt_state = ff.optim.update_and_apply(opt, grads, opt_state, params)
+            return params, opt_state, {"loss": loss}
+        return step
+
+    opt = ff.optim.adam(1e-3)
+    _, params = model.init(ff.random.key(0), (784,))
+    rng = np.random.default_rng(0)
+    xs = cp.asarray(rng.random((10, 256, 784), dtype=np.float32))
+    ys = cp.asarray(rng.integers(0, 10, (10, 256)))
+    params = ff.device_put(params, "cuda")
+    state = opt.init(params)
+    runs = {}
+    for split in (False, True):
+        monkeypatch.setattr(be, "split_update", split)
+        be.reset_stats()
+        step = make_step(opt)
+        runs[split] = (*run_side_by_side(step, ff.compile(step), params, state, xs, ys, 20),
+                       be.stats()["split_update"])
+    assert runs[True][4] == 2 and runs[False][4] == 0
     _assert_same(runs, cp)
 
 
 @gpu
 @pytest.mark.parametrize("case", ["before", "no_overlap", "float16"])
 def test_no_split_where_it_is_not_safe(case, monkeypatch):
-    """No split under the overlap order "before" (a weight gradient forked before its
-    layer's input gradient reads the params), without overlapped weight gradients, or under
-    loss scaling (the update is skipped on non-finite gradients of every leaf)."""
+    """No split under the overlap order "before" (not taken: its lowest layer's weight
+    gradient queues on the side stream, so the side's update could not start before the
+    main stream's work ends), without overlapped weight gradients, or under loss scaling
+    (the update is skipped on non-finite gradients of every leaf)."""
     cp = _cuda()
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "split_update", True)

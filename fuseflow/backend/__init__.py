@@ -241,10 +241,11 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
 
 
 def _split_update(split, early, kind, params, grads, states, grad_scale, low, hyper):
-    """The in-place update as two launches: the leaves whose gradients the side stream made
-    on that stream, the others on the main stream (``_cuda_overlap.SplitPoint``). Both
-    kernels read the same old counters and write the same new ones (the same values), so
-    the result is that of the one launch, bit for bit."""
+    """The in-place update as two launches: the leaves whose gradients the side streams made
+    on a side stream, the others on the main stream (``_cuda_overlap.SplitPoint``). Both
+    read the same old counters; only the main stream's stores the new ones (allocated after
+    the join, they may lie in memory the main stream's last work still reads), so the
+    result is that of the one launch, bit for bit."""
     from fuseflow.backend import _cuda_fused
 
     def pick(seq, want):
@@ -253,12 +254,16 @@ def _split_update(split, early, kind, params, grads, states, grad_scale, low, hy
     # the one-launch kernel too: a later capture that cannot split must not compile it
     _cuda_fused.multi_tensor_update(kind, params, grads, states, grad_scale=grad_scale,
                                     low=low, compile_only=True, **hyper)
-    split.release()
+    if split.release():
+        get("cuda")._counters["split_update_overlapped"] += 1
+    side = {"new_count": None, "new_sched_count": None,
+            "bump_count": hyper.get("new_count") is not None}
     for want, stream in ((True, split.side), (False, split.main)):
         with stream:
             _cuda_fused.multi_tensor_update(
                 kind, pick(params, want), pick(grads, want),
                 [pick(group, want) for group in states], grad_scale=grad_scale,
-                low=pick(low, want), **{**hyper, "decays": pick(hyper.get("decays"), want)})
+                low=pick(low, want), **{**hyper, "decays": pick(hyper.get("decays"), want),
+                                        **(side if want else {})})
     split.rejoin()
     return (params, states) if low is None else (params, states, low)

@@ -263,7 +263,7 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
     the next step would otherwise make)."""
     states = _STATE[kind]
     args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
-            "const int* count_ptr", "int* new_count_ptr", "const int* sched_ptr",
+            "const int* count_ptr", "int* new_count_ptr", "int bump", "const int* sched_ptr",
             "int* new_sched_ptr", "const W* table_ptr", "long long table_last",
             "const float* gscale_ptr", "W b1", "W b2",
             "W one_minus_b1", "W one_minus_b2", "W eps", "W wd", "W decay"]
@@ -304,7 +304,7 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
                 "  // With new_*_ptr, the counters are incremented here (saturating, as\n"
                 "  // optim's increment) into separate buffers: every thread reads the old.\n"
                 "  int t_int = count_ptr ? count_ptr[0] : 0;\n"
-                "  if (new_count_ptr) t_int += t_int < 2147483647 ? 1 : 0;\n"
+                "  if (new_count_ptr || bump) t_int += t_int < 2147483647 ? 1 : 0;\n"
                 "  if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
                 "    if (new_count_ptr) new_count_ptr[0] = t_int;\n"
                 "    if (new_sched_ptr) new_sched_ptr[0] = sched_ptr[0]\n"
@@ -325,7 +325,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
                         decay=0.0, nesterov=False, in_place=False, finite=None,
                         grad_scale=None, new_count=None, sched_count=None,
                         new_sched_count=None, step_table=None, low=None,
-                        compile_only=False):
+                        compile_only=False, bump_count=False):
     """One launch that updates every tensor; returns ``(new_params, new_states)``, and
     ``new_low`` third when ``low`` is given.
 
@@ -342,6 +342,8 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     ``low``: a lower-precision copy of every param (mixed precision's compute params); the
     kernel also stores each new param cast to it (into ``low`` itself when ``in_place``).
     ``compile_only``: build (and load) the kernel for these tensors, launch nothing.
+    ``bump_count``: use ``count + 1`` as ``new_count`` would, without storing it (the second
+    launch of a split update, whose partner stores the counters).
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -365,7 +367,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     args = [finite if finite is not None else np.uintp(0),
             step if step is not None else np.uintp(0),
             wnp(step_const), count if count is not None else np.uintp(0),
-            new_count if new_count is not None else np.uintp(0),
+            new_count if new_count is not None else np.uintp(0), np.int32(bool(bump_count)),
             sched_count if sched_count is not None else np.uintp(0),
             new_sched_count if new_sched_count is not None else np.uintp(0),
             step_table if step_table is not None else np.uintp(0),

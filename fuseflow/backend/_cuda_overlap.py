@@ -25,10 +25,12 @@ A scope opened with ``update_early=True`` (``Serial``'s, under the overlap order
 and "early") also lets the optimizer update that follows start early (``SplitPoint``): the
 leaves whose gradients the side stream made are updated there, beside the main stream's
 last work, instead of after the join. That update waits for the side stream's work and for
-the main stream's last input gradient (``main_read``): in ``Serial`` an overlapped layer's
-params are read on the main stream only by its input gradient (and, for the output layer,
-by the fused head kernel issued before its fork). The update takes the split only when
-nothing was issued on the main stream between the join and the update (``ready``).
+the main stream's last input gradient or other layer's backward (``main_read``): in
+``Serial`` a Dense stage's params are read on the main stream only by its input gradient
+(and, for the output layer, by the fused head kernel issued before its fork), and any other
+layer's backward (which may fork weight gradients itself) is recorded as a whole. The
+update takes the split only when nothing was issued on the main stream between the join
+and the update (``ready``).
 
 A plan's cuBLASLt workspace is shared by every execution of that plan, so the backend keys
 the side stream's weight-gradient plans apart from the main stream's ("wgrad/side"): a
@@ -102,7 +104,8 @@ class OverlapScope:
 
     def main_read(self):
         """Record the current (main) stream's position after an op that read params (an
-        input gradient): an early update waits for it."""
+        input gradient, or a layer's whole backward where the backend cannot see its reads):
+        an early update waits for it."""
         if self._update_early:
             self._reads.append(_libcuda.capture_deps(cupy.cuda.get_current_stream().ptr))
 
@@ -125,7 +128,8 @@ class OverlapScope:
                     known = before is None or all(r is not None for r in self._reads)
                     if one and (before is None) == (after is None) and known:
                         read = self._reads[-1] if before is not None and self._reads else ()
-                        self.split = SplitPoint(main, sides, self._made, before, after, read)
+                        self.split = SplitPoint(main, sides, self._made, before, after, read,
+                                                _libcuda.capture_id(main.ptr))
             except Exception as e:  # noqa: BLE001 - join the others, then raise it
                 error = error or e
                 self.split = None
@@ -149,16 +153,19 @@ class SplitPoint:
     way).
     """
 
-    def __init__(self, main, sides, made, before, after, read=()):
+    def __init__(self, main, sides, made, before, after, read=(), capture=None):
         self.main, self.sides, self.side, self._made = main, tuple(sides), sides[0], tuple(made)
         self._before, self._after, self._read = before, after, tuple(read)
+        self._capture = capture  # the capture sequence's id (node handles are per graph)
 
     def ready(self) -> bool:
         if cupy.cuda.get_current_stream().ptr != self.main.ptr:
             return False
         if self._after is None:  # not captured: ordered by events instead
             return _libcuda.capture_deps(self.main.ptr) is None
-        return _libcuda.capture_deps(self.main.ptr) == self._after
+        return self._capture is not None and \
+            _libcuda.capture_id(self.main.ptr) == self._capture and \
+            _libcuda.capture_deps(self.main.ptr) == self._after
 
     def early(self, array) -> bool:
         """Whether side work wrote ``array``'s memory (the gradient of an early leaf)."""
@@ -166,19 +173,22 @@ class SplitPoint:
         end = start + array.nbytes
         return any(a <= start and end <= b for a, b in self._made)
 
-    def release(self):
+    def release(self) -> bool:
         """Before the side stream's update: make it wait for every side stream and for the
         main stream's last read of params, and take the captured join back; not captured
         (or where the driver does not take the new dependencies), the side stream waits for
-        all the main stream's work instead (which joined every side stream)."""
+        all the main stream's work instead (which joined every side stream). Whether the
+        two launches may overlap the main stream's last work (the captured path)."""
         if self._after is None:
             self.side.wait_event(_event_on(self.main))
-            return
+            return False
         deps = [_libcuda.capture_deps(s.ptr) for s in self.sides]
         if any(d is None for d in deps) or not _libcuda.set_capture_deps(
                 self.side.ptr, tuple(dict.fromkeys(sum(deps, ()) + self._read))):
             self.side.wait_event(_event_on(self.main))  # still joined: after everything
-        _libcuda.set_capture_deps(self.main.ptr, self._before)  # else it stays joined
+            return False
+        # else the main stream stays joined: correct, without the overlap
+        return _libcuda.set_capture_deps(self.main.ptr, self._before)
 
     def rejoin(self):
         for side in self.sides:

@@ -78,6 +78,21 @@ CAPTURE_ACTIVE = 1
 SET_CAPTURE_DEPENDENCIES = 1
 
 
+def capture_id(stream: int):
+    """The id of ``stream``'s capture sequence (unique in the process), or None when it is
+    not capturing or the driver cannot say."""
+    get = entry("cuStreamGetCaptureInfo_v2") or entry("cuStreamGetCaptureInfo_v3")
+    status, ident = ctypes.c_int(0), ctypes.c_uint64(0)
+    if get is None:
+        return None
+    # no dependency outputs asked for: both versions take the same leading arguments
+    extra = [None, None, None] if entry("cuStreamGetCaptureInfo_v2") else [None] * 4
+    if get(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(ident), *extra) \
+            or status.value != CAPTURE_ACTIVE:
+        return None
+    return ident.value
+
+
 def capture_deps(stream: int):
     """The nodes a capturing ``stream``'s next node will depend on, as a tuple of node
     handles; None when it is not capturing or the driver cannot say, and where an edge

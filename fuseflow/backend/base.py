@@ -98,6 +98,11 @@ class Backend:
         input gradient (see ``CudaBackend.overlap_order``); False here: nothing overlaps."""
         return False
 
+    def params_read(self):
+        """Inside ``overlapping_wgrad(update_early=True)``: the work issued so far read
+        params (a layer's backward that the backend cannot see into), so an early update
+        must wait for it. Nothing to do here: nothing overlaps."""
+
     def lowest_wgrad_on_main(self, dy, x) -> bool:
         """The lowest layer's weight gradient of these operands (no input gradient follows
         it) is best run on the main stream, not overlapped (see

@@ -269,6 +269,7 @@ class CudaBackend(Backend):
             "own_gemm": self._counters["own_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
             "split_update": self._counters["split_update"],
+            "split_update_overlapped": self._counters["split_update_overlapped"],
             "copies": dict(self._copies),
             "tf32": self.tf32,
         })
@@ -704,9 +705,7 @@ class CudaBackend(Backend):
 
     def _linear_dgrad(self, dy, w, spec, aux):
         out = self._linear_dgrad_impl(dy, w, spec, aux)
-        scope = getattr(self._local, "overlap", None)
-        if scope is not None:  # the last read of w: an early update of w waits for it
-            scope.main_read()
+        self.params_read()  # the last read of w: an early update of w waits for it
         return out
 
     def _linear_dgrad_impl(self, dy, w, spec, aux):
@@ -813,7 +812,8 @@ class CudaBackend(Backend):
     def overlapping_wgrad(self, update_early=False):
         """See ``Backend.overlapping_wgrad``: overlapped weight gradients run on the current
         stream's side stream; the exit makes the current stream wait for them. Nested scopes
-        each join their own. ``update_early`` (and ``split_update``, overlap order "after"):
+        each join their own. ``update_early`` (and ``split_update``, overlap order "after"
+        or "early"):
         the optimizer update right after may start on the side stream
         (``_cuda_overlap.SplitPoint``, taken by ``take_update_split``)."""
         early = update_early and self.split_update and self.overlap_order in ("after", "early")
@@ -829,6 +829,13 @@ class CudaBackend(Backend):
             if scope is not None:
                 scope.join()
                 self._local.split = scope.split
+
+    def params_read(self):
+        """See ``Backend.params_read``: an early update (``take_update_split``) waits for the
+        current stream's work so far."""
+        scope = getattr(self._local, "overlap", None)
+        if scope is not None:
+            scope.main_read()
 
     def take_update_split(self, grads, usable=True):
         """``(split, early)`` for an optimizer update of ``grads`` issued right after an

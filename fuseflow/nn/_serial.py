@@ -267,6 +267,9 @@ class Serial(Layer):
                     grads[i], dx = self.layers[i].backward(params[i], residuals[i], dy)
                 except LayerError as e:
                     raise self._wrap(i, e) from None
+                # it may have forked weight gradients and read its params after: an early
+                # optimizer update (update_early) waits for all of its work
+                backend.of(dy, where="Serial.backward").params_read()
                 self._check_dx(s, below, dy, dx)
                 if release_residuals:
                     residuals[i] = None
