@@ -15,11 +15,12 @@ read them. The side stream's own allocations are safe without that: a pool block
 to the arena of the stream that allocated it, and every later side-stream use starts with a
 fork, that is after everything the main stream had issued, including the block's last reads.
 
-One side stream per (device, main stream, host thread), made on first use and kept: a graph
+Side streams per (device, main stream, host thread, index), made on first use and kept
+(a scope takes ``sides`` of them in turn; the backend's ``overlap_streams``): a graph
 captured on a stream keeps its side nodes' per-stream resources (the arrival counters of
 ``_cuda_tickets``) to itself, as ``ff.compile`` gives every graph a capture stream of its
-own. (So every compiled signature and every training thread leaves one stream behind; a
-stream costs little, and a graph may replay for as long as its step lives.)
+own. (So every compiled signature and every training thread leaves its side streams
+behind; a stream costs little, and a graph may replay for as long as its step lives.)
 
 A scope opened with ``update_early=True`` (``Serial``'s, under the overlap orders "after"
 and "early") also lets the optimizer update that follows start early (``SplitPoint``): the
