@@ -813,8 +813,7 @@ class CudaBackend(Backend):
         """See ``Backend.overlapping_wgrad``: overlapped weight gradients run on the current
         stream's side stream; the exit makes the current stream wait for them. Nested scopes
         each join their own. ``update_early`` (and ``split_update``, overlap order "after"
-        or "early"):
-        the optimizer update right after may start on the side stream
+        or "early"): the optimizer update right after may start on the side stream
         (``_cuda_overlap.SplitPoint``, taken by ``take_update_split``)."""
         early = update_early and self.split_update and self.overlap_order in ("after", "early")
         scope = (_cuda_overlap.OverlapScope(early, self.overlap_streams) if self.overlap_wgrad
