@@ -687,7 +687,7 @@ def test_cublaslt_gelu_accuracy(record_property, dtype):
     bwd_abs = float(np.abs(host(dx).astype(np.float64) - dexact).max())
     for k, v in {"gelu_max_abs_err": fwd_abs, "gelu_max_rel_err": fwd_rel,
                  "dgelu_max_abs_err": bwd_abs,
-                 "gelu_norm_rel_err": rel_err(got, exact)}.items():
+                 "gelu_norm_rel_err": float(rel_err(got, exact))}.items():
         record_property(k, v)
     print(f"cuBLASLt GELU {np.dtype(dtype).name}: max abs {fwd_abs:.3g}, max rel (|y|>1e-3) "
           f"{fwd_rel:.3g}; DGELU max abs {bwd_abs:.3g}")
