@@ -43,17 +43,17 @@ def test_capture_dependencies_are_read_and_set_in_a_real_capture():
     x = cp.ones(1024, dtype=cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
     assert _libcuda.capture_deps(stream.ptr) is None
-    assert _libcuda.capture_id(stream.ptr) is None
+    assert _libcuda.capture_info(stream.ptr) is None
     with stream:
         stream.begin_capture()
         x += 1
         deps = _libcuda.capture_deps(stream.ptr)
-        ident = _libcuda.capture_id(stream.ptr)
+        ident, same = _libcuda.capture_info(stream.ptr)
         cut = _libcuda.set_capture_deps(stream.ptr, ())
         after_cut = _libcuda.capture_deps(stream.ptr)
         x *= 2
         graph = stream.end_capture()
-    assert len(deps) == 1 and ident is not None
+    assert len(deps) == 1 and same == deps and ident is not None
     assert cut and after_cut == ()
     import ctypes
 

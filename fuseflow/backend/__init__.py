@@ -254,8 +254,7 @@ def _split_update(split, early, kind, params, grads, states, grad_scale, low, hy
     # the one-launch kernel too: a later capture that cannot split must not compile it
     _cuda_fused.multi_tensor_update(kind, params, grads, states, grad_scale=grad_scale,
                                     low=low, compile_only=True, **hyper)
-    if split.release():
-        get("cuda")._counters["split_update_overlapped"] += 1
+    get("cuda").release_update_split(split)
     side = {"new_count": None, "new_sched_count": None,
             "bump_count": hyper.get("new_count") is not None}
     for want, stream in ((True, split.side), (False, split.main)):

@@ -129,8 +129,9 @@ class OverlapScope:
                     known = before is None or all(r is not None for r in self._reads)
                     if one and (before is None) == (after is None) and known:
                         read = self._reads[-1] if before is not None and self._reads else ()
+                        info = _libcuda.capture_info(main.ptr)
                         self.split = SplitPoint(main, sides, self._made, before, after, read,
-                                                _libcuda.capture_id(main.ptr))
+                                                None if info is None else info[0])
             except Exception as e:  # noqa: BLE001 - join the others, then raise it
                 error = error or e
                 self.split = None
@@ -165,8 +166,7 @@ class SplitPoint:
         if self._after is None:  # not captured: ordered by events instead
             return _libcuda.capture_deps(self.main.ptr) is None
         return self._capture is not None and \
-            _libcuda.capture_id(self.main.ptr) == self._capture and \
-            _libcuda.capture_deps(self.main.ptr) == self._after
+            _libcuda.capture_info(self.main.ptr) == (self._capture, self._after)
 
     def early(self, array) -> bool:
         """Whether side work wrote ``array``'s memory (the gradient of an early leaf)."""

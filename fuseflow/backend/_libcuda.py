@@ -78,25 +78,11 @@ CAPTURE_ACTIVE = 1
 SET_CAPTURE_DEPENDENCIES = 1
 
 
-def capture_id(stream: int):
-    """The id of ``stream``'s capture sequence (unique in the process), or None when it is
-    not capturing or the driver cannot say."""
-    get = entry("cuStreamGetCaptureInfo_v2") or entry("cuStreamGetCaptureInfo_v3")
-    status, ident = ctypes.c_int(0), ctypes.c_uint64(0)
-    if get is None:
-        return None
-    # no dependency outputs asked for: both versions take the same leading arguments
-    extra = [None, None, None] if entry("cuStreamGetCaptureInfo_v2") else [None] * 4
-    if get(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(ident), *extra) \
-            or status.value != CAPTURE_ACTIVE:
-        return None
-    return ident.value
-
-
-def capture_deps(stream: int):
-    """The nodes a capturing ``stream``'s next node will depend on, as a tuple of node
-    handles; None when it is not capturing or the driver cannot say, and where an edge
-    carries data (a programmatic launch's), which ``set_capture_deps`` would not restore."""
+def capture_info(stream: int):
+    """``(id, deps)`` of a capturing ``stream``: the id of its capture sequence (unique in
+    the process) and the nodes its next node will depend on (a tuple of node handles; None
+    where an edge carries data, a programmatic launch's, which ``set_capture_deps`` would
+    not restore). None when it is not capturing or the driver cannot say."""
     v2 = entry("cuStreamGetCaptureInfo_v2")  # errs (lossy query) on edges with data
     get = v2 or entry("cuStreamGetCaptureInfo_v3")
     if get is None:
@@ -110,8 +96,14 @@ def capture_deps(stream: int):
     if get(*args) or status.value != CAPTURE_ACTIVE:
         return None
     if edges and any(edges[i] for i in range(count.value)):
-        return None
-    return tuple(deps[i] for i in range(count.value))
+        return ident.value, None
+    return ident.value, tuple(deps[i] for i in range(count.value))
+
+
+def capture_deps(stream: int):
+    """The dependencies of ``capture_info``, or None."""
+    info = capture_info(stream)
+    return None if info is None else info[1]
 
 
 def set_capture_deps(stream: int, nodes) -> bool:

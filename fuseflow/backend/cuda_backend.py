@@ -878,6 +878,13 @@ class CudaBackend(Backend):
         self._counters["split_update"] += 1
         return split, early
 
+    def release_update_split(self, split) -> bool:
+        """``split.release()`` (before the side stream's update), counted in
+        ``stats()["split_update_overlapped"]`` where the launches may overlap."""
+        overlapped = split.release()
+        self._counters["split_update_overlapped"] += overlapped
+        return overlapped
+
     def _overlap_scope(self, dtype, nbytes):
         """The open OverlapScope that side work on ``nbytes`` of kept inputs may fork to, or
         None: "auto" overlaps full float32 only, up to ``overlap_max_bytes``."""
@@ -887,17 +894,18 @@ class CudaBackend(Backend):
             return None
         return scope
 
+    def _wgrad_scope(self, dy, x):
+        """The scope a weight gradient of ``dy`` and ``x`` (both kept) may fork to, or None."""
+        return self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes)
+
     def wgrad_after_dgrad(self, dy, x) -> bool:
-        return self.overlap_order == "after" and \
-            self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes) is not None
+        return self.overlap_order == "after" and self._wgrad_scope(dy, x) is not None
 
     def lowest_wgrad_on_main(self, dy, x) -> bool:
-        return self.overlap_order in ("after", "early") and \
-            self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes) is not None
+        return self.overlap_order in ("after", "early") and self._wgrad_scope(dy, x) is not None
 
     def _linear_wgrad_overlapped(self, dy, x, spec):
-        return self._linear_wgrad(dy, x, spec,
-                                  self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes))
+        return self._linear_wgrad(dy, x, spec, self._wgrad_scope(dy, x))
 
     def _wgrad_impl(self, dy, x, spec, stage="wgrad"):
         """``stage`` names the plan-cache entries: a plan's cuBLASLt workspace must not be
