@@ -99,10 +99,7 @@ def _generated_sources(monkeypatch):
         splits = (0,) if dt == np.float16 else (0, 2, 7)   # the own K split's partials
         for hb, ha, r, sp in itertools.product((False, True), (False, True), (False, True),
                                                splits):
-            E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r, SPLITS=sp,
-                      FROM_OUTPUT=0)
-        E._kernel("bias_relu", dt, HAS_BIAS=False, HAS_AUX=True, RELU=False, SPLITS=0,
-                  FROM_OUTPUT=1)   # relu_mask
+            E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r, SPLITS=sp)
         for b, u, sp, t in itertools.product((False, True), (1, E.DRELU_UNROLL), splits,
                                              (False, True)):
             E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp, TICKET=b and t)

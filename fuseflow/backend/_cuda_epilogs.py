@@ -14,13 +14,9 @@ over the matmul's output, in place (no second activation buffer):
   sat on the backward's critical path; float64 keeps it, see ``DRELU_TAIL``);
   deterministic.
 
-- ``relu_mask``: the relu_aux bits of a ReLU's output (set where ``y > 0``), one read of
-  it, for matmuls that run RELU[_BIAS] because cuBLASLt's mask output slows them down more.
-
-``bias_relu`` and ``drelu`` also take the (S, B, F) partial products of a matmul whose K
-the backend split into S slices (``_k_split``): they add them in split order as they read
-them and write the result to a separate output, in place of cuBLASLt's split-K reduction
-kernel.
+Both also take the (S, B, F) partial products of a matmul whose K the backend split into S
+slices (``_k_split``): they add them in split order as they read them and write the
+result to a separate output, in place of cuBLASLt's split-K reduction kernel.
 
 The formats are cuBLASLt's (see ``epilogs.py``), the arithmetic ``_cuda_kernels``'s (the
 accumulation type is float32 for float16/float32, float64 for float64). They need the
@@ -61,8 +57,7 @@ __device__ __forceinline__ T8 load_sum(const T* __restrict__ src, long long pstr
 """
 
 # Thread i is byte j of sample n's relu_aux column (rows bytes per sample, the first
-# ceil(F / 8) of them data, the rest zero padding). FROM_OUTPUT: y is a ReLU's output, only
-# read: the bits are set where it is > 0 (``relu_mask``).
+# ceil(F / 8) of them data, the rest zero padding).
 _BIAS_RELU = r"""
 extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bias,
         unsigned char* __restrict__ aux, long long B, long long F, long long rows,
@@ -80,10 +75,10 @@ extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bi
         for (int u = 0; u < 8; ++u) {
             A v = (A)t.v[u];
             if (HAS_BIAS) v += (A)b.v[u];
-            if (FROM_OUTPUT ? v > (A)0 : v >= (A)0) byte |= 1u << u;
+            if (v >= (A)0) byte |= 1u << u;
             t.v[u] = (T)(RELU && v < (A)0 ? (A)0 : v);
         }
-        if (!FROM_OUTPUT) *reinterpret_cast<T8*>(y + n * F + 8 * j) = t;
+        *reinterpret_cast<T8*>(y + n * F + 8 * j) = t;
     }
     if (HAS_AUX) aux[i] = (unsigned char)byte;
 }
@@ -211,31 +206,12 @@ def bias_relu(y, bias, *, relu: bool, aux_rows: int | None, partials=None):
     per = aux_rows if aux_rows is not None else features // 8
     if batch * per:
         kern = _kernel("bias_relu", y.dtype, HAS_BIAS=bias is not None,
-                       HAS_AUX=aux_rows is not None, RELU=relu, SPLITS=splits, FROM_OUTPUT=0)
+                       HAS_AUX=aux_rows is not None, RELU=relu, SPLITS=splits)
         kern((-(-batch * per // 256),), (256,),
              (y, bias if bias is not None else np.uintp(0),
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(features),
               np.int64(aux_rows or 0), src, np.int64(pstride)))
     return y, (buf.T if buf is not None else None)
-
-
-def relu_mask(y, aux_rows: int):
-    """The (aux_rows, B) column-major relu_aux of a ReLU's C-contiguous (B, F) output ``y``,
-    bit set where ``y > 0``: one read of ``y``, which is not written. Where cuBLASLt's mask
-    output slows a matmul down more than this pass costs (the backend's ``relu_mask``), the
-    matmul runs RELU[_BIAS] and this pass makes the mask."""
-    batch, features = y.shape
-    if not (y.flags.c_contiguous and vectorizable(features, y)):
-        raise ValueError(f"relu_mask: y {y.shape} must be C-contiguous with 8-element "
-                         f"aligned rows (features a multiple of 8)")
-    buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8)
-    if batch * aux_rows:
-        kern = _kernel("bias_relu", y.dtype, HAS_BIAS=False, HAS_AUX=True, RELU=False,
-                       SPLITS=0, FROM_OUTPUT=1)
-        kern((-(-batch * aux_rows // 256),), (256,),
-             (y, np.uintp(0), buf, np.int64(batch), np.int64(features), np.int64(aux_rows),
-              np.uintp(0), np.int64(0)))
-    return buf.T
 
 
 #: Rows whose loads a ``drelu`` thread issues before it stores any (one per row before).

@@ -75,7 +75,7 @@ from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend import _k_split
 from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
-from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, relu_aux_rows
+from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
 __all__ = ["CudaBackend", "GPUOutOfMemoryError"]
 
@@ -181,17 +181,6 @@ class CudaBackend(Backend):
         self.own_epilog = env_choice("FUSEFLOW_OWN_EPILOG", {m: m for m in OWN_EPILOG_MODES},
                                      "auto")
         self.own_epilog_min = env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
-        #: Where a cuBLASLt forward's ReLU mask comes from (FUSEFLOW_RELU_MASK): "epilog" (its
-        #: RELU_AUX[_BIAS] writes it, bit set where the pre-activation is >= 0), "output"
-        #: (the matmul runs RELU[_BIAS] and ``_cuda_epilogs.relu_mask`` packs ``y > 0``, one
-        #: read of y: PyTorch's and JAX's rule, which differs where the pre-activation is
-        #: exactly zero or rounds to a 16-bit zero), "auto" (default): "output" for float16
-        #: matmuls of at least ``relu_mask_min_macs`` multiply-adds
-        #: (FUSEFLOW_RELU_MASK_MIN_MACS, 2^32), where cuBLASLt's kernels with the mask
-        #: output are 22-34 us slower than without it (call 29's sweep, docs/benchmarks.md).
-        self.relu_mask = env_choice("FUSEFLOW_RELU_MASK",
-                                    {m: m for m in ("auto", "epilog", "output")}, "auto")
-        self.relu_mask_min_macs = env_int("FUSEFLOW_RELU_MASK_MIN_MACS", 2 ** 32)
         #: Those own-epilog matmuls (full float32 forwards and ReLU input gradients) may
         #: split K themselves (``FUSEFLOW_K_SPLITS``): one strided-batched cuBLASLt matmul
         #: writes the K slices' partial products and the epilog pass adds them in split
@@ -277,7 +266,6 @@ class CudaBackend(Backend):
             "fused_head": self._counters["fused_head"],
             "own_epilog": self._counters["own_epilog"],
             "k_split": self._counters["k_split"],
-            "relu_mask_pass": self._counters["relu_mask_pass"],
             "own_gemm": self._counters["own_gemm"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
             "split_update": self._counters["split_update"],
@@ -630,15 +618,6 @@ class CudaBackend(Backend):
         return mode == "all" or (mode in ("fp32", "auto") and fp32) or \
             (mode == "auto" and big_drelu)
 
-    def _mask_from_output(self, dtype, spec, features, macs):
-        """Run this RELU_AUX[_BIAS] forward as RELU[_BIAS] plus a mask pass over y (see
-        ``relu_mask`` in __init__)."""
-        if not (spec.aux and spec.activation == "relu") or self.relu_mask == "epilog" or \
-                features % 8:
-            return False
-        return self.relu_mask == "output" or (
-            dtype == np.float16 and macs >= self.relu_mask_min_macs)
-
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
         if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
@@ -658,10 +637,6 @@ class CudaBackend(Backend):
                                  mma=self.own_gemm_mma)
         if self._own_epilog(x.dtype, spec, x.shape[0], out, x.shape[0] * x.shape[1] * out):
             return self._linear_unfused(x, w, bias, spec)
-        if self._mask_from_output(x.dtype, spec, out, x.shape[0] * x.shape[1] * out):
-            y, _ = self._linear_impl(x, w, bias, EPILOGS[spec.name.replace("_AUX", "")])
-            self._counters["relu_mask_pass"] += 1
-            return y, E.relu_mask(y, relu_aux_rows(out))
         if spec.name == "DEFAULT" or not (spec.bias or spec.aux):
             # No epilog input or output fixes D's layout here, and nvmath lays D out like A:
             # plan y = x @ W.T (A = x, row-major) so that y comes out row-major.
