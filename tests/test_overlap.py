@@ -155,33 +155,3 @@ def test_auto_overlaps_small_full_float32_weight_gradients(case, expected, monke
     be.reset_stats()
     ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(params, x, y)
     assert be.stats()["overlapped_wgrad"] == expected
-
-
-@gpu
-@pytest.mark.parametrize("skinny_tc", [False, True])
-def test_auto_overlaps_the_float16_tensor_core_output_weight_gradient(skinny_tc, monkeypatch):
-    """With ``overlap_skinny_tc``, "auto" also overlaps a long float16 batch's output-layer
-    weight gradient (``_cuda_skinny_tc``'s memory-bound kernel), and only it: the hidden
-    layers' cuBLASLt ones stay on the main stream. The gradients are the one stream's, bit
-    for bit, read right after the backward."""
-    cp = _cuda()
-    be = ff.backend.get("cuda")
-    monkeypatch.setattr(be, "overlap_wgrad", "auto")
-    monkeypatch.setattr(be, "overlap_skinny_tc", skinny_tc)
-    model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
-    _, params = model.init(ff.random.key(4), (784,))
-    params = ff.tree.map(lambda a: cp.asarray(a, dtype=cp.float16), params)
-    rng = np.random.default_rng(4)
-    x = cp.asarray(rng.standard_normal((4096, 784)), dtype=cp.float16)  # 4096 x 512: 2^21
-    y = cp.asarray(rng.integers(0, 10, 4096))
-    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
-    be.reset_stats()
-    loss1, g1 = grad_fn(params, x, y)
-    got = [cp.asnumpy(a) for a in ff.tree.leaves(g1)]
-    assert be.stats()["overlapped_wgrad"] == int(skinny_tc)
-    assert be.stats()["skinny_tc"] > 0
-    monkeypatch.setattr(be, "overlap_wgrad", False)
-    loss0, g0 = grad_fn(params, x, y)
-    assert float(loss1) == float(loss0)
-    for a, b in zip(got, ff.tree.leaves(g0)):
-        np.testing.assert_array_equal(a, cp.asnumpy(b))

@@ -212,11 +212,6 @@ class CudaBackend(Backend):
         #: 41 us against 30 alone, and the steps 1.3% (SGD) and 1.6% (Adam) slower (call 62).
         self.overlap_wgrad = env_choice("FUSEFLOW_OVERLAP_WGRAD", AUTOTUNE_MODES, "auto")
         self.overlap_max_bytes = env_int("FUSEFLOW_OVERLAP_MAX_BYTES", 2 ** 24)
-        #: FUSEFLOW_OVERLAP_SKINNY_TC (under overlap "auto"): also overlap the weight
-        #: gradients that run ``_cuda_skinny_tc``'s memory-bound float16 kernel (a long
-        #: batch's output layer), beside their layer's input gradient, also memory-bound.
-        self.overlap_skinny_tc = env_choice("FUSEFLOW_OVERLAP_SKINNY_TC",
-                                            {"1": True, "0": False}, False)
         #: FUSEFLOW_OVERLAP_ORDER: "early" (default) forks an overlapped weight gradient
         #: before its layer's input gradient, so that it runs beside it, and runs the lowest
         #: layer's (nothing follows it on the main stream) on the main stream; "after" forks
@@ -875,15 +870,8 @@ class CudaBackend(Backend):
         return scope
 
     def _wgrad_scope(self, dy, x):
-        """The scope a weight gradient of ``dy`` and ``x`` (both kept) may fork to, or None;
-        under "auto" also a float16 one of the memory-bound tensor-core skinny kernels (see
-        ``overlap_skinny_tc``)."""
-        scope = self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes)
-        if scope is None and self.overlap_wgrad == "auto" and self.overlap_skinny_tc and \
-                self.skinny_tc and 0 < dy.shape[1] <= self.skinny_max and \
-                "wgrad" in self.skinny_ops and TC.grad_supported(dy, x):
-            scope = getattr(self._local, "overlap", None)
-        return scope
+        """The scope a weight gradient of ``dy`` and ``x`` (both kept) may fork to, or None."""
+        return self._overlap_scope(dy.dtype, dy.nbytes + x.nbytes)
 
     def wgrad_after_dgrad(self, dy, x) -> bool:
         return self.overlap_order == "after" and self._wgrad_scope(dy, x) is not None
