@@ -52,21 +52,24 @@ SHAPES = [(64, 48, 96), (1, 17, 37), (7, 1, 13), (33, 20, 1000), (5, 9, 1), (16,
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["skinny", "cublaslt", "own_epilog"])
+@pytest.fixture(scope="module", params=["skinny", "cublaslt", "own_epilog", "tt"])
 def cb(request):
     """Every implementation of the dense matmuls: fuseflow's skinny kernels (the default for
     <= 32 features), cuBLASLt's epilogs (skinny_max = 0), and plain cuBLASLt matmuls plus
     fuseflow's in-place bias/ReLU epilogs in every dtype and size (full float32 uses them
-    from ``own_epilog_min`` on). The opt-in own float32 matmul stays off here
-    (``test_own_gemm.py``)."""
+    from ``own_epilog_min`` on); "tt": the last with the plain input gradients (more than 32
+    output features) handed to cuBLASLt as ``dy @ w`` (``dgrad_orientation``). The opt-in
+    own float32 matmul stays off here (``test_own_gemm.py``)."""
     be = CudaBackend(tf32=False, autotune=False)
     if request.param == "cublaslt":
         be.skinny_max = 0
         be.own_epilog = "off"
         be.own_gemm_max_macs = 0
-    if request.param == "own_epilog":
+    if request.param in ("own_epilog", "tt"):
         be.own_epilog, be.own_epilog_min = "all", 0
         be.own_gemm_max_macs = 0
+    if request.param == "tt":
+        be.dgrad_orientation = "tt"
     return be
 
 

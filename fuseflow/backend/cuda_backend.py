@@ -181,6 +181,12 @@ class CudaBackend(Backend):
         self.own_epilog = env_choice("FUSEFLOW_OWN_EPILOG", {m: m for m in OWN_EPILOG_MODES},
                                      "auto")
         self.own_epilog_min = env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
+        #: How an input gradient without a cuBLASLt epilog, ``dx = dy @ w``, is handed to
+        #: cuBLASLt (FUSEFLOW_DGRAD_ORIENTATION): "nn" as ``w.T @ dy.T`` (both operands
+        #: column-major), "tt" as ``dy @ w`` (both row-major). The same product; cuBLASLt's
+        #: heuristic picks different kernels for the two.
+        self.dgrad_orientation = env_choice("FUSEFLOW_DGRAD_ORIENTATION",
+                                            {"nn": "nn", "tt": "tt"}, "nn")
         #: Those own-epilog matmuls (full float32 forwards and ReLU input gradients) may
         #: split K themselves (``FUSEFLOW_K_SPLITS``): one strided-batched cuBLASLt matmul
         #: writes the K slices' partial products and the epilog pass adds them in split
@@ -757,8 +763,16 @@ class CudaBackend(Backend):
             d, auxd = res
             dx = self._contig("dx", d.T)
             return dx, (auxd[spec.name.lower()] if spec.bias else None)
+        return self._plain_dgrad(dy, w), None
+
+    def _plain_dgrad(self, dy, w):
+        """``dy @ w`` (row-major) as one cuBLASLt matmul without epilog, in the operand
+        orientation of ``dgrad_orientation``."""
+        if self.dgrad_orientation == "tt":
+            d, _ = self._matmul("dgrad", None, dy, w, {})
+            return self._contig("dx", d)
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
-        return self._contig("dx", d.T), None
+        return self._contig("dx", d.T)
 
     def _relu_aux_for_kernels(self, aux, batch, spec):
         """``(aux, ld)`` for fuseflow's own kernels: the column-major relu_aux (copied when
@@ -779,8 +793,7 @@ class CudaBackend(Backend):
         if part is not None:
             dx = cupy.empty(part.shape[1:], dtype=part.dtype)
         else:
-            d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
-            dx = self._contig("dx", d.T)
+            dx = self._plain_dgrad(dy, w)
         if own and E.vectorizable(dx.shape[1], dx):
             self._counters["own_epilog"] += 1
             return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
