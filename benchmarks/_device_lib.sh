@@ -7,6 +7,9 @@
 #                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
 #                              in /tmp/r32, /tmp/r16; their metrics.jsonl copied to $res)
+#   xdist MODE                 "-n 4 --dist MODE" where pytest-xdist is importable (its
+#                              wheels in .whl: pip download pytest-xdist execnet --no-deps
+#                              -d .whl), else nothing: the tests then run in one process
 #   profile_f64_ab CONFIGS     profile_step.py on CONFIGS, the own matmul's float64 form off
 #                              (cublas) and on (f64), alternating, two rounds (logs and JSON
 #                              named by form and round; calls 65 and 67 named theirs by form
@@ -22,6 +25,7 @@ peers() { local name=$1 limit=$2; shift 2
   run "$name" "$limit" python3 benchmarks/peers.py --out "$res" --data-dir .devdata/mnist "$@"; }
 gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
+xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n 4 --dist $1"; }
 cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp32 "$limit" python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress

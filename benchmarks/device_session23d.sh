@@ -14,5 +14,5 @@ TAILN=6 run ab_orient_16bit 150 python3 benchmarks/settings_ab.py --out "$res" -
 TAILN=6 run ab_orient_fp32 150 python3 benchmarks/settings_ab.py --out "$res" --name dgrad_orientation_fp32 \
   --setting dgrad_orientation=nn --setting dgrad_orientation=tt --rounds 2 --steps 10 \
   --config 784-4096-4096-10:adam:fp32 --config 784-4096-4096-10:adam:tf32
-TAILN=12 run pytest_backend 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  -n 4 --dist loadgroup tests/test_gpu_backend.py
+TAILN=12 run pytest_backend 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+  $(xdist load) tests/test_gpu_backend.py
