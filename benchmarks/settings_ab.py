@@ -6,7 +6,7 @@
 
 Each ``--setting`` is one arm: comma-separated ``attribute=value`` pairs set on the
 process's CUDA backend (values parsed as Python literals where they parse: ``0``, ``1``,
-``"auto"``, ``2**18``; bare words stay strings). For every ``--config`` (``model:optimizer:
+``False``, ``262144``; anything else, such as ``auto``, stays a string). For every ``--config`` (``model:optimizer:
 precision`` as in ``peers.py``) each round times a fresh compiled step of ``peers.py`` under
 every arm (two alternating batches; the median over 7 blocks of back-to-back calls), the
 arms' order reversed every other round. JSON out (``settings_ab_NAME.json``): every row, and per config the arms' medians and

@@ -64,3 +64,15 @@ def test_report_reads_records_written_before_the_rule():
     old = {"time_to_98_s": None, "time_to_98_each_s": [0.2, None, 0.13, 0.13, 0.1]}
     assert report.median_time(old) == pytest.approx(0.13)
     assert report.median_time({"time_to_98_s": 0.188}) == pytest.approx(0.188)
+
+
+def test_settings_ab_parses_each_arm_into_typed_attributes():
+    """``--setting`` arms of benchmarks/settings_ab.py: Python literals where they parse
+    (``0`` is the number, not the string "0"), anything else as a string."""
+    ab = _load("settings_ab")
+    assert ab.parse_setting("overlap_streams=2,split_update=auto,tf32=False") == \
+        {"overlap_streams": 2, "split_update": "auto", "tf32": False}
+    assert ab.parse_setting("overlap_max_bytes=262144, overlap_order=early") == \
+        {"overlap_max_bytes": 262144, "overlap_order": "early"}
+    with pytest.raises(SystemExit, match="attribute=value"):
+        ab.parse_setting("overlap_streams")
