@@ -124,12 +124,12 @@ class OverlapScope:
                     before = _libcuda.capture_deps(main.ptr) if one else None
                     for side in sides:
                         main.wait_event(_event_on(side))
-                    after = _libcuda.capture_deps(main.ptr) if one else None
+                    info = _libcuda.capture_info(main.ptr) if one else None
+                    after = None if info is None else info[1]
                     # captured: every read's position known (else no split)
                     known = before is None or all(r is not None for r in self._reads)
                     if one and (before is None) == (after is None) and known:
                         read = self._reads[-1] if before is not None and self._reads else ()
-                        info = _libcuda.capture_info(main.ptr)
                         self.split = SplitPoint(main, sides, self._made, before, after, read,
                                                 None if info is None else info[0])
             except Exception as e:  # noqa: BLE001 - join the others, then raise it
