@@ -39,6 +39,37 @@ def run_side_by_side(step, compiled, params, state, xs, ys, steps):
     return eager, graphed, pe, pc
 
 
+def compiled_runs_by_setting(monkeypatch, attr, opt, steps, step_fn=None, stats=()):
+    """``{value: (eager losses, compiled losses, eager params, compiled params, counts)}``
+    for the CUDA backend's ``attr`` False and True: a step of 784-512-512-10 at batch 256
+    (``step_fn(opt)`` where given) compiled under each, from the same start; ``counts``:
+    the backend's ``stats()`` of each name in ``stats``, from the compile on."""
+    cp = _cuda()
+    be = ff.backend.get("cuda")
+    params, state, step, xs, ys = make_problem(sizes=(784, 512, 512, 10), batch=256,
+                                               optimizer=opt)
+    step = step_fn(opt) if step_fn else step
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cp.asarray(xs), cp.asarray(ys)
+    runs = {}
+    for value in (False, True):
+        monkeypatch.setattr(be, attr, value)
+        be.reset_stats()
+        compiled = ff.compile(step)
+        runs[value] = (*run_side_by_side(step, compiled, params, state, xs, ys, steps),
+                       tuple(be.stats()[name] for name in stats))
+    return runs
+
+
+def assert_runs_equal(runs):
+    """The True run's compiled losses and params are the False run's, bit for bit."""
+    cp = _cuda()
+    _, graphed, _, pc, _ = runs[True]
+    assert graphed == runs[False][1]
+    for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(runs[False][3])):
+        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
+
+
 def test_compile_is_a_pass_through_on_numpy():
     params, state, step, xs, ys = make_problem()
     compiled = ff.compile(step)

@@ -8,17 +8,7 @@ import pytest
 import fuseflow as ff
 from fuseflow import nn
 from fuseflow.nn._serial import _overlappable
-from tests.test_compile import make_problem, run_side_by_side
-
-gpu = pytest.mark.gpu
-
-
-def _cuda():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
+from tests.test_compile import _cuda, assert_runs_equal, compiled_runs_by_setting, gpu
 
 
 class DoubledGrads(nn.Dense):
@@ -109,25 +99,14 @@ def test_overlapped_grads_equal_one_stream(name, order, streams, monkeypatch):
 def test_compiled_step_overlapped_equals_one_stream(opt_name, monkeypatch):
     """Two graphs, captured with and without the side stream, from the same start: the
     same losses and parameters bit for bit over 30 steps; each equals the eager step."""
-    cp = _cuda()
-    be = ff.backend.get("cuda")
     opt = ff.optim.sgd(0.05) if opt_name == "sgd" else ff.optim.adam(1e-3)
-    params, state, step, xs, ys = make_problem(sizes=(784, 512, 512, 10), batch=256,
-                                               optimizer=opt)
-    params, state = ff.device_put((params, state), "cuda")
-    xs, ys = cp.asarray(xs), cp.asarray(ys)
-    runs = {}
+    runs = compiled_runs_by_setting(monkeypatch, "overlap_wgrad", opt, 30,
+                                    stats=("overlapped_wgrad",))
     for overlap in (False, True):
-        monkeypatch.setattr(be, "overlap_wgrad", overlap)
-        be.reset_stats()
-        compiled = ff.compile(step)
-        runs[overlap] = run_side_by_side(step, compiled, params, state, xs, ys, 30)
-        assert (be.stats()["overlapped_wgrad"] > 0) == overlap
-    eager, graphed, pe, pc = runs[True]
+        assert (runs[overlap][4][0] > 0) == overlap
+    eager, graphed, _, _, _ = runs[True]
     np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert graphed == runs[False][1]
-    for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(runs[False][3])):
-        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
+    assert_runs_equal(runs)
 
 
 @gpu

@@ -9,8 +9,8 @@ import fuseflow as ff
 from fuseflow import nn
 from fuseflow.backend.base import BackendError
 from fuseflow.nn import LayerError
+from tests.test_compile import _cuda, gpu
 
-gpu = pytest.mark.gpu
 
 # Random123's published known-answer vectors for Philox4x32-10 (its tests/kat_vectors)
 KAT = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
@@ -160,14 +160,6 @@ def test_fit_compiled_with_dropout_on_numpy_matches_eager():
 
 
 # ---- GPU ------------------------------------------------------------------------------------
-def _cuda():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
-
-
 @gpu
 @pytest.mark.parametrize("shape", [(0,), (1,), (3,), (4,), (5, 7), (1023,), (3, 4, 5),
                                    ((1 << 20) + 3,)])

@@ -9,17 +9,8 @@ import pytest
 
 import fuseflow as ff
 from fuseflow import nn
-from tests.test_compile import make_problem, run_side_by_side
-
-gpu = pytest.mark.gpu
-
-
-def _cuda():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
+from tests.test_compile import (_cuda, assert_runs_equal, compiled_runs_by_setting, gpu,
+                                make_problem, run_side_by_side)
 
 
 def test_numpy_scopes_take_update_early_and_change_nothing():
@@ -63,6 +54,8 @@ def test_capture_dependencies_are_read_and_set_in_a_real_capture():
     assert count.value == 2 and len(_libcuda.graph_nodes(graph.graph)) == 2
 
 
+#: the counters a split-update run reports: (splits taken, of those overlapped in a capture)
+SPLIT_STATS = ("split_update", "split_update_overlapped")
 OPTIMIZERS = {
     "sgd": lambda: ff.optim.sgd(0.05),
     "momentum": lambda: ff.optim.sgd(0.05, momentum=0.9, nesterov=True),
@@ -75,31 +68,6 @@ OPTIMIZERS = {
 }
 
 
-def _compiled_runs(be, cp, monkeypatch, opt, steps=20, step_fn=None):
-    """``{split_update: (eager losses, compiled losses, eager params, compiled params,
-    split count)}`` from the same start."""
-    params, state, step, xs, ys = make_problem(sizes=(784, 512, 512, 10), batch=256,
-                                               optimizer=opt)
-    step = step_fn(opt) if step_fn else step
-    params, state = ff.device_put((params, state), "cuda")
-    xs, ys = cp.asarray(xs), cp.asarray(ys)
-    runs = {}
-    for split in (False, True):
-        monkeypatch.setattr(be, "split_update", split)
-        be.reset_stats()
-        compiled = ff.compile(step)
-        runs[split] = (*run_side_by_side(step, compiled, params, state, xs, ys, steps),
-                       (be.stats()["split_update"], be.stats()["split_update_overlapped"]))
-    return runs
-
-
-def _assert_same(runs, cp):
-    _, graphed, _, pc, _ = runs[True]
-    assert graphed == runs[False][1]
-    for a, b in zip(ff.tree.leaves(pc), ff.tree.leaves(runs[False][3])):
-        np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
-
-
 @gpu
 @pytest.mark.parametrize("order, streams", [("after", 1), ("early", 1), ("after", 2),
                                             ("early", 2)])
@@ -110,15 +78,16 @@ def test_split_update_equals_one_launch(name, order, streams, monkeypatch):
     warm-up (events order it) and in the capture (the join taken back). Under "early" the
     side stream's update must also wait for the input gradient that reads its params; with
     two side streams, for both."""
-    cp = _cuda()
+    _cuda()
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "overlap_order", order)
     monkeypatch.setattr(be, "overlap_streams", streams)
-    runs = _compiled_runs(be, cp, monkeypatch, OPTIMIZERS[name]())
+    runs = compiled_runs_by_setting(monkeypatch, "split_update", OPTIMIZERS[name](), 20,
+                                    stats=SPLIT_STATS)
     eager, graphed, _, _, splits = runs[True]
     np.testing.assert_allclose(graphed, eager, rtol=1e-5)
     assert splits == (2, 1) and runs[False][4] == (0, 0)  # (split, of those overlapped)
-    _assert_same(runs, cp)
+    assert_runs_equal(runs)
 
 
 @gpu
@@ -126,8 +95,6 @@ def test_no_split_after_work_on_the_main_stream(monkeypatch):
     """A step that launches work between the backward and the update (here it reads the
     params) is captured without the split (the join stays), and gives the same numbers.
     Only the warm-up, ordered by events, splits."""
-    cp = _cuda()
-    be = ff.backend.get("cuda")
     model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
     grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
 
@@ -139,9 +106,10 @@ def test_no_split_after_work_on_the_main_stream(monkeypatch):
             return params, opt_state, {"loss": loss, "norm": norm}
         return step
 
-    runs = _compiled_runs(be, cp, monkeypatch, ff.optim.adam(1e-3), step_fn=make_step)
+    runs = compiled_runs_by_setting(monkeypatch, "split_update", ff.optim.adam(1e-3), 20,
+                                    step_fn=make_step, stats=SPLIT_STATS)
     assert runs[True][4] == (1, 0)
-    _assert_same(runs, cp)
+    assert_runs_equal(runs)
 
 
 class ForkingDense(nn.Layer):
@@ -202,7 +170,7 @@ def test_custom_layer_forking_its_weight_gradient_splits_safely(monkeypatch):
         runs[split] = (*run_side_by_side(step, ff.compile(step), params, state, xs, ys, 20),
                        be.stats()["split_update"])
     assert runs[True][4] == 2 and runs[False][4] == 0
-    _assert_same(runs, cp)
+    assert_runs_equal(runs)
 
 
 @gpu
