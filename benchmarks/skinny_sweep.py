@@ -18,7 +18,8 @@ Swept, in the shapes of the benchmark steps (784-30-10 and 784-1024-1024-10 at b
   check and Adam reading the float16 gradients);
 - the tensor-core forms (``_cuda_skinny_tc``) of the float16 output layer of
   784-4096-4096-10 at batch 8192 against the SIMT kernels' default launch and (forward)
-  cuBLASLt: rows per chunk of the gradients; and the step's ReLU-gradient pass
+  cuBLASLt: rows per chunk, warps per block and rows' k16 steps unrolled (loads in
+  flight) of the gradients; and the step's ReLU-gradient pass
   (``_cuda_epilogs.drelu``) with 1 and ``DRELU_UNROLL`` rows' loads in flight per thread
   (``--only tc`` runs just these).
 The default launch shape of each kernel is marked. JSON out.
@@ -27,6 +28,8 @@ The default launch shape of each kernel is marked. JSON out.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import sys
@@ -159,12 +162,17 @@ def tc_rows(cp, S, TC):
 
     add("wgrad", "simt", lambda: S.wgrad(dy, x, bgrad=True), default=False)
     add("dgrad", "simt", lambda: S.dgrad(dy, w, aux, aux.shape[0], bgrad=True), default=False)
-    for r in (64, 128, 256, 512):
-        add("wgrad", "tc", lambda r=r: TC.wgrad(dy, x, bgrad=True, rows=r), rows_per_chunk=r,
-            default=r == TC.ROWS_PER_CHUNK)
-    for r in (64, 128, 256, 512):
-        add("dgrad", "tc", lambda r=r: TC.dgrad(dy, w, aux, aux.shape[0], bgrad=True, rows=r),
-            rows_per_chunk=r, default=r == TC.ROWS_PER_CHUNK)
+    shapes = [(r, TC.GRAD_WARPS, TC.GRAD_UNROLL) for r in (64, 128)]
+    shapes += itertools.product((256, 512), (4, 8), (1, 2, 4))  # rows, warps, unrolled
+    for kernel in ("wgrad", "dgrad"):
+        for r, wp, u in shapes:
+            if kernel == "wgrad":
+                fn = functools.partial(TC.wgrad, dy, x, bgrad=True, rows=r, warps=wp, unroll=u)
+            else:
+                fn = functools.partial(TC.dgrad, dy, w, aux, aux.shape[0], bgrad=True, rows=r,
+                                       warps=wp, unroll=u)
+            add(kernel, "tc", fn, rows_per_chunk=r, warps=wp, unroll=u,
+                default=(r, wp, u) == (TC.ROWS_PER_CHUNK, TC.GRAD_WARPS, TC.GRAD_UNROLL))
     from fuseflow.backend import _cuda_epilogs as E
 
     dx = cp.maximum(rng.standard_normal((batch, feat), dtype=np.float32), 0).astype(dtype)

@@ -10,6 +10,7 @@ junit properties) so a failure can be replayed with ``FUSEFLOW_TEST_SEED``.
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -543,17 +544,23 @@ def test_skinny_tc_kernels_are_exact_on_integers(nb, rng, shape):
     # a relu_aux whose columns are not 8-byte aligned (the kernel then reads a copy)
     odd = cupy.zeros((aux.shape[0] + 3, batch), dtype=np.uint8, order="F")
     odd[:aux.shape[0]] = aux
-    for rows in (16, 48, 256, TC.MAX_ROWS_PER_CHUNK):  # small batches: one chunk at 512
-        dw, db = TC.wgrad(dev(dy), h, bgrad=True, rows=rows)
+    # small batches: one chunk at 512; the launch shapes skinny_sweep.py times (warps per
+    # block, rows' k16 steps unrolled) beside the default
+    launches = [(TC.GRAD_WARPS, TC.GRAD_UNROLL), (8, 1), (8, 4), (4, 4)]
+    for rows, (warps, unroll) in itertools.product((16, 48, 256, TC.MAX_ROWS_PER_CHUNK),
+                                                   launches):
+        dw, db = TC.wgrad(dev(dy), h, bgrad=True, rows=rows, warps=warps, unroll=unroll)
         if rows == 48:
             dx, dbx = TC.dgrad(dev(dy), dev(w), odd[:aux.shape[0]], odd.shape[0], bgrad=True,
-                               rows=rows)
+                               rows=rows, warps=warps, unroll=unroll)
         else:
-            dx, dbx = TC.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rows=rows)
+            dx, dbx = TC.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rows=rows,
+                               warps=warps, unroll=unroll)
         for name, got, ref in (("dw", dw, dw_ref), ("db", db, db_ref), ("dx", dx, dx_ref),
                                ("dbx", dbx, dbx_ref)):
-            np.testing.assert_array_equal(host(got), ref,
-                                          err_msg=f"{name} rows={rows} (seed {rng.seed})")
+            np.testing.assert_array_equal(
+                host(got), ref, err_msg=f"{name} rows={rows} warps={warps} unroll={unroll} "
+                                        f"(seed {rng.seed})")
     # without the mask and the bias gradients
     dw, db = TC.wgrad(dev(dy), h, bgrad=False, rows=64)
     dx, dbx = TC.dgrad(dev(dy), dev(w), None, 0, bgrad=False, rows=64)
@@ -563,6 +570,8 @@ def test_skinny_tc_kernels_are_exact_on_integers(nb, rng, shape):
     for rows in (24, 528):
         with pytest.raises(ValueError, match="multiple of 16 from 16 to 512"):
             TC.wgrad(dev(dy), h, bgrad=True, rows=rows)
+    with pytest.raises(ValueError, match="warps must be 4 or 8 and unroll 1, 2 or 4"):
+        TC.dgrad(dev(dy), dev(w), None, 0, bgrad=False, warps=2)
     with pytest.raises(ValueError, match="more than the grid's 65535"):
         TC._chunks(16 * 65536, 16)
 

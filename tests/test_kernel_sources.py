@@ -140,6 +140,12 @@ def _generated_sources(monkeypatch):
             TC._kernel("tc_wgrad", n, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
             for d in (False, True):
                 TC._kernel("tc_dgrad", n, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS, RPC=rows)
+    # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
+    for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
+        TC._kernel("tc_wgrad", 10, unroll, BGRADB=True, WARPS=warps,
+                   RPC=TC.MAX_ROWS_PER_CHUNK)
+        TC._kernel("tc_dgrad", 10, unroll, DRELU=True, BGRAD=True, WARPS=warps,
+                   RPC=TC.MAX_ROWS_PER_CHUNK)
     for (ak, bk), warps, split in itertools.product(((1, 1), (1, 0), (0, 0)),
                                                     ((2, 2), (4, 1)), (0, 1)):
         for flags in ({}, {"HAS_BIAS": 1}, {"HAS_BIAS": 1, "RELU": 1, "AUX_OUT": 1},

@@ -49,6 +49,8 @@ MAX_N = 16           # the small side, padded to one m16/k16 tile
 MIN_ELEMENTS = 2 ** 21
 FORWARD_WARPS = 8    # forward: warps per block, splitting the inputs
 GRAD_WARPS = 4       # wgrad/dgrad: warps per block, 64 features each
+#: wgrad/dgrad: k16 steps of rows unrolled, so that many steps' loads are in flight per thread
+GRAD_UNROLL = 2
 #: Rows of a wgrad/dgrad block (a multiple of 16). Measured on the H200 at batch 8192 x
 #: 4096 x 10 (graph replays, ``benchmarks/skinny_sweep.py --only tc``,
 #: ``session8_skinny_sweep_tc.json``): wgrad 78.2 / 50.8 / 37.5 / 35.6 us and dgrad 45.6 /
@@ -177,7 +179,7 @@ extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restric
     #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     const T* xp = x + fb + 8 * g;
-    #pragma unroll 2
+    #pragma unroll UNROLL_ROWS
     for (long long kb = 0; kb < nrows; kb += 16) {
         const long long r = kb + 4 * t;
         unsigned v0[4], v1[4], v2[4], v3[4];
@@ -276,7 +278,7 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
     #pragma unroll
     for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
     const int mbyte = warp * 8 + t;  // mask byte of features fb + 8t.. (+4: fb + 32 + 8t..)
-    #pragma unroll 2
+    #pragma unroll UNROLL_ROWS
     for (long long kb = 0; kb < nrows; kb += 16) {
         const T* d0 = dys + (kb + g) * 16;
         const T* d1 = d0 + 8 * 16;
@@ -337,8 +339,9 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
 
 
 @functools.cache
-def _kernel(name, n, **flags):
+def _kernel(name, n, unroll=GRAD_UNROLL, **flags):
     src = {"tc_forward": _FORWARD, "tc_wgrad": _WGRAD, "tc_dgrad": _DGRAD}[name]
+    src = src.replace("UNROLL_ROWS", str(int(unroll)))  # a literal: #pragma unroll takes one
     head = _COMMON.replace("{N}", str(n))
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
     return cupy.RawKernel(head + src, name)
@@ -391,9 +394,20 @@ def _chunks(batch, rows):
     return rows, chunks
 
 
-def wgrad(dy, x, *, bgrad: bool, rows=None):
+def _launch_shape(warps, unroll):
+    """Warps per block and rows' k16 steps unrolled (defaults unless a benchmark sweeps)."""
+    warps = GRAD_WARPS if warps is None else warps
+    unroll = GRAD_UNROLL if unroll is None else unroll
+    if warps not in (4, 8) or unroll not in (1, 2, 4):
+        raise ValueError(f"tensor-core skinny kernels: warps must be 4 or 8 and unroll 1, 2 "
+                         f"or 4, got warps={warps}, unroll={unroll}")
+    return warps, unroll
+
+
+def wgrad(dy, x, *, bgrad: bool, rows=None, warps=None, unroll=None):
     """``(dw, dbias)``: ``dy.T @ x`` for C-contiguous float16 dy (B, N), N <= 16, x (B, F),
-    F % 64 == 0, and ``dy.sum(0)`` when ``bgrad``. ``rows``: rows per chunk (benchmarks)."""
+    F % 64 == 0, and ``dy.sum(0)`` when ``bgrad``. ``rows``, ``warps``, ``unroll``: rows
+    per chunk, warps per block, k16 steps unrolled (benchmarks)."""
     batch, n = dy.shape
     features = x.shape[1]
     fc = features + (1 if bgrad else 0)
@@ -405,9 +419,10 @@ def wgrad(dy, x, *, bgrad: bool, rows=None):
             db.fill(0)
         return dw, db
     rows, chunks = _chunks(batch, rows)
+    warps, unroll = _launch_shape(warps, unroll)
     part = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
-    kern = _kernel("tc_wgrad", n, BGRADB=bgrad, WARPS=GRAD_WARPS, RPC=rows)
-    kern((-(-features // (64 * GRAD_WARPS)), chunks), (32 * GRAD_WARPS,),
+    kern = _kernel("tc_wgrad", n, unroll, BGRADB=bgrad, WARPS=warps, RPC=rows)
+    kern((-(-features // (64 * warps)), chunks), (32 * warps,),
          (dy, x, part if part is not None else np.uintp(0), dw,
           db if bgrad else np.uintp(0), np.int64(batch), np.int64(features)))
     if part is not None:
@@ -423,10 +438,10 @@ def _aux_copy(aux, ld, batch):
     return padded.T, padded.shape[1]
 
 
-def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None):
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=None):
     """``(dx, dbias)``: ``dy @ w`` for C-contiguous float16 dy (B, N), N <= 16, w (N, F),
     F % 64 == 0, masked by relu_aux ``aux`` (column b at byte ``b * ld``) when given, and
-    its column sums when ``bgrad``. ``rows``: rows per chunk (benchmarks)."""
+    its column sums when ``bgrad``. ``rows``, ``warps``, ``unroll``: as ``wgrad``'s."""
     batch, n = dy.shape
     features = w.shape[1]
     dx = cupy.empty((batch, features), dtype=dy.dtype)
@@ -436,12 +451,13 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None):
             db.fill(0)
         return dx, db
     rows, chunks = _chunks(batch, rows)
+    warps, unroll = _launch_shape(warps, unroll)
     if aux is not None and (ld % 8 or aux.data.ptr % 8):  # the kernel reads 8 bytes at a time
         aux, ld = _aux_copy(aux, ld, batch)
     part = cupy.empty((chunks, features), dtype=np.float32) if bgrad and chunks > 1 else None
-    kern = _kernel("tc_dgrad", n, DRELU=aux is not None, BGRAD=bgrad, WARPS=GRAD_WARPS,
+    kern = _kernel("tc_dgrad", n, unroll, DRELU=aux is not None, BGRAD=bgrad, WARPS=warps,
                    RPC=rows)
-    kern((-(-features // (64 * GRAD_WARPS)), chunks), (32 * GRAD_WARPS,),
+    kern((-(-features // (64 * warps)), chunks), (32 * warps,),
          (dy, w, aux if aux is not None else np.uintp(0), dx,
           part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
           np.int64(batch), np.int64(features), np.int64(ld)))
