@@ -171,8 +171,9 @@ def sigmoid_binary_cross_entropy(logits, targets, *, check=True):
                             "indices use softmax_cross_entropy.")
     x = _acc(logits, xp)
     t = targets.astype(x.dtype)
-    loss = (xp.maximum(x, 0) - x * t + xp.log1p(xp.exp(-xp.abs(x)))).mean()
-    sig = 1.0 / (1.0 + xp.exp(-x))
+    e = xp.exp(-xp.abs(x))  # in (0, 1]: neither the loss nor the sigmoid overflows
+    loss = (xp.maximum(x, 0) - x * t + xp.log1p(e)).mean()
+    sig = xp.where(x >= 0, 1.0, e) / (1.0 + e)
     return loss, ((sig - t) / x.size).astype(logits.dtype, copy=False)
 
 

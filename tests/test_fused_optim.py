@@ -20,8 +20,9 @@ OPTIMIZERS = {
 
 def problem(xp=np):
     rng = np.random.default_rng(0)
+    # "s": a 0-d leaf (a learned gain), whose NumPy arithmetic yields scalars, not arrays
     params = {"a": {"w": rng.standard_normal((7, 5)), "b": rng.standard_normal(7)},
-              "c": [rng.standard_normal((3, 4, 2))]}
+              "c": [rng.standard_normal((3, 4, 2))], "s": rng.standard_normal(())}
     params = ff.tree.map(lambda a: xp.asarray(a.astype(np.float32)), params)
     target = ff.tree.map(lambda a: a * 0 + 1, params)
     return params, target
@@ -52,7 +53,11 @@ def test_update_and_apply_equals_update_then_apply_on_numpy(name):
     params, target = problem()
     a = run(OPTIMIZERS[name](), params, target, fused=True)
     b = run(OPTIMIZERS[name](), params, target, fused=False)
-    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+    assert ff.tree.structure(a) == ff.tree.structure(b)
+    start = (params, OPTIMIZERS[name]().init(params))
+    for x, y, x0 in zip(ff.tree.leaves(a), ff.tree.leaves(b), ff.tree.leaves(start)):
+        # params and state stay arrays of their shapes on both paths, 0-d leaves included
+        assert type(x) is type(y) is np.ndarray and x.shape == y.shape == x0.shape
         np.testing.assert_array_equal(x, y)
 
 

@@ -51,6 +51,21 @@ def test_mse_and_sigmoid_bce():
         rtol=1e-6, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_bce_is_stable_at_extreme_logits(dtype):
+    """Logits of +-1000 (a saturated unit) give the exact loss and gradient with no
+    floating-point warning: the sigmoid is computed from exp(-|x|), which never overflows."""
+    logits = np.array([[-1000.0, -40.0, 0.0, 40.0, 1000.0]], dtype=dtype)
+    targets = np.array([[0.0, 1.0, 0.5, 0.0, 1.0]], dtype=dtype)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # underflow to 0 is fine
+        loss, grad = ff.losses.sigmoid_binary_cross_entropy(logits, targets)
+    # per logit: softplus(x) - x t = 0, 40, log 2, 40, 0; sigmoid = 0, ~0, 1/2, ~1, 1
+    np.testing.assert_allclose(loss, (80 + np.log(2)) / 5, rtol=1e-6)
+    sig = np.array([[0.0, np.exp(-40.0), 0.5, 1 - np.exp(-40.0), 1.0]])
+    np.testing.assert_allclose(grad, (sig - targets) / 5, rtol=1e-6, atol=1e-30)
+    assert grad.dtype == dtype
+
+
 def test_float16_logits_reduce_in_float32():
     logits = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float16)
     labels = np.arange(64) % 10

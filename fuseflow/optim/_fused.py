@@ -194,8 +194,11 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
     new array per operation."""
     new_p, new_groups = [], [[] for _ in groups]
     for k, (p, g) in enumerate(zip(params, grads)):
+        # NumPy's 0-d arithmetic gives scalars, which the in-place steps cannot update
+        shape = p.shape
+        p, g, *state = (a.reshape(shape or 1) for a in (p, g, *(grp[k] for grp in groups)))
         if kind == "adam":
-            m, v = groups[0][k], groups[1][k]
+            m, v = state
             mu = g * (1 - b1)
             mu += m * b1
             nu = g * g
@@ -212,7 +215,7 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
             new_groups[0].append(mu)
             new_groups[1].append(nu)
         elif kind == "momentum":
-            trace = groups[0][k] * decay
+            trace = state[0] * decay
             trace += g
             new_groups[0].append(trace)
             if nesterov:
@@ -224,7 +227,9 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
             u = g if donate_grads and g.dtype == p.dtype else g.copy()  # scaled in place below
         u *= step_const
         u += p
-        new_p.append(u.astype(p.dtype, copy=False))
+        new_p.append(u.astype(p.dtype, copy=False).reshape(shape))
+        for group in new_groups:
+            group[-1] = group[-1].reshape(shape)
     return new_p, new_groups
 
 

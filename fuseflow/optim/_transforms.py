@@ -79,6 +79,13 @@ def scale_by_learning_rate(lr, *, flip_sign: bool = True) -> GradientTransformat
     return scale(m * lr)
 
 
+def _array(value, like):
+    """``value`` as an array of ``like``'s namespace: NumPy turns arithmetic on 0-d arrays
+    into scalars, and optimizer state must stay arrays (checkpoints, donation, in-place
+    updates)."""
+    return namespace(like).asarray(value)
+
+
 class TraceState(NamedTuple):
     trace: Any  # pytree like params: the momentum buffer
 
@@ -97,7 +104,7 @@ def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
 
     def update(updates, state, params=None):
         check(updates, state)
-        new_trace = tree.map(lambda g, t: g + decay * t, updates, state.trace)
+        new_trace = tree.map(lambda g, t: _array(g + decay * t, t), updates, state.trace)
         if nesterov:
             updates = tree.map(lambda g, t: g + decay * t, updates, new_trace)
         else:
@@ -133,8 +140,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         # narrower updates (float16 grads) in the moments' dtype first: in float16,
         # (1 - b1) * g would round and g * g overflow above 256
         updates = tree.map(lambda g, m: g.astype(m.dtype, copy=False), updates, state.mu)
-        mu = tree.map(lambda g, m: (1 - b1) * g + b1 * m, updates, state.mu)
-        nu = tree.map(lambda g, v: (1 - b2) * (g * g) + b2 * v, updates, state.nu)
+        mu = tree.map(lambda g, m: _array((1 - b1) * g + b1 * m, m), updates, state.mu)
+        nu = tree.map(lambda g, v: _array((1 - b2) * (g * g) + b2 * v, v), updates, state.nu)
         count = increment(state.count)
         corrections = {}  # leaf dtype -> (1 - b1**count, 1 - b2**count)
 
