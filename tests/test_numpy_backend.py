@@ -80,6 +80,23 @@ def test_wgrad_bgradb(batch, out, inp):
     assert be.linear_wgrad(dy, x)[1] is None
 
 
+@pytest.mark.parametrize("epilog", ["DGELU", "DGELU_BGRAD"])
+def test_float16_dgelu_rounds_once(rng, epilog):
+    """DGELU multiplies the float32 product by gelu'(pre) before its one rounding to
+    float16, as the forward epilogs round once (rounding dy @ w first put 1 ulp on about a
+    quarter of the elements). Reference: the same products in float64, rounded once."""
+    pre, dy, w = (rng.standard_normal(s).astype(np.float16)
+                  for s in ((64, 33), (64, 17), (17, 33)))
+    dx, db = be.linear_dgrad(dy, w, epilog, be.activation(pre, "gelu")[1])
+    f64 = np.float64
+    want = ((dy.astype(f64) @ w.astype(f64)) * ref.gelu_grad(pre.astype(f64))).astype(np.float16)
+    # float32 against float64 arithmetic moves a value across a rounding boundary rarely
+    assert (dx != want).mean() < 0.01, f"{(dx != want).mean():.1%} differ (seed {rng.seed})"
+    np.testing.assert_allclose(dx.astype(f64), want.astype(f64), rtol=1e-3, atol=1e-3)
+    if epilog == "DGELU_BGRAD":  # the column sums of the float16 dx, added in float32
+        np.testing.assert_array_equal(db, dx.astype(np.float32).sum(0).astype(np.float16))
+
+
 def test_float16_accumulates_in_float32():
     rng = np.random.default_rng(0)
     x, w, b = (rand(rng, 64, 300).astype(np.float16), rand(rng, 40, 300).astype(np.float16),

@@ -72,11 +72,14 @@ class NumpyBackend(Backend):
         return pre.astype(x.dtype, copy=False), None
 
     def _linear_dgrad(self, dy, w, spec, aux):
-        dx = _mm(dy, w).astype(dy.dtype, copy=False)
-        if spec.activation == "relu":
-            _relu_mask_in_place(dx, aux)
-        elif spec.activation:
-            dx = self._activation_grad(dx, spec.activation, aux)
+        prod = _mm(dy, w)
+        if spec.activation == "gelu":
+            # times gelu'(pre) before the one final rounding, as the forward epilogs round
+            dx = (prod * gelu_grad(aux.T.astype(prod.dtype))).astype(dy.dtype, copy=False)
+        else:
+            dx = prod.astype(dy.dtype, copy=False)  # masking commutes with the rounding
+            if spec.activation == "relu":
+                _relu_mask_in_place(dx, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
     def _linear_wgrad(self, dy, x, spec):
