@@ -92,9 +92,12 @@ class Communicator:
         self._nccl(flat)
 
     def broadcast(self, value, root=0):
-        """Rank ``root``'s pytree on every rank (e.g. the initial params)."""
+        """Rank ``root``'s pytree on every rank (e.g. the initial params). Ranks holding
+        trees of different structure, shapes or dtypes get a DistributedError naming them
+        (not MPI's message-size error from the middle of the transfer)."""
         if self.size == 1:
             return value
+        self.check_same("shapes of the tree to broadcast", _describe(value))
         leaves, treedef = tree.flatten(value)
         out = []
         for leaf in leaves:
@@ -117,9 +120,7 @@ class Communicator:
 
     def check_model(self, params):
         """All ranks must hold the same model: same tree, shapes and dtypes."""
-        desc = "; ".join(f"{p} {np.shape(x)} {_dtype(x)}"
-                         for p, x in tree.leaves_with_paths(params))
-        self.check_same("model shapes", desc or "(no params)")
+        self.check_same("model shapes", _describe(params))
 
     def shard(self, *arrays):
         """This rank's contiguous share of a global batch (equal shares; the size must divide)."""
@@ -142,6 +143,12 @@ class Communicator:
     def barrier(self):
         if self._mpi is not None:
             self._mpi.Barrier()
+
+
+def _describe(value):
+    """Every leaf's path, shape and dtype: what ranks must agree on."""
+    return "; ".join(f"{p} {np.shape(x)} {_dtype(x)}"
+                     for p, x in tree.leaves_with_paths(value)) or "(no params)"
 
 
 def _dtype(x):

@@ -42,12 +42,18 @@ def test_two_ranks_match_one_process(tmp_path):
         np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-7)
 
 
-def test_ranks_with_different_models_fail_clearly(tmp_path):
+@pytest.mark.parametrize("flag,what", [("--bad-model", "the model shapes"),
+                                       ("--bad-broadcast", "the shapes of the tree to broadcast")])
+def test_ranks_with_different_models_fail_clearly(tmp_path, flag, what):
+    """Found by check_model, or by broadcast itself before it sends anything (MPI's own
+    message-size error would not say which ranks or leaves differ)."""
     exe = mpiexec()
     res = run([exe, "-n", "2", sys.executable, str(SCRIPT), str(tmp_path / "x.safetensors"),
-               "--bad-model"], tmp_path, timeout=60)
+               flag], tmp_path, timeout=60)
     assert res.returncode != 0
-    assert "ranks disagree about the model shapes" in res.stderr + res.stdout
+    out = res.stderr + res.stdout
+    assert f"ranks disagree about {what}" in out and "rank 1: " in out, out
+    assert "MPI_Bcast" not in out, out
 
 
 def test_a_rank_that_dies_ends_the_job_instead_of_hanging(tmp_path):

@@ -10,6 +10,8 @@ import fuseflow as ff
 comm = ff.distributed.init()
 model = ff.nn.Serial(ff.nn.Dense(32, "relu"), ff.nn.Dense(16, "gelu"), ff.nn.Dense(10))
 _, params = model.init(ff.random.key(comm.rank if "--bad-init" in sys.argv else 0), (20,))
+if "--bad-broadcast" in sys.argv and comm.rank == 1:  # a different model before broadcast
+    _, params = ff.nn.Serial(ff.nn.Dense(33, "relu"), ff.nn.Dense(10)).init(ff.random.key(0), (20,))
 params = comm.broadcast(params)  # identical start everywhere, whatever each rank drew
 if "--bad-model" in sys.argv and comm.rank == 1:
     _, params = ff.nn.Serial(ff.nn.Dense(33, "relu"), ff.nn.Dense(10)).init(ff.random.key(0), (20,))
