@@ -1,6 +1,8 @@
-"""Independent, deliberately naive references the engine is tested against.
+"""Independent, deliberately naive references the engine is tested against, and the
+helpers that check it: central finite differences in float64 and float64 comparisons.
 
-Nothing here uses fuseflow: plain float64 NumPy formulas written from the definitions.
+Nothing here uses fuseflow: plain float64 NumPy formulas written from the definitions
+(``layer_fd_check`` only calls the ``forward``/``backward`` of the layer it is given).
 """
 
 import numpy as np
@@ -66,3 +68,110 @@ def fill_padding_with_garbage(aux, features, rng):
         full += 1
     aux[full:] = rng.integers(0, 256, aux[full:].shape)
     return aux
+
+
+LABEL_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+
+
+def layernorm(x, scale, bias, eps):
+    """Forward, and a grad(dy) -> ({"scale", "bias"}, dx) through the explicit per-row
+    Jacobian of the normalisation (not the usual closed form)."""
+    n, f = x.shape
+    mu = x.mean(1, keepdims=True)
+    var = ((x - mu) ** 2).mean(1, keepdims=True)
+    xhat = (x - mu) / np.sqrt(var + eps)
+    s = np.ones(f) if scale is None else scale
+    y = xhat * s + (0 if bias is None else bias)
+
+    def grad(dy):
+        dx = np.empty_like(x)
+        for i in range(n):
+            r = 1 / np.sqrt(var[i, 0] + eps)
+            c = x[i] - mu[i, 0]
+            # d xhat_j / d x_k = r (delta_jk - 1/f) - r^3 c_j c_k / f
+            jac = r * (np.eye(f) - 1.0 / f) - r**3 * np.outer(c, c) / f
+            dx[i] = jac.T @ (dy[i] * s)
+        return {"scale": (dy * xhat).sum(0), "bias": dy.sum(0)}, dx
+    return y, grad
+
+
+def softmax_xent(z, labels):
+    """Mean softmax cross-entropy of logits z (computed in float64) and its gradient."""
+    z = z.astype(np.float64)
+    rows, labels = np.arange(len(z)), labels.astype(np.int64)
+    m = z.max(1, keepdims=True)
+    lse = np.log(np.exp(z - m).sum(1)) + m[:, 0]
+    p = np.exp(z - lse[:, None])
+    p[rows, labels] -= 1
+    return (lse - z[rows, labels]).mean(), p / len(z)
+
+
+# ---- checking helpers: central finite differences in float64 and comparisons ------------
+def fd(f, x, eps=1e-6):
+    """Central differences of the scalar f(x) at every element of the float64 array x.
+
+    x is perturbed in place, one element at a time, and restored exactly, so f may also
+    read x through a structure holding it (see fd_params)."""
+    assert x.dtype == np.float64, f"finite differences need float64, got {x.dtype}"
+    g = np.zeros(x.shape)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + eps
+        up = f(x)
+        x[idx] = old - eps
+        down = f(x)
+        x[idx] = old
+        g[idx] = (up - down) / (2 * eps)
+    return g
+
+
+def fd_params(f, params, eps=1e-6):
+    """fd of the scalar f(params) for every array in a tree of dicts, lists and tuples;
+    returns a tree of the same structure."""
+    def walk(node):
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(walk(v) for v in node)
+        return fd(lambda _: f(params), node, eps)
+    return walk(params)
+
+
+def close(got, want, rtol, atol, what="", seed=None):
+    """assert_allclose in float64; the message names what is compared and the test seed."""
+    msg = what + (f" (seed {seed})" if seed is not None else "")
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                               rtol=rtol, atol=atol, err_msg=msg)
+
+
+def tree_close(got, want, rtol, atol, what="", seed=None):
+    """close() leaf by leaf over two trees that must have the same structure."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), f"{what}: {got} vs {want}"
+        for k in want:
+            tree_close(got[k], want[k], rtol, atol, f"{what}[{k!r}]", seed)
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), f"{what}: {got} vs {want}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            tree_close(g, w, rtol, atol, f"{what}[{i}]", seed)
+    else:
+        close(got, want, rtol, atol, what, seed)
+
+
+def away_from_zero(rng, shape, margin=0.05):
+    """Normals with |v| >= margin: finite differences never straddle the ReLU kink."""
+    v = rng.standard_normal(shape)
+    return np.where(np.abs(v) < margin, np.copysign(margin, v) + v, v)
+
+
+def layer_fd_check(layer, params, x, rng, key=None, rtol=1e-5, atol=1e-7):
+    """A layer's backward in float64 against central differences of sum(forward * dy), for
+    the input and every parameter, with a random dy; returns (y, residuals, dy, grads, dx)."""
+    y, res = layer.forward(params, x, key=key)
+    dy = rng.standard_normal(y.shape)
+    grads, dx = layer.backward(params, res, dy)
+    obj_x = lambda xx: float((layer.forward(params, xx, key=key)[0] * dy).sum())
+    close(dx, fd(obj_x, x), rtol, atol, "dx", rng.seed)
+    obj_p = lambda p: float((layer.forward(p, x, key=key)[0] * dy).sum())
+    tree_close(grads, fd_params(obj_p, params), rtol, atol, "param grads", rng.seed)
+    return y, res, dy, grads, dx

@@ -4,16 +4,7 @@ import numpy as np
 import pytest
 
 import fuseflow as ff
-
-
-def fd_grad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[idx] += eps
-        xm[idx] -= eps
-        g[idx] = (f(xp) - f(xm)) / (2 * eps)
-    return g
+from tests import reference as ref
 
 
 @pytest.mark.parametrize("batch,classes", [(1, 1), (1, 3), (7, 10), (5, 37)])
@@ -25,7 +16,7 @@ def test_softmax_cross_entropy(batch, classes):
     p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     assert np.isclose(loss, -np.log(p[np.arange(batch), labels]).mean(), rtol=1e-12)
     np.testing.assert_allclose(
-        grad, fd_grad(lambda z: float(ff.losses.softmax_cross_entropy(z, labels)[0]), logits),
+        grad, ref.fd(lambda z: float(ff.losses.softmax_cross_entropy(z, labels)[0]), logits),
         rtol=1e-6, atol=1e-9)
 
 
@@ -40,14 +31,14 @@ def test_mse_and_sigmoid_bce():
     out, tgt = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
     loss, grad = ff.losses.mse(out, tgt)
     assert np.isclose(loss, ((out - tgt) ** 2).mean())
-    np.testing.assert_allclose(grad, fd_grad(lambda z: float(ff.losses.mse(z, tgt)[0]), out),
+    np.testing.assert_allclose(grad, ref.fd(lambda z: float(ff.losses.mse(z, tgt)[0]), out),
                                rtol=1e-6)
     t01 = (rng.random((4, 3)) > 0.5).astype(float)
     loss, grad = ff.losses.sigmoid_binary_cross_entropy(out, t01)
     s = 1 / (1 + np.exp(-out))
     assert np.isclose(loss, -(t01 * np.log(s) + (1 - t01) * np.log(1 - s)).mean())
     np.testing.assert_allclose(
-        grad, fd_grad(lambda z: float(ff.losses.sigmoid_binary_cross_entropy(z, t01)[0]), out),
+        grad, ref.fd(lambda z: float(ff.losses.sigmoid_binary_cross_entropy(z, t01)[0]), out),
         rtol=1e-6, atol=1e-10)
 
 
