@@ -1,7 +1,10 @@
 """MNIST with the training loop behind ``fuseflow train``: fit, evaluate, checkpoints.
 
 Uses real MNIST when it is on disk (``--data-dir DIR``, or ``$FUSEFLOW_DATA/mnist``, or
-the cache); this script never downloads. Without it, it trains on scikit-learn's digits.
+the cache); this script never downloads. Without ``--data-dir`` and no MNIST found, it
+trains on scikit-learn's digits and says so; a ``--data-dir`` without MNIST is an error
+(never a silent switch to other data). Resume or evaluate a run it wrote from Python:
+``ff.train.load_state(path, like=state)`` (see docs/getting-started.md).
 
     python examples/03_mnist.py --data-dir ../shared/data/mnist --epochs 5 --out runs/ex03
 """
@@ -20,9 +23,12 @@ try:
     train = ff.data.mnist("train", args.data_dir, download=False)
     test = ff.data.mnist("test", args.data_dir, download=False)
     print("data: MNIST")
-except ff.data.DatasetNotFoundError:
+except ff.data.DatasetNotFoundError as err:
+    if args.data_dir is not None:  # the folder the user named is the only place to look
+        raise SystemExit(f"error: {err}") from None
     train, test = ff.data.digits("train"), ff.data.digits("test")
-    print("data: MNIST not found here; using scikit-learn's digits")
+    print("data: MNIST not found in $FUSEFLOW_DATA or the cache (pass --data-dir DIR); "
+          "using scikit-learn's digits")
 
 batch_size = 128
 steps_per_epoch = ff.data.num_batches(len(train[0]), batch_size, drop_last=True)

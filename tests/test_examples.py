@@ -59,6 +59,16 @@ def test_03_mnist_on_digits_without_mnist(tmp_path):
     assert _test_accuracy(out) > 0.5
 
 
+def test_03_mnist_with_a_data_dir_without_mnist_is_an_error(tmp_path):
+    """A folder the user named is the only place looked: no silent switch to digits."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "03_mnist.py"), "--data-dir",
+                           str(tmp_path), "--epochs", "1"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, MPLBACKEND="Agg"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: MNIST (train split) not found" in proc.stderr and str(tmp_path) in proc.stderr
+    assert "digits" not in proc.stdout and "Traceback" not in proc.stderr
+
+
 def test_03_mnist_one_epoch(mnist_dir, tmp_path):
     out = run_example("03_mnist.py", "--data-dir", mnist_dir, "--epochs", "1", cwd=tmp_path)
     assert out.startswith("data: MNIST")
