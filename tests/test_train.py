@@ -472,8 +472,11 @@ def test_fit_never_overwrites_saved_epochs_unless_asked(tmp_path):
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(FileExistsError, match=r"ckpt-epoch1\.safetensors, ckpt-epoch2"
                        r"\.safetensors, last\.safetensors, metrics\.jsonl, curves\.png, which "
-                       r"a run from epoch 0 would overwrite\. Fix: out_dir=NEW_DIR"):
+                       r"a run from epoch 0 would overwrite\. Fix: out_dir=NEW_DIR") as info:
         _fit(model, opt, state, train, test, 2, tmp_path)
+    # the resume fix is a call that runs: load_state needs the template state
+    assert f"ff.train.load_state('{tmp_path / 'last.safetensors'}', like=state)" in str(
+        info.value)
     epoch1 = T.load_state(tmp_path / "ckpt-epoch1.safetensors", like=state)
     with pytest.raises(FileExistsError, match=r"holds ckpt-epoch2\.safetensors, "
                        r"last\.safetensors, metrics\.jsonl, which a run continuing after "
@@ -600,8 +603,11 @@ def test_recipe_round_trips_and_rebuilds_the_model():
 def test_recipe_errors_name_the_fix():
     with pytest.raises(T.RecipeError, match="--optimizer adamw"):
         T.Recipe("digits", None, 64, 10, optimizer="adam", weight_decay=0.1)
-    with pytest.raises(T.RecipeError, match="not written by `fuseflow train`"):
+    with pytest.raises(T.RecipeError, match="not written by `fuseflow train`") as info:
         T.Recipe.from_metadata({"note": "something else"})
+    # the fix covers both evaluating and resuming such a run from Python
+    assert "ff.train.load_state(path, like=" in str(info.value)
+    assert "ff.train.fit(model, opt, state" in str(info.value)
     with pytest.raises(T.RecipeError, match="newer fuseflow"):
         T.Recipe.from_metadata(dict(T.Recipe("digits", None, 64, 10).to_metadata(), x=1))
 

@@ -302,7 +302,8 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
         raise OutDirConflict(
             f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
             "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
-            "(ff.train.load_state), or overwrite=True to replace them.", out_dir, replaced)
+            f"(state = ff.train.load_state('{out_dir / LAST}', like=state)), or "
+            "overwrite=True to replace them.", out_dir, replaced)
     stale = [p for p in replaced if p.name not in (METRICS_FILE, CURVES_FILE)]  # checkpoints
     kept = kept_metrics(out_dir, epoch) if own else [r for r in history
                                                       if r.get("epoch", 0) <= epoch]

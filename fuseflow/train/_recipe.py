@@ -128,8 +128,12 @@ class Recipe:
         if not isinstance(meta, dict) or not {"dataset", "input_width", "classes"} <= set(meta):
             raise RecipeError(
                 f"{where} holds no fuseflow training recipe (hidden sizes, dataset, ...) in "
-                "its metadata: it was not written by `fuseflow train`. Fix: evaluate it from "
-                "Python with the model it was saved from (ff.checkpoint.load).")
+                "its metadata: it was not written by `fuseflow train`. Fix: load it from "
+                "Python with the model and optimizer it was trained with, state = "
+                "ff.train.load_state(path, like=ff.train.init_state(model, opt, in_shape, "
+                "key)), then ff.train.evaluate(model, state.params, x, y) or resume with "
+                "ff.train.fit(model, opt, state, ...); a bare params file: "
+                "ff.checkpoint.load(path).")
         unknown = set(meta) - fields
         if unknown:
             raise RecipeError(f"{where}: unknown recipe fields {sorted(unknown)}; it was "
