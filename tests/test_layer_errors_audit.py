@@ -54,7 +54,8 @@ class Linear(nn.Layer):
         return (out,), params
 
     def forward(self, params, x, *, key=None, train=True):
-        return x @ params["w"].T + params["b"], {"x": x}
+        y = x @ params["w"].T + params["b"]
+        return (y.astype(np.float64) if self.bad == "float64_y" else y), {"x": x}
 
     def backward(self, params, residuals, dy):
         x, w = residuals["x"], params["w"]
@@ -161,6 +162,35 @@ def test_serial_blames_a_layer_whose_output_is_not_what_its_init_declared():
                 f"({batch}, {out}) but init declared (batch, {out + 1}). Fix: make init return "
                 "the output shape forward produces."):
         model.forward(p, randn(batch, inp))
+
+
+def test_a_wrong_dy_gets_a_fix_for_dy_not_for_inputs():
+    hidden, batch, inp = size(), size(), size()
+    model = nn.Serial(nn.Dense(hidden, "relu"), nn.Dense(10))
+    _, p = model.init(key(), (inp,))
+    _, res = model.forward(p, randn(batch, inp))
+    with raises(LayerError, f"Serial layer 1 (Dense(10)): expected dy of shape (batch, 10), got "
+                f"({batch}, 11). Fix: pass dy shaped like this layer's output, (batch, 10): the "
+                "gradient of the loss with respect to that output."):
+        model.backward(p, res, randn(batch, 11))
+
+
+def test_serial_blames_a_layer_whose_output_changed_the_dtype():
+    """A float64 output of a layer fed float32 would fail in the Dense above with a fix for
+    x, which the user never passed: the message names the layer that changed the dtype."""
+    hidden, out, batch, inp = size(), size(), size(), size()
+    model = nn.Serial(nn.Dense(hidden, "relu"), Linear(out, "float64_y"), nn.Dense(3))
+    _, p = model.init(key(), (inp,))
+    with raises(LayerError, f"Serial layer 1 (Linear({out})): forward returned dtype float64, "
+                "but the Dense above computes in float32 (its params)", "Fix: return y in its "
+                "input's dtype (float32)"):
+        model.forward(p, randn(batch, inp))
+    # a layer that kept a wrong input's dtype is not blamed: the Dense names the input's
+    model = nn.Serial(Linear(out), nn.Dense(3))
+    _, p = model.init(key(), (inp,))
+    with raises(LayerError, "Serial layer 1 (Dense(3)): expected input of dtype float32, got "
+                "float64"):
+        model.forward(p, randn(batch, inp, dtype=np.float64))
 
 
 def test_serial_first_layer_output_names_its_input_too():

@@ -86,9 +86,14 @@ def check_2d(layer, x, width=None, what="input"):
     shape = x.shape
     if len(shape) != 2 or (width is not None and shape[1] != width):
         want = f"(batch, {width})" if width is not None else "(batch, features)"
-        fix = (" Fix: flatten images first, x.reshape(len(x), -1), or add ff.nn.Flatten()."
-               if len(shape) > 2 else " Fix: pass a batch of the model's input width"
-               " (check the in_shape given to init).")
+        if what == "dy":  # the gradient of this layer's output, not a batch of inputs
+            fix = (f" Fix: pass dy shaped like this layer's output, {want}: the gradient of "
+                   "the loss with respect to that output.")
+        elif len(shape) > 2:
+            fix = " Fix: flatten images first, x.reshape(len(x), -1), or add ff.nn.Flatten()."
+        else:
+            fix = (" Fix: pass a batch of the model's input width (check the in_shape given "
+                   "to init).")
         raise layer.error(f"expected {what} of shape {want}, got {tuple(shape)}.{fix}")
 
 

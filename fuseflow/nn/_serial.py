@@ -59,6 +59,11 @@ def plan_stages(layers) -> list:
     return stages
 
 
+def _dtype(a):
+    """An array's dtype, the type's name for anything else (in messages)."""
+    return getattr(a, "dtype", type(a).__name__)
+
+
 def _shape(a) -> str:
     """``"shape (8, 16)"`` for an array, the type's name for anything else (in messages)."""
     return f"shape {tuple(a.shape)}" if hasattr(a, "shape") else type(a).__name__
@@ -157,9 +162,20 @@ class Serial(Layer):
         blame. Only known where a Dense follows: Serial keeps nothing from init."""
         above = self.stages[s + 1] if s + 1 < len(self.stages) else None
         p = params[above.index] if above is not None and above.dense is not None else None
-        width = getattr(p.get("w") if isinstance(p, dict) else None, "shape", ())[1:]
-        if len(width) != 1 or getattr(y, "shape", ())[1:] == width:
+        w = p.get("w") if isinstance(p, dict) else None
+        width = getattr(w, "shape", ())[1:]
+        if len(width) != 1:
             return  # no Dense above, or params the Dense itself will reject
+        if getattr(y, "shape", ())[1:] == width:
+            # a layer that changed the dtype (one that kept a wrong input's dtype is not
+            # to blame: the Dense names the input's dtype then)
+            if hasattr(y, "dtype") and y.dtype != w.dtype and y.dtype != _dtype(x):
+                raise LayerError(
+                    f"{self._where(self.stages[s].index)}: forward returned dtype {y.dtype}, "
+                    f"but the Dense above computes in {w.dtype} (its params) and would get "
+                    f"the blame. Fix: return y in its input's dtype ({_dtype(x)}), e.g. "
+                    "y.astype(x.dtype, copy=False).")
+            return
         got, fix = _shape(y), "make init return the output shape forward produces."
         if s == 0 or self.stages[s - 1].dense is None:  # the input is unchecked: may be wrong
             got, fix = (f"{got} for an input of {_shape(x)},",
