@@ -126,6 +126,18 @@ def test_idx_dataset_pair_checks(tmp_path):
         ffd.idx_dataset(folder)
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_dotted_file_names_are_read_too(isolated, gz):
+    """Many MNIST copies (Kaggle's, among others) name the files train-images.idx3-ubyte."""
+    folder = fake_mnist(isolated / "kaggle", n=6, gz=gz)
+    for path in folder.iterdir():
+        path.rename(folder / path.name.replace("-idx", ".idx"))
+    assert (folder / f"t10k-labels.idx1-ubyte{'.gz' if gz else ''}").is_file()
+    x, y = ffd.mnist("test", data_dir=folder)
+    np.testing.assert_allclose(x[:, 0] * 255, y * 10, rtol=1e-6)
+    assert len(ffd.idx_dataset(folder, "train")[0]) == 6
+
+
 def test_idx_dataset_missing_folder_and_bad_split(tmp_path):
     with pytest.raises(ffd.DatasetNotFoundError, match="t10k-images-idx3-ubyte"):
         ffd.idx_dataset(tmp_path, "test")

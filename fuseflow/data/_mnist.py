@@ -1,4 +1,6 @@
-"""MNIST and its look-alikes (Fashion-MNIST, KMNIST) from the four standard IDX files.
+"""MNIST and its look-alikes (Fashion-MNIST, KMNIST) from the four standard IDX files
+(``train-images-idx3-ubyte``, raw or ``.gz``; the dotted ``train-images.idx3-ubyte`` that
+many copies use works too).
 
 Where the files come from: an explicit ``data_dir`` argument (the folder with the files, or
 a folder holding ``mnist/``) is the only place looked; when it lacks them, that is an error,
@@ -59,11 +61,24 @@ def _split_names(split: str):
     return _FILES[split]
 
 
+def _spellings(name: str):
+    """A file's accepted names, in order of preference: the canonical one, its .gz, and the
+    dotted form many copies use (``train-images.idx3-ubyte``, e.g. Kaggle's)."""
+    dotted = name.replace("-idx", ".idx")
+    return name, name + ".gz", dotted, dotted + ".gz"
+
+
+def _wanted(names) -> str:
+    """The split's files as the messages name them."""
+    return (f"{names[0]}[.gz] and {names[1]}[.gz] (or {_spellings(names[0])[2]}, ... as "
+            "many copies name them)")
+
+
 def _find(folder: Path, names):
     """The split's two files in ``folder`` (a raw file wins over its .gz), or None."""
     found = []
     for name in names:
-        hit = next((folder / n for n in (name, name + ".gz") if (folder / n).is_file()), None)
+        hit = next((folder / n for n in _spellings(name) if (folder / n).is_file()), None)
         if hit is None:
             return None
         found.append(hit)
@@ -97,8 +112,7 @@ def idx_dataset(folder, split: str = "train", *, num_classes: int | None = 10):
         why = _not_a_folder(folder)
         raise DatasetNotFoundError(
             f"{folder}{f' ({why})' if why else ''} does not hold the {split} split: expected "
-            f"{names[0]}[.gz] and {names[1]}[.gz] there. Fix: pass the folder that holds "
-            "these files.")
+            f"{_wanted(names)} there. Fix: pass the folder that holds these files.")
     return _as_arrays(*read_split(*files, num_classes))
 
 
@@ -147,7 +161,7 @@ def mnist(split: str = "train", data_dir=None, *, download: bool = True):
         if origin == "cache":
             _verify_cached(files)
         return _as_arrays(*read_split(*files))
-    wanted = f"{names[0]}[.gz] and {names[1]}[.gz]"
+    wanted = _wanted(names)
     places = "".join(f"  - {line}\n" for line in looked)
     if data_dir is not None:
         raise DatasetNotFoundError(
