@@ -511,7 +511,14 @@ def _eval(args) -> int:
     recipe = _read_recipe(path, "CKPT")
     if recipe.dataset == "digits":
         _no_data_dir_for_digits(args.data_dir, "the checkpoint's run trained on")
-    x, y, source = _load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+    try:
+        x, y, source = _load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+    except data.DatasetNotFoundError as e:
+        if args.data_dir is not None or recipe.data_dir is None:
+            raise
+        raise CLIError(f"{e} The checkpoint's run read its data from {recipe.data_dir}, "
+                       "which no longer holds it. Fix: --data-dir DIR, the folder that holds "
+                       "that data now.") from None
     bad = (y < 0) | (y >= recipe.classes)
     if int(x.shape[1]) == recipe.input_width and bad.any():
         i = int(np.argmax(bad))

@@ -550,3 +550,14 @@ def test_eval_names_a_damaged_test_label(tmp_path, cli):
     proc = cli("eval", tmp_path / "o" / T.LAST)
     assert_one_line_error(proc, str(folder / IDX_NAMES["test"][1]), "label 200 at index 5",
                           "outside the checkpoint's 10 classes", "Fix:", command="eval")
+
+
+def test_eval_says_when_the_runs_data_folder_has_moved(tmp_path, cli):
+    folder = idx_folder(tmp_path / "idx")
+    assert cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o",
+               *SMALL).returncode == 0
+    folder.rename(tmp_path / "moved")
+    proc = cli("eval", tmp_path / "o" / T.LAST)
+    assert_one_line_error(proc, "The checkpoint's run read its data from", str(folder),
+                          "which no longer holds it. Fix: --data-dir DIR", command="eval")
+    assert cli("eval", tmp_path / "o" / T.LAST, "--data-dir", tmp_path / "moved").returncode == 0
