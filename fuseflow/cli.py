@@ -506,6 +506,8 @@ def _report_stop(signum: int, where: str) -> int:
 
 
 def _eval(args) -> int:
+    # under a launcher every rank evaluates the whole test set; rank 0 alone reports
+    _quiet_unless_main(distributed.init())
     device = _select_backend(args.backend)
     path = Path(args.checkpoint)
     recipe = _read_recipe(path, "CKPT")

@@ -153,6 +153,11 @@ def test_cli_under_mpiexec_trains_like_one_process_and_only_rank_0_speaks(tmp_pa
     assert "data parallel: 2 ranks (MPI)" in two.stdout
     assert two.stdout.count("test_accuracy=") == 1  # rank 1 is quiet
     assert one.stdout.splitlines()[-1] == two.stdout.splitlines()[-1]
+    ev = run([exe, "-n", "2", sys.executable, "-m", "fuseflow", "eval",
+              "two/last.safetensors"], tmp_path)
+    assert ev.returncode == 0, ev.stderr
+    assert ev.stdout.count("test_accuracy=") == 1  # eval too: rank 0 alone reports
+    assert ev.stdout.splitlines()[-1] == two.stdout.splitlines()[-1]
     import json
 
     # Loose: two epochs of Adam amplify the rounding differences of half-batch matmuls (seen:
