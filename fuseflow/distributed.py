@@ -148,7 +148,7 @@ class Communicator:
 def _describe(value):
     """Every leaf's path, shape and dtype: what ranks must agree on."""
     return "; ".join(f"{p} {np.shape(x)} {_dtype(x)}"
-                     for p, x in tree.leaves_with_paths(value)) or "(no params)"
+                     for p, x in tree.leaves_with_paths(value)) or "(an empty tree)"
 
 
 def _dtype(x):

@@ -558,6 +558,8 @@ def test_eval_says_when_the_runs_data_folder_has_moved(tmp_path, cli):
                *SMALL).returncode == 0
     folder.rename(tmp_path / "moved")
     proc = cli("eval", tmp_path / "o" / T.LAST)
-    assert_one_line_error(proc, "The checkpoint's run read its data from", str(folder),
-                          "which no longer holds it. Fix: --data-dir DIR", command="eval")
+    line = assert_one_line_error(proc, "the checkpoint's run read its data from", str(folder),
+                                 "which no longer holds its test split", "Fix: --data-dir DIR",
+                                 command="eval")
+    assert line.count("Fix:") == 1
     assert cli("eval", tmp_path / "o" / T.LAST, "--data-dir", tmp_path / "moved").returncode == 0

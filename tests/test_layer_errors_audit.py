@@ -181,10 +181,19 @@ def test_serial_blames_a_layer_whose_output_changed_the_dtype():
     hidden, out, batch, inp = size(), size(), size(), size()
     model = nn.Serial(nn.Dense(hidden, "relu"), Linear(out, "float64_y"), nn.Dense(3))
     _, p = model.init(key(), (inp,))
-    with raises(LayerError, f"Serial layer 1 (Linear({out})): forward returned dtype float64, "
-                "but the Dense above computes in float32 (its params)", "Fix: return y in its "
-                "input's dtype (float32)"):
+    with raises(LayerError, f"Serial layer 1 (Linear({out})): forward returned dtype float64 "
+                "(from an input of float32), but the Dense above computes in float32 (its "
+                "params)", "Fix: return y in float32, y.astype(np.float32); or, if the cast is "
+                "intended, give that Dense param_dtype=np.float64."):
         model.forward(p, randn(batch, inp))
+
+    class CastingDense(nn.Dense):  # a subclass with its own forward may take other dtypes
+        def forward(self, params, x, **kw):
+            return super().forward(params, x.astype(params["w"].dtype), **kw)
+
+    model = nn.Serial(nn.Dense(hidden, "relu"), Linear(out, "float64_y"), CastingDense(3))
+    _, p = model.init(key(), (inp,))
+    assert model.forward(p, randn(batch, inp))[0].dtype == np.float32
     # a layer that kept a wrong input's dtype is not blamed: the Dense names the input's
     model = nn.Serial(Linear(out), nn.Dense(3))
     _, p = model.init(key(), (inp,))

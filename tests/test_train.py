@@ -474,8 +474,9 @@ def test_fit_never_overwrites_saved_epochs_unless_asked(tmp_path):
                        r"\.safetensors, last\.safetensors, metrics\.jsonl, curves\.png, which "
                        r"a run from epoch 0 would overwrite\. Fix: out_dir=NEW_DIR") as info:
         _fit(model, opt, state, train, test, 2, tmp_path)
-    # the resume fix is a call that runs: load_state needs the template state
-    assert f"ff.train.load_state('{tmp_path / 'last.safetensors'}', like=state)" in str(
+    # the resume fix is a call that runs: load_state needs the template state, and the path
+    # is a Python literal (quotes or backslashes in it are escaped)
+    assert f"ff.train.load_state({str(tmp_path / 'last.safetensors')!r}, like=state)" in str(
         info.value)
     epoch1 = T.load_state(tmp_path / "ckpt-epoch1.safetensors", like=state)
     with pytest.raises(FileExistsError, match=r"holds ckpt-epoch2\.safetensors, "
@@ -487,6 +488,12 @@ def test_fit_never_overwrites_saved_epochs_unless_asked(tmp_path):
     assert [r["epoch"] for r in T.read_metrics(tmp_path / T.METRICS_FILE)] == [1, 2]
     assert again.history[-1]["train_loss"] == T.read_metrics(
         tmp_path / T.METRICS_FILE)[-1]["train_loss"]
+    # a folder without last.safetensors: no resume call is offered
+    other = tmp_path.parent / f"{tmp_path.name}-metrics-only"
+    other.mkdir()
+    (other / T.METRICS_FILE).write_text("{}\n")
+    with pytest.raises(FileExistsError, match="Fix: out_dir=NEW_DIR, or overwrite=True"):
+        _fit(model, opt, state, train, test, 1, other)
 
 
 def test_a_run_of_the_same_seed_but_another_model_is_another_run(tmp_path):

@@ -56,7 +56,8 @@ GRAD_UNROLL = 2
 #: ``session8_skinny_sweep_tc.json``): wgrad 78.2 / 50.8 / 37.5 / 35.6 us and dgrad 45.6 /
 #: 52.6 / 47.8 / 37.8 us at 64 / 128 / 256 / 512 rows (SIMT kernels: 50.2 and 46.2).
 ROWS_PER_CHUNK = 512
-#: A chunk's rows of dy (and of the mask bytes) sit in static shared memory: at most 48 KB.
+#: A chunk's rows of dy (and of the mask bytes) sit in static shared memory: at most 48 KB
+#: (the input gradient with the mask at 8 warps and 512 rows takes exactly 48 KB).
 MAX_ROWS_PER_CHUNK = 512
 MAX_CHUNKS = 65535   # chunks are the grid's y dimension
 
@@ -398,7 +399,8 @@ def _launch_shape(warps, unroll):
     """Warps per block and rows' k16 steps unrolled (defaults unless a benchmark sweeps)."""
     warps = GRAD_WARPS if warps is None else warps
     unroll = GRAD_UNROLL if unroll is None else unroll
-    if warps not in (4, 8) or unroll not in (1, 2, 4):
+    if type(warps) is not int or type(unroll) is not int or warps not in (4, 8) \
+            or unroll not in (1, 2, 4):
         raise ValueError(f"tensor-core skinny kernels: warps must be 4 or 8 and unroll 1, 2 "
                          f"or 4, got warps={warps}, unroll={unroll}")
     return warps, unroll
@@ -411,6 +413,7 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, warps=None, unroll=None):
     batch, n = dy.shape
     features = x.shape[1]
     fc = features + (1 if bgrad else 0)
+    warps, unroll = _launch_shape(warps, unroll)
     dw = cupy.empty((n, features), dtype=dy.dtype)
     db = cupy.empty(n, dtype=dy.dtype) if bgrad else None
     if not batch:
@@ -419,7 +422,6 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, warps=None, unroll=None):
             db.fill(0)
         return dw, db
     rows, chunks = _chunks(batch, rows)
-    warps, unroll = _launch_shape(warps, unroll)
     part = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
     kern = _kernel("tc_wgrad", n, unroll, BGRADB=bgrad, WARPS=warps, RPC=rows)
     kern((-(-features // (64 * warps)), chunks), (32 * warps,),
@@ -444,6 +446,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=Non
     its column sums when ``bgrad``. ``rows``, ``warps``, ``unroll``: as ``wgrad``'s."""
     batch, n = dy.shape
     features = w.shape[1]
+    warps, unroll = _launch_shape(warps, unroll)
     dx = cupy.empty((batch, features), dtype=dy.dtype)
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     if not batch:
@@ -451,7 +454,6 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=Non
             db.fill(0)
         return dx, db
     rows, chunks = _chunks(batch, rows)
-    warps, unroll = _launch_shape(warps, unroll)
     if aux is not None and (ld % 8 or aux.data.ptr % 8):  # the kernel reads 8 bytes at a time
         aux, ld = _aux_copy(aux, ld, batch)
     part = cupy.empty((chunks, features), dtype=np.float32) if bgrad and chunks > 1 else None

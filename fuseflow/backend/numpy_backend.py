@@ -74,7 +74,9 @@ class NumpyBackend(Backend):
     def _linear_dgrad(self, dy, w, spec, aux):
         prod = _mm(dy, w)
         if spec.activation == "gelu":
-            # times gelu'(pre) before the one final rounding, as the forward epilogs round
+            # times gelu'(pre) before the one final rounding, as the forward epilogs and
+            # cuBLASLt's DGELU round (the CUDA backend's unfused fallback, K == 1, rounds
+            # the float16 product first: 1 ulp apart, within the float16 tolerance)
             dx = (prod * gelu_grad(aux.T.astype(prod.dtype))).astype(dy.dtype, copy=False)
         else:
             dx = prod.astype(dy.dtype, copy=False)  # masking commutes with the rounding

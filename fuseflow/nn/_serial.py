@@ -167,14 +167,7 @@ class Serial(Layer):
         if len(width) != 1:
             return  # no Dense above, or params the Dense itself will reject
         if getattr(y, "shape", ())[1:] == width:
-            # a layer that changed the dtype (one that kept a wrong input's dtype is not
-            # to blame: the Dense names the input's dtype then)
-            if hasattr(y, "dtype") and y.dtype != w.dtype and y.dtype != _dtype(x):
-                raise LayerError(
-                    f"{self._where(self.stages[s].index)}: forward returned dtype {y.dtype}, "
-                    f"but the Dense above computes in {w.dtype} (its params) and would get "
-                    f"the blame. Fix: return y in its input's dtype ({_dtype(x)}), e.g. "
-                    "y.astype(x.dtype, copy=False).")
+            self._check_output_dtype(s, above.dense, w, x, y)
             return
         got, fix = _shape(y), "make init return the output shape forward produces."
         if s == 0 or self.stages[s - 1].dense is None:  # the input is unchecked: may be wrong
@@ -182,6 +175,21 @@ class Serial(Layer):
                         "pass a batch of the in_shape given to init, or " + fix)
         raise LayerError(f"{self._where(self.stages[s].index)}: forward returned {got} but init "
                          f"declared (batch, {width[0]}). Fix: {fix}")
+
+    def _check_output_dtype(self, s, dense, w, x, y):
+        """A generic stage that changed the dtype to one the Dense above does not take
+        (float64 out of float32, say) is named, not that Dense. A stage that kept a wrong
+        input's dtype is not to blame (the Dense names the input's dtype then), and Dense
+        subclasses with their own forward may take other dtypes."""
+        if (not hasattr(y, "dtype") or y.dtype == w.dtype or y.dtype == _dtype(x)
+                or type(dense).forward is not Dense.forward):
+            return
+        raise LayerError(
+            f"{self._where(self.stages[s].index)}: forward returned dtype {y.dtype} (from "
+            f"an input of {_dtype(x)}), but the Dense above computes in {w.dtype} (its "
+            f"params) and would get the blame. Fix: return y in {w.dtype}, "
+            f"y.astype(np.{w.dtype}); or, if the cast is intended, give that Dense "
+            f"param_dtype=np.{y.dtype}.")
 
     def _check_dx(self, s, below, dy, dx):
         """A generic stage's dx must have its input's shape, known where a Dense stage is

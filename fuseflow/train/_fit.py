@@ -299,11 +299,14 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
     own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:
         start = "a run from epoch 0" if epoch == 0 else f"a run continuing after epoch {epoch}"
+        last = out_dir / LAST
+        resume = (f"resume from the folder's latest checkpoint (state = "
+                  f"ff.train.load_state({str(last)!r}, like=state)), or " if last.is_file()
+                  else "")
         raise OutDirConflict(
             f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
-            "overwrite. Fix: out_dir=NEW_DIR, or resume from the folder's latest checkpoint "
-            f"(state = ff.train.load_state('{out_dir / LAST}', like=state)), or "
-            "overwrite=True to replace them.", out_dir, replaced)
+            f"overwrite. Fix: out_dir=NEW_DIR, or {resume}overwrite=True to replace them.",
+            out_dir, replaced)
     stale = [p for p in replaced if p.name not in (METRICS_FILE, CURVES_FILE)]  # checkpoints
     kept = kept_metrics(out_dir, epoch) if own else [r for r in history
                                                       if r.get("epoch", 0) <= epoch]
