@@ -5,11 +5,17 @@
 # split/overlap/random-bits tests, dgrad_orientation "tt" as a fourth backend fixture, the
 # tensor-core skinny kernels at 8 warps and 1/4 unrolled k16 steps), four pytest-xdist
 # workers; then the float16 output layer's tensor-core kernels over rows per chunk, warps
-# per block and unrolled steps (skinny_sweep.py --only tc). Run device_session23d.sh
+# per block and unrolled steps (skinny_sweep.py --only tc), and its fastest shape against
+# the defaults in the compiled 16-bit steps (settings_ab.py). Run device_session23d.sh
 # (call 107: the operand orientation's timings) after it. Results: $OUT/results-s24a.tgz.
 set -uo pipefail
 TAG=s24a
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=25 run pytest_gpu_all 420 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+TAILN=25 run pytest_gpu_all 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   $(xdist loadfile) tests --ignore=tests/test_kernel_sources.py
 TAILN=40 run skinny_sweep_tc 150 python3 benchmarks/skinny_sweep.py --out "$res" --only tc
+# the sweep's fastest launch shape against the defaults in the compiled 16-bit steps
+best=$(python3 benchmarks/skinny_sweep.py --print-best "$res/skinny_sweep_tc.json") && \
+  TAILN=6 run ab_tc_launch 140 python3 benchmarks/settings_ab.py --out "$res" --name tc_launch \
+  --setting "_cuda_skinny_tc.ROWS_PER_CHUNK=512,_cuda_skinny_tc.GRAD_WARPS=4,_cuda_skinny_tc.GRAD_UNROLL=2" \
+  --setting "$best" --rounds 3

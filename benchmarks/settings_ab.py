@@ -6,7 +6,9 @@
 
 Each ``--setting`` is one arm: comma-separated ``attribute=value`` pairs set on the
 process's CUDA backend (values parsed as Python literals where they parse: ``0``, ``1``,
-``False``, ``262144``; anything else, such as ``auto``, stays a string). For every ``--config`` (``model:optimizer:
+``False``, ``262144``; anything else, such as ``auto``, stays a string). An attribute
+``module.NAME`` is a constant of ``fuseflow.backend.module`` instead, read when a step is
+compiled (``_cuda_skinny_tc.GRAD_WARPS=8``). For every ``--config`` (``model:optimizer:
 precision`` as in ``peers.py``) each round times a fresh compiled step of ``peers.py`` under
 every arm (two alternating batches; the median over 7 blocks of back-to-back calls), the
 arms' order reversed every other round. JSON out (``settings_ab_NAME.json``): every row, and per config the arms' medians and
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import json
 import statistics
 import sys
@@ -43,6 +46,15 @@ def parse_setting(text):
     return out
 
 
+def resolve(backend, name):
+    """``(object, attribute)`` that ``name`` sets: the backend's attribute, or for
+    ``module.NAME`` the constant NAME of ``fuseflow.backend.module``."""
+    module, _, attr = name.rpartition(".")
+    if not module:
+        return backend, name
+    return importlib.import_module(f"fuseflow.backend.{module}"), attr
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -67,14 +79,18 @@ def main():
     import fuseflow as ff
 
     be = ff.backend.get("cuda")
-    defaults = {k: getattr(be, k) for arm in arms for k in arm}
+    targets = {k: resolve(be, k) for arm in arms for k in arm}
+    for k, (obj, attr) in targets.items():
+        if not hasattr(obj, attr):
+            raise SystemExit(f"--setting: {k!r} is not an attribute of {obj!r}")
+    defaults = {k: getattr(*targets[k]) for k in targets}
     rows = []
     for r in range(args.rounds):
         for model, opt, prec in configs:
             order = list(enumerate(arms))
             for i, arm in (order if r % 2 == 0 else order[::-1]):
                 for k, v in {**defaults, **arm}.items():
-                    setattr(be, k, v)
+                    setattr(*targets[k], v)
                 be.tf32 = prec == "tf32"
                 be.reset_stats()
                 steps = args.steps or (100 if model.endswith("4096-10") else 200)
@@ -85,7 +101,7 @@ def main():
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for k, v in defaults.items():
-        setattr(be, k, v)
+        setattr(*targets[k], v)
     be.tf32 = False
     summary = []
     for model, opt, prec in configs:

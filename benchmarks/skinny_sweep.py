@@ -1,7 +1,8 @@
 """Launch shapes of fuseflow's small-side gradient kernels and mixed-precision updates,
 timed the way a compiled step runs them.
 
-    python benchmarks/skinny_sweep.py --out DIR
+    python benchmarks/skinny_sweep.py --out DIR [--only tc]
+    python benchmarks/skinny_sweep.py --print-best DIR/skinny_sweep_tc.json
 
 Each variant runs 20 times inside one CUDA graph; the time is the median over replays
 divided by 20, so host launch gaps do not count (they do not in a compiled step either).
@@ -225,11 +226,35 @@ def mixed_update_rows(cp, F):
     return rows
 
 
+def best_tc_launch(rows):
+    """The tensor-core gradients' launch shape with the least weight- plus input-gradient
+    time, as a settings_ab.py ``--setting`` (the kernels share these constants)."""
+    total = {}
+    for r in rows:
+        if r.get("form") == "tc" and r["kernel"] in ("wgrad", "dgrad") and "warps" in r:
+            key = (r["rows_per_chunk"], r["warps"], r["unroll"])
+            total.setdefault(key, {})[r["kernel"]] = r["us"]
+    both = {k: v["wgrad"] + v["dgrad"] for k, v in total.items() if len(v) == 2}
+    if not both:
+        raise SystemExit("no tensor-core wgrad/dgrad rows with a launch shape in the sweep")
+    rpc, warps, unroll = min(both, key=both.get)
+    return (f"_cuda_skinny_tc.ROWS_PER_CHUNK={rpc},_cuda_skinny_tc.GRAD_WARPS={warps},"
+            f"_cuda_skinny_tc.GRAD_UNROLL={unroll}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="folder for the JSON (required unless --print-best)")
     ap.add_argument("--only", choices=["tc"], help="only the tensor-core comparison")
+    ap.add_argument("--print-best", metavar="JSON",
+                    help="print the fastest tensor-core launch shape of a sweep's JSON as a "
+                         "settings_ab.py --setting, and exit")
     args = ap.parse_args()
+    if args.print_best:
+        print(best_tc_launch(json.loads(Path(args.print_best).read_text())["rows"]))
+        return
+    if not args.out:
+        ap.error("--out is required")
     import cupy as cp
 
     from fuseflow.backend import _cuda_fused as F

@@ -76,3 +76,32 @@ def test_settings_ab_parses_each_arm_into_typed_attributes():
         {"overlap_max_bytes": 262144, "overlap_order": "early"}
     with pytest.raises(SystemExit, match="attribute=value"):
         ab.parse_setting("overlap_streams")
+
+
+def test_settings_ab_resolves_backend_attributes_and_module_constants():
+    ab = _load("settings_ab")
+    from fuseflow.backend import epilogs
+
+    be = object()
+    assert ab.resolve(be, "overlap_streams") == (be, "overlap_streams")
+    assert ab.resolve(be, "epilogs.EPILOGS") == (epilogs, "EPILOGS")
+
+
+def test_skinny_sweep_picks_the_launch_with_the_least_gradient_time():
+    """Weight plus input gradient of one launch shape decides; rows without a shape (the
+    SIMT kernels, the older rows-only sweep) and shapes missing a kernel do not count."""
+    sweep = _load("skinny_sweep")
+
+    def row(kernel, rpc, warps, unroll, us):
+        return {"kernel": kernel, "form": "tc", "rows_per_chunk": rpc, "warps": warps,
+                "unroll": unroll, "us": us}
+
+    rows = [{"kernel": "wgrad", "form": "simt", "us": 1.0},
+            row("wgrad", 512, 4, 2, 30.0), row("dgrad", 512, 4, 2, 34.0),
+            row("wgrad", 256, 8, 4, 25.0), row("dgrad", 256, 8, 4, 36.0),  # 61 < 64
+            row("wgrad", 512, 8, 1, 10.0)]  # no dgrad: not a candidate
+    assert sweep.best_tc_launch(rows) == ("_cuda_skinny_tc.ROWS_PER_CHUNK=256,"
+                                          "_cuda_skinny_tc.GRAD_WARPS=8,"
+                                          "_cuda_skinny_tc.GRAD_UNROLL=4")
+    with pytest.raises(SystemExit, match="no tensor-core"):
+        sweep.best_tc_launch(rows[:1])
