@@ -420,3 +420,22 @@ def test_compute_copy_is_the_cast_params_after_every_update(name, where):
     grads = ff.tree.map(quadratic_grads, params, target)
     with pytest.raises(TypeError, match="needs the params"):
         o.update(grads, o.init(params))
+
+
+@pytest.mark.parametrize("name", ["sgd_schedule", "adam_schedule", "momentum_schedule"])
+def test_scheduled_update_of_mixed_precision_leaves_equals_the_reference(name):
+    """A float32 and a float64 leaf under one schedule: the reference rounds the step size
+    per leaf dtype, so the fused step (one step size per launch) must not take them."""
+    make = {"sgd_schedule": OPTIMIZERS["sgd_schedule"],
+            "adam_schedule": OPTIMIZERS["adam_schedule"],
+            "momentum_schedule": lambda: ff.optim.sgd(ff.optim.linear_schedule(0.1, 0.0, 7),
+                                                      momentum=0.9)}[name]
+    params, target = problem()
+    params["a"]["w"] = params["a"]["w"].astype(np.float64)  # the first leaf, a/b, is float32
+    assert ff.tree.leaves(params)[0].dtype == np.float32
+    target = ff.tree.map(lambda a: a * 0 + 1, params)
+    a = run(make(), params, target, fused=True, steps=5)
+    b = run(make(), params, target, fused=False, steps=5)
+    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)

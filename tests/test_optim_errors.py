@@ -210,8 +210,7 @@ def test_grads_that_are_not_floats(rng, name, dtype):
     msg = str(err)
     assert f"the update at '{layer}/w' has dtype {np.dtype(dtype)}" in msg
     assert "must be floating point" in msg and "Fix: pass float gradients" in msg
-    if name not in ("sgd", "sgd_schedule"):  # plain sgd's reference adds ints as floats
-        assert_same_error(err, reference_error(opt, grads, state, params))
+    assert_same_error(err, reference_error(opt, grads, state, params))
 
 
 def test_arguments_in_the_wrong_order(rng):
@@ -393,3 +392,36 @@ def test_loss_scaling_wants_its_own_state(bad_state):
         with pytest.raises(TypeError, match=r"dynamic_loss_scaling.update: expected the state "
                                             r"its init\(\) makes, DynamicScaleState"):
             call()
+
+
+@pytest.mark.parametrize("make", [lambda: ff.optim.clip_by_global_norm(1.0),
+                                  lambda: ff.optim.scale(0.5)], ids=["clip", "scale"])
+def test_stateless_transforms_want_float_array_updates(rng, make):
+    """An int gradient would turn clip's factor (0.2, say) into 0: a silent zero step."""
+    params = {"w": rng.standard_normal(3).astype(np.float32)}
+    opt = ff.optim.chain(make(), ff.optim.sgd(0.1))
+    state = opt.init(params)
+    for bad, says in ((np.array([3, 4, 0], np.int32), "has dtype int32"),
+                      ([3.0, 4.0, 0.0], "is a float")):
+        for run in (lambda g: opt.update(g, state, params),
+                    lambda g: ff.optim.update_and_apply(opt, g, state, params)):
+            with pytest.raises(TypeError, match=f"the update at '(w|w/0)' {says}, but updates "
+                               "must be floating point arrays"):
+                run({"w": bad})
+
+
+def test_nesterov_must_be_a_bool():
+    for make in (lambda v: ff.optim.sgd(0.1, 0.9, nesterov=v), lambda v: ff.optim.trace(0.9, v)):
+        with pytest.raises(TypeError, match="nesterov must be True or False, got str 'no'"):
+            make("no")  # truthy: it would have switched Nesterov on
+        make(np.bool_(True))
+
+
+def test_schedule_step_counts_fit_the_int32_count():
+    for make in (lambda n: ff.optim.cosine_decay_schedule(0.1, n),
+                 lambda n: ff.optim.linear_schedule(0.1, 0.0, n),
+                 lambda n: ff.optim.warmup_cosine_decay_schedule(0.0, 0.1, 10, n)):
+        with pytest.raises(ValueError, match="at most 2147483647, got 3000000000: the step "
+                                             "count is an int32"):
+            make(3_000_000_000)
+        assert float(make(2 ** 31 - 1)(np.asarray(0, np.int32))) >= 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fuseflow.optim._base import GradientTransformation, chain, check_lr, check_number, identity
+from fuseflow.optim._base import (GradientTransformation, chain, check_flag, check_lr,
+                                  check_number, identity)
 from fuseflow.optim._fused import fused_spec
 from fuseflow.optim._transforms import (
     add_decayed_weights,
@@ -22,6 +23,7 @@ def sgd(lr, momentum: float = 0.0, nesterov: bool = False) -> GradientTransforma
     """Gradient descent, with (Nesterov) momentum if ``momentum > 0``."""
     lr = check_lr("sgd", lr)
     momentum = check_number("sgd", "momentum", momentum, low=0.0, high=1.0, example=0.9)
+    nesterov = check_flag("sgd", "nesterov", nesterov)
     if nesterov and momentum == 0.0:
         raise ValueError("sgd: nesterov=True needs momentum > 0. "
                          "Fix: sgd(lr, momentum=0.9, nesterov=True)")

@@ -198,13 +198,38 @@ def check_state(where, state, cls):
 
 
 def check_empty_state(where):
-    """The ``check_args`` of a transform that keeps no state (see ``check_update_args``)."""
+    """The ``check_args`` of a transform that keeps no state (see ``check_update_args``):
+    the state, and updates that are floating-point arrays (there is no state to compare
+    them with; an integer gradient would otherwise turn a scale factor into 0)."""
     def check(updates, state, params=None):
         check_state(where, state, EmptyState)
+        check_float_updates(where, updates)
     return check
 
 
+def check_float_updates(where, updates):
+    """Raise unless every leaf of ``updates`` is a floating-point array (metadata only)."""
+    leaves = tree.leaves(updates)
+    if all(getattr(getattr(u, "dtype", None), "kind", None) == "f" and hasattr(u, "shape")
+           for u in leaves):
+        return
+    for path, u in zip(tree.paths(updates), leaves):
+        if getattr(getattr(u, "dtype", None), "kind", None) != "f" or not hasattr(u, "shape"):
+            got = f"has dtype {u.dtype}" if hasattr(u, "dtype") else f"is a {type(u).__name__}"
+            raise TypeError(f"{where}: the update at {path!r} {got}, but updates must be "
+                            "floating point arrays (gradients). Fix: pass float gradients, "
+                            "e.g. g.astype(np.float32)")
+
+
 # ---- argument checks, run when an optimizer is built ----
+
+def check_flag(opt, name, value):
+    """A bool option (a truthy string such as "no" must not switch it on)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{opt}: {name} must be True or False, got {type(value).__name__} "
+                        f"{value!r}. Fix: {opt}(..., {name}=True)")
+    return bool(value)
+
 
 def _is_number(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool)

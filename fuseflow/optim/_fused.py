@@ -104,6 +104,8 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         return None  # mixed dtypes: the reference's promotions, step by step (same bits)
     if low is not None and tree.structure(low) != treedef:
         return None
+    if callable(lr) and len({p.dtype for p in p_leaves}) > 1:
+        return None  # one step size per launch, in one dtype: the reference rounds per leaf
     *core, sched = state
     hyper = {}
     # the kernel reads and writes the counts through pointers: only for device counters

@@ -45,7 +45,14 @@ def _steps(opt, name, value, *, low=1):
                         f"{type(value).__name__} {value!r}. {fix}")
     if value < low:
         raise ValueError(f"{opt}: {name} must be >= {low}, got {value}. {fix}")
+    if value > _MAX_COUNT:
+        raise ValueError(f"{opt}: {name} must be at most {_MAX_COUNT}, got {value}: the step "
+                         f"count is an int32, as optax's. {fix}")
     return int(value)
+
+
+#: the largest step count (an int32 that saturates there, see ``_base.increment``)
+_MAX_COUNT = 2 ** 31 - 1
 
 
 def _step_size(opt, name, value, example):

@@ -20,6 +20,7 @@ from fuseflow.optim._base import (
     EmptyState,
     GradientTransformation,
     check_empty_state,
+    check_flag,
     check_like,
     check_lr,
     check_number,
@@ -93,6 +94,7 @@ class TraceState(NamedTuple):
 def trace(decay: float, nesterov: bool = False) -> GradientTransformation:
     """Momentum: ``t = g + decay * t``; emits ``t`` (or ``g + decay * t`` if nesterov)."""
     decay = check_number("trace", "decay", decay, low=0.0, high=1.0, example=0.9)
+    nesterov = check_flag("trace", "nesterov", nesterov)
 
     def init(params):
         return TraceState(trace=tree.zeros_like(params))
