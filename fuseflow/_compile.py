@@ -23,8 +23,10 @@ never the donated inputs, after a call; it checks the contract once per signatur
 from __future__ import annotations
 
 import contextlib
+import inspect
 import operator
 import time
+import warnings
 
 import numpy as np
 
@@ -34,6 +36,10 @@ from fuseflow.backend import graph_capture
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
 
 __all__ = ["CompileError", "CompiledStep", "compile"]
+
+
+#: the number of signatures at which a compiled step warns that it keeps compiling
+WARN_SIGNATURES = 8
 
 
 class CompileError(ValueError):
@@ -154,7 +160,9 @@ class CompiledStep:
         """Total time spent compiling (eager warm-up, planning, capture), in seconds."""
         return sum(g.compile_s for g in self._graphs.values())
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self._positional(args, kwargs)
         g = self._last
         if g is not None and self._fast_path_fits(g, args):
             if g.inputs is not None:  # the graph copies the batch in: point it at this one
@@ -168,6 +176,21 @@ class CompiledStep:
             g.capture.launch(g.graph)
             return g.outputs
         return self._call_slow(args)
+
+    def _positional(self, args, kwargs):
+        """Keyword arguments bound to the step's positions (``donate_argnums`` and the
+        graph's inputs are positions), as ``jax.jit`` accepts them."""
+        try:
+            bound = inspect.signature(self.step).bind(*args, **kwargs)
+        except (TypeError, ValueError) as e:  # no signature, or arguments that do not fit
+            raise CompileError(f"{self!r}: the keyword arguments {sorted(kwargs)} do not bind "
+                               f"to the step's parameters ({e}). Fix: pass the arguments "
+                               "positionally, step(params, opt_state, x, y)") from None
+        if bound.kwargs:
+            raise CompileError(f"{self!r}: keyword-only parameters {sorted(bound.kwargs)} "
+                               "cannot be compiled. Fix: make them positional parameters of "
+                               "the step and pass them in order")
+        return bound.args
 
     def _fast_path_fits(self, g, args):
         """The usual loop: donated trees are the ones we returned, the rest same-shaped
@@ -196,10 +219,12 @@ class CompiledStep:
             out = self.step(*args)
             self._check_outputs(out, args)
             self._numpy_checked.add(sig)
+            self._warn_if_recompiling(len(self._numpy_checked))
             return out
         g = self._graphs.get(sig)
         if g is None:
             g = self._graphs[sig] = self._compile(args)
+            self._warn_if_recompiling(len(self._graphs))
         copy, by_graph = g.capture.copy_into, set()
         sources = None  # the batch the graph copies in: alive until the launch is issued
         if g.inputs is not None:  # the graph copies the batch in: point it at this one
@@ -220,6 +245,18 @@ class CompiledStep:
         del sources  # freed after the launch: stream order keeps them until the copy ran
         self._last = g if g.fast else None
         return g.outputs
+
+    def _warn_if_recompiling(self, signatures):
+        """Once, at the ``WARN_SIGNATURES``-th signature: something changes between calls
+        (a Python number is part of the signature, as in ``jax.jit``'s static_argnums)."""
+        if signatures == WARN_SIGNATURES:
+            warnings.warn(
+                f"{self!r} has now compiled for {signatures} different signatures (argument "
+                "structure, shapes, dtypes and Python values): on a GPU each is its own CUDA "
+                "graph with its own memory. A Python number that changes every call (a "
+                "learning-rate factor, a step count) compiles anew each time. Fix: pass such "
+                "values as 0-d arrays (np.asarray(v, np.float32), on the params' device)",
+                RuntimeWarning, stacklevel=4)
 
     # ---- compilation -----------------------------------------------------------------------
     def _compile(self, args):
@@ -313,6 +350,12 @@ class CompiledStep:
                                    f"{tree.structure(old)}"
                                    + _class_difference(tree.structure(new), tree.structure(old)))
             for path, n, o in zip(tree.paths(old), tree.leaves(new), tree.leaves(old)):
+                if not _is_array(o):
+                    raise CompileError(
+                        f"{self!r}: argument {i} (donated) holds the Python value {o!r} at "
+                        f"{path!r}, which a compiled step cannot update: on a GPU the graph "
+                        "would return the value it was compiled with. Fix: make it a 0-d "
+                        f"array, np.asarray({o!r}) (on the params' device)")
                 if _is_array(o) and (not _is_array(n) or n.shape != o.shape
                                      or n.dtype != o.dtype):
                     got = f"{n.shape} {n.dtype}" if _is_array(n) else type(n).__name__

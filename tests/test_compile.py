@@ -96,6 +96,64 @@ def test_compile_checks_its_contract_on_numpy_too(case, match):
         compiled(params, state, xs[0], ys[0])
 
 
+def test_compiled_step_takes_keyword_arguments():
+    """As jax.jit: keywords bind to the step's positions (donation counts positions)."""
+    params, state, step, xs, ys = make_problem()
+    compiled = ff.compile(step)
+    p1, s1, m1 = compiled(params, state, xs[0], ys[0])
+    p2, s2, m2 = compiled(params, opt_state=state, y=ys[0], x=xs[0])
+    assert float(m1["loss"]) == float(m2["loss"])
+    with pytest.raises(ff.CompileError, match="do not bind to the step's parameters.*Fix: "
+                                              "pass the arguments positionally"):
+        compiled(params, state, xs[0], ys[0], lr=0.1)
+
+    def with_kw_only(params, opt_state, x, y, *, scale):
+        return step(params, opt_state, x * scale, y)
+
+    with pytest.raises(ff.CompileError, match=r"keyword-only parameters \['scale'\]"):
+        ff.compile(with_kw_only)(params, state, xs[0], ys[0], scale=np.float32(1))
+
+
+def test_a_python_value_in_a_donated_argument_is_a_clear_error():
+    """On a GPU the graph would hand back the value it was compiled with: refused on
+    every backend, with the fix."""
+    params, state, step, xs, ys = make_problem()
+
+    def counting_step(params, opt_state, x, y):
+        p, s, m = step(params, opt_state["opt"], x, y)
+        return p, {"opt": s, "n": opt_state["n"] + 1}, m
+
+    with pytest.raises(ff.CompileError, match=r"argument 1 \(donated\) holds the Python value 0 at "
+                                              r"'n'.*"
+                                              r"Fix: make it a 0-d array, np.asarray\(0\)"):
+        ff.compile(counting_step)(params, {"opt": state, "n": 0}, xs[0], ys[0])
+    p, s, _ = ff.compile(counting_step)(params, {"opt": state, "n": np.asarray(0)}, xs[0], ys[0])
+    assert int(s["n"]) == 1
+
+
+def test_a_step_that_keeps_compiling_warns_once():
+    """A Python number that changes every call is part of the signature (each value is a
+    graph on a GPU): the WARN_SIGNATURES-th signature warns, once, with the fix."""
+    from fuseflow._compile import WARN_SIGNATURES
+
+    params, state, step, xs, ys = make_problem()
+
+    def scaled_step(params, opt_state, x, y, factor):
+        return step(params, opt_state, x * factor, y)
+
+    compiled = ff.compile(scaled_step)
+    with pytest.warns(RuntimeWarning, match=f"compiled for {WARN_SIGNATURES} different "
+                                            "signatures.*Fix: pass such values as 0-d arrays"):
+        for k in range(WARN_SIGNATURES + 3):
+            params, state, _ = compiled(params, state, xs[0], ys[0], 1.0 + k / 100)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only
+        compiled(params, state, xs[0], ys[0], 0.5)
+        compiled(params, state, xs[0], ys[0], np.float32(0.25))  # a NumPy scalar is a value too
+
+
 def test_compile_wants_a_function():
     with pytest.raises(TypeError, match="compile: expected the step function, got int"):
         ff.compile(3)
