@@ -650,3 +650,38 @@ def test_float16_step_keeps_float32_params_and_needs_loss_scaling():
         first = first if first is not None else float(m["loss"])
     assert all(p.dtype == np.float32 for p in ff.tree.leaves(params))
     assert float(m["loss"]) < 0.5 * first
+
+
+def test_fit_checks_its_data_before_the_first_step(tmp_path):
+    """Bad data fails at the call, not after an epoch of training (and nothing is saved)."""
+    (x, y), test = _data()
+    model, opt, state = _fresh()
+    cases = [
+        (dict(test=(test[0][:0], test[1][:0])), ValueError, "the test set is empty"),
+        (dict(eval_batch_size=0), ValueError, "eval_batch_size must be a positive int"),
+        (dict(train=(x[:0], y[:0])), ValueError, "the training set is empty"),
+        (dict(train=(x, y, y)), TypeError, r"train must be an \(x, y\) pair of arrays .* got "
+                                           "a tuple of 3"),
+        (dict(test=test[0]), TypeError, r"test must be an \(x, y\) pair .* got a ndarray"),
+    ]
+    nan_x = x.copy()
+    nan_x[7, 3] = np.nan
+    cases.append((dict(train=(nan_x, y)), ValueError, "train inputs hold NaN or inf "
+                                                      r"\(first in example 7\)"))
+    for kw, exc, says in cases:
+        args = {"train": (x, y), "test": test, **kw}
+        with pytest.raises(exc, match=says):
+            _fit(model, opt, state, args.pop("train"), args.pop("test"), 1, tmp_path, **args)
+    assert not any(tmp_path.iterdir())
+
+
+def test_fit_names_negative_labels_and_a_state_loaded_without_like(tmp_path):
+    (x, y), test = _data()
+    model, opt, state = _fresh()
+    with pytest.raises(ff.losses.LossError, match=r"labels lie in \[-1, 8\], but class "
+                                                  "indices start at 0. Fix: relabel"):
+        _fit(model, opt, state, (x, y - 1), None, 1)
+    T.save_state(tmp_path / "s.safetensors", state)
+    with pytest.raises(TypeError, match="look-alike of TrainState .* Fix: state = "
+                                        r"ff.train.load_state\(path, like="):
+        _fit(model, opt, ff.checkpoint.load(tmp_path / "s.safetensors"), (x, y), None, 1)

@@ -9,6 +9,7 @@ same batches, same keys, same optimizer state, same floating-point results.
 
 from __future__ import annotations
 
+import numbers
 import signal
 import time
 from pathlib import Path
@@ -104,8 +105,27 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     params start from rank 0's. Give ``out_dir``/``log``/``progress`` on rank 0 only.
     """
     if not isinstance(state, TrainState):
+        if type(state).__name__ == "TrainState":  # a look-alike: checkpoint.load without like
+            raise TypeError("fit: state is a look-alike of TrainState (ff.checkpoint.load "
+                            "without like= rebuilds the classes it saved). Fix: state = "
+                            "ff.train.load_state(path, like=ff.train.init_state(model, "
+                            "optimizer, in_shape, key)).")
         raise TypeError(f"fit: state must be a TrainState, got {type(state).__name__}. "
                         "Fix: state = ff.train.init_state(model, optimizer, in_shape, key).")
+    train = _pair("train", train)
+    if test is not None:
+        test = _pair("test", test)
+        if not len(test[0]):
+            raise ValueError("fit: the test set is empty (0 examples). Fix: test=None to "
+                             "train without evaluating, or pass the test examples.")
+        if isinstance(eval_batch_size, bool) or not isinstance(eval_batch_size, numbers.Integral) \
+                or eval_batch_size < 1:
+            raise ValueError(f"fit: eval_batch_size must be a positive int (the test examples "
+                             f"evaluated at a time), got {eval_batch_size!r}. Fix: "
+                             "eval_batch_size=1000.")
+    if not len(train[0]):
+        raise ValueError("fit: the training set is empty (0 examples). Fix: pass the "
+                         "training examples, train=(x, y).")
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
         raise TypeError(f"fit: epochs must be an int (the number of epochs complete when fit "
                         f"returns), got {epochs!r} ({type(epochs).__name__}). Fix: "
@@ -124,9 +144,11 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         out_dir = Path(out_dir)
         stale, history = _claim_out_dir(out_dir, state, overwrite, history)
     put = _placer(state.params)
-    x, y = put(tuple(train))
+    x, y = put(train)
+    _check_finite("train", x)
     if test is not None:
-        test = put(tuple(test))
+        test = put(test)
+        _check_finite("test", test[0])
     if loss_fn is None:
         check_labels(model, state.params, x, y, "fit: train")
         if test is not None:
@@ -178,6 +200,29 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
         final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
     return FitResult(state=state, history=history, test=final, checkpoint=saved)
+
+
+def _pair(name, data):
+    """``data`` as an ``(x, y)`` tuple of arrays, or a TypeError that says so."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and \
+            all(hasattr(a, "shape") and hasattr(a, "dtype") for a in data):
+        return tuple(data)
+    got = (f"a {type(data).__name__} of {len(data)}" if isinstance(data, (tuple, list))
+           else f"a {type(data).__name__}")
+    raise TypeError(f"fit: {name} must be an (x, y) pair of arrays (inputs, labels), got "
+                    f"{got}. Fix: fit(..., {name}=(x_{name}, y_{name}), ...).")
+
+
+def _check_finite(name, x):
+    """NaN or inf in the inputs would train (and checkpoint) NaN params without a word:
+    one pass over the data, once per fit (one read-back on a GPU)."""
+    xp = namespace(x)
+    finite = xp.isfinite(x).reshape(len(x), -1).all(axis=1)
+    if not bool(finite.all()):
+        row = int(xp.argmin(finite))
+        raise ValueError(f"fit: the {name} inputs hold NaN or inf (first in example {row}). "
+                         f"Fix: clean or drop those examples, e.g. keep = "
+                         f"np.isfinite(x).all(axis=1); x, y = x[keep], y[keep].")
 
 
 def _as_int_hint(value) -> str:

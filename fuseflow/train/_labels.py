@@ -38,9 +38,13 @@ def check_labels(model, params, x, y, what="data"):
             error = ValueError(message)
         raise error from None
     lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= classes:
+    if lo < 0:
+        raise losses.LossError(
+            f"{what}: labels lie in [{lo}, {hi}], but class indices start at 0. Fix: "
+            "relabel the classes 0..K-1 (e.g. np.unique(y, return_inverse=True)[1]).")
+    if hi >= classes:
         raise losses.LossError(
             f"{what}: labels lie in [{lo}, {hi}] but the model has {classes} outputs, so they "
             f"must lie in [0, {classes - 1}]. Fix: give the last Dense "
-            f"{max(hi + 1, classes)} features (the number of classes).")
+            f"{hi + 1} features (the number of classes).")
 
