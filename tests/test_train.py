@@ -685,3 +685,25 @@ def test_fit_names_negative_labels_and_a_state_loaded_without_like(tmp_path):
     with pytest.raises(TypeError, match="look-alike of TrainState .* Fix: state = "
                                         r"ff.train.load_state\(path, like="):
         _fit(model, opt, ff.checkpoint.load(tmp_path / "s.safetensors"), (x, y), None, 1)
+
+
+def test_metrics_of_a_diverged_run_are_strict_json(tmp_path):
+    """A NaN or infinite loss is written as null: every line parses as strict JSON."""
+    import json
+
+    records = [{"epoch": 1, "train_loss": float("nan"), "test_loss": float("inf"),
+                "train_acc": 0.1}, {"epoch": 2, "train_loss": 0.5}]
+    from fuseflow.train._records import append_metrics, plot_curves, write_metrics
+
+    write_metrics(tmp_path, records[:1])
+    append_metrics(tmp_path, records[1])
+
+    def strict(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    lines = (tmp_path / T.METRICS_FILE).read_text().splitlines()
+    parsed = [json.loads(line, parse_constant=strict) for line in lines]
+    assert parsed == [{"epoch": 1, "train_loss": None, "test_loss": None, "train_acc": 0.1},
+                      {"epoch": 2, "train_loss": 0.5}]
+    assert T.read_metrics(tmp_path) == parsed
+    plot_curves(parsed, tmp_path / T.CURVES_FILE)  # None points are left out of the plot

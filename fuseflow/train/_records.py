@@ -6,13 +6,15 @@ and fsynced as each epoch ends, so a run that is stopped keeps every epoch it fi
 crash in the middle of an append can leave the last line cut short: reading skips it with a
 warning instead of refusing the whole file. A resumed run first drops the lines of epochs
 after its checkpoint (they belong to the abandoned continuation), so the file always
-describes the one run the checkpoints hold. ``curves.png`` is redrawn from the file after
-every epoch.
+describes the one run the checkpoints hold. A value that is not finite (the loss of a
+diverged run) is written as ``null``, so every line is strict JSON that any tool reads.
+``curves.png`` is redrawn from the file after every epoch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -72,15 +74,24 @@ def kept_metrics(out_dir, completed_epochs: int) -> list[dict]:
     return [r for r in read_metrics(path) if r.get("epoch", 0) <= completed_epochs]
 
 
+def _line(record: dict) -> str:
+    """One record as a line of strict JSON: NaN and infinities become null."""
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return {k: finite(x) for k, x in v.items()} if isinstance(v, dict) else v
+    return json.dumps(finite(record), allow_nan=False) + "\n"
+
+
 def write_metrics(out_dir, records: list) -> None:
     """Replace metrics.jsonl with ``records``, atomically."""
     with atomic_write(Path(out_dir) / METRICS_FILE, "w") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in records))
+        f.write("".join(_line(r) for r in records))
 
 
 def append_metrics(out_dir, record: dict) -> None:
     with open(Path(out_dir) / METRICS_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(_line(record))
         f.flush()
         os.fsync(f.fileno())  # on disk with the epoch's checkpoints, not some time later
 
