@@ -83,6 +83,11 @@ GOOD = idx_bytes(np.arange(12, dtype=np.uint8).reshape(3, 4))
     (GOOD[:10], "truncated inside its header"),
     (GOOD[:-1], "truncated: dims (3, 4) of uint8 need 12 payload bytes, found 11"),
     (GOOD + b"\x00\x00", "2 unexpected bytes after the payload"),
+    # more dimensions than an array can have: not NumPy's bare "maximum supported dimension"
+    (bytes([0, 0, 8, 65]) + b"\0\0\0\1" * 65 + b"\0", "declares 65 dimensions"),
+    # dims whose product overflows int64: the size is reported exactly, not wrapped around
+    (bytes([0, 0, 8, 4]) + b"\xff" * 16 + b"\0",
+     f"need {(2 ** 32 - 1) ** 4} payload bytes, found 1"),
 ])
 def test_damaged_idx_says_what_and_how_to_fix(tmp_path, data, message):
     path = write(tmp_path / "bad-idx3-ubyte", data, gz=False)
@@ -100,6 +105,47 @@ def test_bad_gzip_is_a_dataset_error(tmp_path):
     for path in (cut, garbled):
         with pytest.raises(ffd.DatasetError, match=f"{path.name}: is not a valid gzip stream"):
             ffd.read_idx(path)
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:-5])
+
+
+def test_damaged_file_fix_says_where_to_get_it_again(isolated, monkeypatch):
+    """Only fuseflow's cache is downloaded again; a file in the user's folder (data_dir,
+    FUSEFLOW_DATA, idx_dataset) is to be restored from wherever it came from."""
+    user = fake_mnist(isolated / "mine", n=4, gz=False, splits=("test",))
+    _truncate(user / _NAMES["test"][0])
+    for call in (lambda: ffd.mnist("test", data_dir=user),
+                 lambda: ffd.idx_dataset(user, "test")):
+        with pytest.raises(ffd.DatasetError, match="t10k-images-idx3-ubyte: is truncated") as err:
+            call()
+        assert "restore it from its source" in str(err.value)
+        assert "re-downloads" not in str(err.value) and "downloads it again" not in str(err.value)
+    monkeypatch.setenv("FUSEFLOW_DATA", str(user))
+    with pytest.raises(ffd.DatasetError, match="restore it from its source"):
+        ffd.mnist("test")
+    monkeypatch.delenv("FUSEFLOW_DATA")
+    cached = fake_mnist(_mnist.cache_dir(), n=4, gz=False, splits=("test",))  # raw: no sha256
+    _truncate(cached / _NAMES["test"][0])
+    with pytest.raises(ffd.DatasetError, match="is truncated") as err:
+        ffd.mnist("test")
+    assert "in fuseflow's cache" in str(err.value)
+    assert "the next call downloads it again" in str(err.value)
+    assert "restore it from its source" not in str(err.value)
+
+
+def test_idx_dataset_label_out_of_range_names_num_classes(tmp_path):
+    folder = fake_mnist(tmp_path / "d", n=5, gz=False, splits=("test",))
+    write(folder / _NAMES["test"][1], idx_bytes(np.array([0, 10, 3, 11, 2], np.uint8)), gz=False)
+    with pytest.raises(ffd.DatasetError, match=r"label 10 at index 1 is out of range 0..9 "
+                                               r"\(num_classes=10\)") as err:
+        ffd.idx_dataset(folder, "test")
+    message = str(err.value)
+    assert "idx_dataset(..., num_classes=12)" in message and "num_classes=None" in message
+    assert "download" not in message
+    assert ffd.idx_dataset(folder, "test", num_classes=12)[1].tolist() == [0, 10, 3, 11, 2]
 
 
 def test_idx_dataset_reads_flattens_and_scales(tmp_path):
@@ -327,6 +373,63 @@ def test_batches_errors_are_raised_at_the_call(call, message):
     x, y = labelled(10)
     with pytest.raises(ValueError, match=message):
         call(x, y)  # not only once iteration starts
+
+
+def test_batch_size_and_start_batch_take_any_integer():
+    """NumPy integers (and 0-d integer arrays) work wherever an int does."""
+    x, y = labelled(10)
+    k = random.key(3)
+    for bs in (np.int64(4), np.int32(4), np.uint8(4), np.array(4)):
+        assert ffd.num_batches(10, bs) == 3 and type(ffd.num_batches(10, bs)) is int
+        assert [len(b) for _, b in ffd.batches(x, y, bs, shuffle=False)] == [4, 4, 2]
+        assert [len(b) for _, b in ffd.device_batches(x, y, bs, key=k)] == [4, 4]
+    want = [b.tolist() for _, b in ffd.batches(x, y, 4, key=k, start_batch=1)]
+    got = [b.tolist() for _, b in ffd.batches(x, y, np.int64(4), key=k, start_batch=np.int64(1))]
+    assert got == want
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x, y: ffd.batches(x, y, 4, key=random.key(0), start_batch=1.5),
+     r"ff.data.batches: start_batch must be an int .*got float 1.5"),
+    (lambda x, y: ffd.batches(x, y, 4, shuffle=False, start_batch="1"),
+     r"start_batch must be an int .*got str '1'"),
+    (lambda x, y: ffd.batches(x, y, 4, shuffle=False, start_batch=True), "start_batch must be"),
+    (lambda x, y: ffd.batches(x, y, True, shuffle=False),
+     r"batch_size must be a positive int \(a .*got bool True"),
+    (lambda x, y: ffd.batches(x, y, np.float64(4.0), shuffle=False),
+     r"ff.data.batches: batch_size must be a positive int \(a .*Fix: batch_size=4\."),
+    (lambda x, y: ffd.batches(x, y, np.int64(0), shuffle=False),
+     r"batch_size must be a positive int, got 0"),
+    (lambda x, y: ffd.device_batches(x, y, 2.5, key=random.key(0)),
+     r"ff.data.device_batches: batch_size must be a positive int \(a .*float 2.5"),
+    (lambda x, y: ffd.num_batches(10, "4"),
+     r"ff.data.num_batches: batch_size must be a positive int \(a .*got str '4'"),
+])
+def test_non_integer_batch_arguments_are_named(call, message):
+    x, y = labelled(10)
+    with pytest.raises(ValueError, match=message):
+        call(x, y)  # at the call, not once iteration starts
+
+
+@pytest.mark.parametrize("key, error, message", [
+    (None, ValueError, "needs a key"),
+    (7, TypeError, r"expected a key \(uint32 array of shape \(2,\)\), got dtype int64 shape \(\)"),
+    (np.array([1], np.uint32), TypeError, r"got dtype uint32 shape \(1,\)"),
+    ([-1, -1], TypeError, r"got dtype int64 shape \(2,\)"),
+    (np.zeros((2, 2), np.uint32), TypeError, r"shape \(2, 2\)"),
+])
+def test_device_batches_checks_its_key_at_the_call(key, error, message):
+    x, y = labelled(10)
+    with pytest.raises(error, match=f"ff.data.device_batches.*{message}"):
+        ffd.device_batches(x, y, 4, key=key)  # not only at the first next()
+
+
+def test_device_batches_checks_lengths_at_the_call():
+    x, y = labelled(10)
+    with pytest.raises(ValueError, match="device_batches: x has 10 rows but y has 9"):
+        ffd.device_batches(x, y[:-1], 4, key=random.key(0))
+    with pytest.raises(ValueError, match="device_batches: batch_size must be a positive int"):
+        ffd.device_batches(x, y, 0, key=random.key(0))
 
 
 @pytest.mark.gpu

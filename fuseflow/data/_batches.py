@@ -14,6 +14,9 @@ per batch, which on a GPU is host time a short training step cannot hide.
 from __future__ import annotations
 
 import math
+import operator
+
+import numpy as np
 
 from fuseflow import random
 from fuseflow._namespace import namespace
@@ -27,13 +30,32 @@ EPOCH_GATHER_MAX_BYTES = 2 ** 30
 
 def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
     """How many batches ``batches`` yields for ``n`` examples."""
-    _check_batch_size(batch_size)
+    batch_size = _check_batch_size(batch_size, "ff.data.num_batches")
     return n // batch_size if drop_last else math.ceil(n / batch_size)
 
 
-def _check_batch_size(batch_size):
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+def _as_index(where, name, value, example, what="an int") -> int:
+    """``value`` as a Python int: an int, a NumPy integer or a 0-d integer array; not a
+    bool, a float (even a whole one) or anything else, which is refused naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    hint = example
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        hint = str(int(value))
+    raise ValueError(f"{where}: {name} must be {what} (a Python or NumPy integer), got "
+                     f"{type(value).__name__} {value!r}. Fix: {name}={hint}.")
+
+
+def _check_batch_size(batch_size, where="ff.data.batches") -> int:
+    """``batch_size`` as a positive Python int, else a ValueError naming ``where``."""
+    batch_size = _as_index(where, "batch_size", batch_size, "64", "a positive int")
+    if batch_size < 1:
+        raise ValueError(f"{where}: batch_size must be a positive int, got {batch_size}. "
+                         "Fix: batch_size >= 1, e.g. batch_size=64.")
+    return batch_size
 
 
 def batches(x, y, batch_size: int, *, key=None, shuffle: bool = True,
@@ -49,6 +71,8 @@ def batches(x, y, batch_size: int, *, key=None, shuffle: bool = True,
     if len(y) != n:
         raise ValueError(f"batches: x has {n} rows but y has {len(y)}; they must match "
                          "(one label per example)")
+    batch_size = _check_batch_size(batch_size, "ff.data.batches")
+    start_batch = _as_index("ff.data.batches", "start_batch", start_batch, "0")
     total = num_batches(n, batch_size, drop_last)
     if not 0 <= start_batch <= total:
         raise ValueError(f"batches: start_batch={start_batch} is outside 0..{total} "

@@ -113,7 +113,7 @@ def idx_dataset(folder, split: str = "train", *, num_classes: int | None = 10):
         raise DatasetNotFoundError(
             f"{folder}{f' ({why})' if why else ''} does not hold the {split} split: expected "
             f"{_wanted(names)} there. Fix: pass the folder that holds these files.")
-    return _as_arrays(*read_split(*files, num_classes))
+    return _as_arrays(*read_split(*files, num_classes, classes_from="ff.data.idx_dataset"))
 
 
 def _candidates(data_dir):
@@ -160,7 +160,7 @@ def mnist(split: str = "train", data_dir=None, *, download: bool = True):
             continue
         if origin == "cache":
             _verify_cached(files)
-        return _as_arrays(*read_split(*files))
+        return _as_arrays(*read_split(*files, cached=origin == "cache"))
     wanted = _wanted(names)
     places = "".join(f"  - {line}\n" for line in looked)
     if data_dir is not None:
@@ -175,7 +175,7 @@ def mnist(split: str = "train", data_dir=None, *, download: bool = True):
         try:
             files = tuple(_cached_or_fetch(n + ".gz") for n in names)
             _verify_cached(files)
-            return _as_arrays(*read_split(*files))
+            return _as_arrays(*read_split(*files, cached=True))
         except OSError as e:
             problem = str(e)
     raise DatasetNotFoundError(
