@@ -16,11 +16,16 @@ Why this shape:
   subclasses as dicts, and arrays on the host. With ``like``, its containers are used, each
   leaf goes to the device of the matching ``like`` leaf, and every difference in paths,
   shapes and dtypes is reported at once.
+- Byte order is not part of a dtype here: arrays are stored little-endian (as safetensors
+  requires), so a big-endian ``>f4`` array is saved as float32 and matches a ``>f4`` or a
+  float32 ``like`` leaf alike. Without ``like`` arrays come back in native byte order; with
+  ``like``, in the ``like`` leaf's exact dtype, byte order included.
 - Writes are atomic (``fuseflow._files.atomic_write``): the bytes go to a unique temporary
-  file beside the target (``.<name>.<pid>.<random>.tmp``), are flushed and fsynced, then
-  ``os.replace``-d onto the final name, and the folder is fsynced. A crash or kill at any
-  moment leaves either the old checkpoint or the new one. Only a kill that gives no chance
-  to clean up (SIGKILL, power loss) can leave such a hidden temporary file behind.
+  file beside the target (``.tmp-<pid>-<random>.tmp``, short whatever the target's name),
+  are flushed and fsynced, then ``os.replace``-d onto the final name, and the folder is
+  fsynced. A crash or kill at any moment leaves either the old checkpoint or the new one.
+  Only a kill that gives no chance to clean up (SIGKILL, power loss) can leave such a
+  hidden temporary file behind.
 - ``fuseflow_format_version`` is checked on load, so an old fuseflow refuses a file written
   in a newer format instead of misreading it.
 """
@@ -38,7 +43,7 @@ import safetensors
 import safetensors.numpy
 
 from fuseflow import tree as _tree
-from fuseflow._files import atomic_write
+from fuseflow._files import atomic_write, check_parent_folders
 from fuseflow._namespace import is_cupy, namespace
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "load", "read_metadata", "save"]
@@ -52,7 +57,8 @@ _DTYPES = {np.dtype(t) for t in ("bool", "u1", "i1", "u2", "i2", "u4", "i4", "u8
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is damaged, not a fuseflow checkpoint, or does not match ``like``.
+    """A checkpoint file is damaged, not a fuseflow checkpoint, or does not match ``like``;
+    or (from ``save``) a leaf's value cannot be stored, such as an int beyond int64.
     ``paths``: for a mismatch with ``like``, the names of the tensors that differ."""
 
     def __init__(self, message: str, paths: tuple = ()):
@@ -67,8 +73,13 @@ def save(path, tree, *, metadata: dict | None = None) -> None:
 
     ``metadata`` is any JSON-serialisable dict (JSON rules apply: tuples come back as lists,
     keys as strings); read it back with ``read_metadata``.
+
+    Python ints are stored as int64; one outside its range raises ``CheckpointError``. A
+    file where a parent folder should be raises ``NotADirectoryError`` naming it. Either
+    way, before anything is written.
     """
     _check_not_folder(Path(path), "checkpoint.save")  # before the work, and before the OS
+    check_parent_folders(path, "checkpoint.save")
     tensors: dict[str, np.ndarray] = {}
     spec = _encode(tree, (), tensors)
     user = metadata_json(metadata)
@@ -118,7 +129,17 @@ def _encode(node, path: tuple, tensors: dict):
 def _to_host(leaf, name: str):
     """(kind, contiguous little-endian host array) for a leaf."""
     if type(leaf) in _SCALARS:
-        kind, arr = type(leaf).__name__, np.array(leaf, dtype=_SCALARS[type(leaf)])
+        kind = type(leaf).__name__
+        try:
+            arr = np.array(leaf, dtype=_SCALARS[type(leaf)])
+        except OverflowError:  # only an int can overflow: bool and float always fit
+            info = np.iinfo(_SCALARS[int])
+            raise CheckpointError(
+                f"checkpoint.save: leaf {_where(name)} is the int {_short(leaf)}, outside the "
+                f"int64 range ({info.min} to {info.max}) that Python ints are stored in. Fix: "
+                "store it as a float (float(x), if losing digits is fine), as a string in "
+                "metadata= (str(x), exact), or as an array of a dtype that holds it.",
+                (name,)) from None
     elif isinstance(leaf, np.generic):
         kind, arr = "numpy_scalar", np.asarray(leaf)
     elif isinstance(leaf, np.ndarray):
@@ -145,6 +166,11 @@ def load(path, like=None):
     the result has ``like``'s containers and each leaf is placed on the device of the
     matching ``like`` leaf; any difference in leaf paths, shapes or dtypes raises
     ``CheckpointError`` listing all of them.
+
+    Byte order does not count as a difference: a file's float32 matches a ``>f4`` ``like``
+    leaf. Arrays come back in the ``like`` leaf's exact dtype (so loading with the tree that
+    was saved gives that tree back, big-endian arrays included); without ``like``, in native
+    byte order.
     """
     path = Path(path)
     with _open(path, "checkpoint.load") as f:
@@ -284,7 +310,8 @@ def _from_host(arr: np.ndarray, kind: str):
 
 
 def _expected(leaf, name: str):
-    """(shape, dtype) a leaf of ``like`` stands for, as stored on the host."""
+    """(shape, dtype) a leaf of ``like`` stands for, its dtype as given (compare with
+    ``_same_dtype``)."""
     if type(leaf) in _SCALARS:
         return (), _SCALARS[type(leaf)]
     if isinstance(leaf, (np.ndarray, np.generic)) or is_cupy(leaf):
@@ -306,9 +333,10 @@ def _restore_like(path: Path, like, tensors: dict):
         found = tensors[name]
         if found.shape != shape:
             problems.append(f"{_where(name)}: shape expected {shape}, found {found.shape}")
-        if found.dtype != dtype:
+        same_dtype = _same_dtype(found.dtype, dtype)
+        if not same_dtype:
             problems.append(f"{_where(name)}: dtype expected {dtype}, found {found.dtype}")
-        if found.shape != shape or found.dtype != dtype:
+        if found.shape != shape or not same_dtype:
             paths.append(name)
     for name, found in tensors.items():
         if name not in expected:
@@ -325,6 +353,11 @@ def _restore_like(path: Path, like, tensors: dict):
     return _tree.unflatten(_tree.structure(like), out)
 
 
+def _same_dtype(a: np.dtype, b: np.dtype) -> bool:
+    """Equal dtypes up to byte order (the file is always little-endian)."""
+    return np.dtype(a).newbyteorder("<") == np.dtype(b).newbyteorder("<")
+
+
 def _put_like(arr: np.ndarray, leaf):
     if type(leaf) in _SCALARS:
         return arr.item()
@@ -333,7 +366,15 @@ def _put_like(arr: np.ndarray, leaf):
     if is_cupy(leaf):
         with leaf.device:  # the like leaf's GPU, not merely the current one
             return namespace(leaf).asarray(arr)
+    if arr.dtype != leaf.dtype:  # only the byte order can differ here: take like's
+        return arr.astype(leaf.dtype)
     return arr
+
+
+def _short(n: int) -> str:
+    """An int as text, its middle elided when long (a leaf could hold 10**10000)."""
+    text = str(n)
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]} ({len(text)} digits)"
 
 
 def _desc(shape, dtype) -> str:

@@ -332,7 +332,7 @@ def check_survivor(path):
     assert ckpt.read_metadata(path) == {"step": step}
     assert out["w"].shape == (4_000_000,) and out["w"].min() == out["w"].max() == step
     for p in path.parent.iterdir():
-        assert p == path or (p.name.startswith(f".{path.name}.") and p.name.endswith(".tmp")), p
+        assert p == path or (p.name.startswith(".tmp-") and p.name.endswith(".tmp")), p
     return step
 
 
@@ -369,6 +369,85 @@ def test_cupy_leaves_are_saved_from_and_loaded_to_the_gpu(tmp_path):
     assert isinstance(dev["w"], cp.ndarray) and isinstance(dev["b"], np.ndarray)
     assert dev["w"].device == t["w"].device
     cp.testing.assert_array_equal(dev["w"], t["w"])
+
+
+def test_longest_file_name_can_be_saved_and_failures_leave_no_temporary(tmp_path, monkeypatch):
+    # The temporary file's name used to be ".<name>.<pid>.<random>.tmp": ~19 characters longer
+    # than the target's, so a name the file system accepts failed with "File name too long".
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    path = tmp_path / ("a" * (name_max - len(".safetensors")) + ".safetensors")
+    assert len(path.name) == name_max
+    path.write_bytes(b"")  # the OS takes the name itself
+    path.unlink()
+    ckpt.save(path, {"w": np.zeros(3)})
+    assert ckpt.load(path)["w"].tolist() == [0, 0, 0]
+    assert os.listdir(tmp_path) == [path.name]
+
+    from fuseflow._files import atomic_write
+    with atomic_write(path) as f:  # the temporary: short, hidden, beside the target
+        (tmp,) = [p for p in os.listdir(tmp_path) if p != path.name]
+        assert tmp.startswith(".tmp-") and tmp.endswith(".tmp") and len(tmp) < 40, tmp
+        f.write(b"x")
+    assert os.listdir(tmp_path) == [path.name] and path.read_bytes() == b"x"
+
+    ckpt.save(path, {"w": np.zeros(3)})
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save(path, {"w": np.ones(3)})
+    monkeypatch.undo()
+    assert ckpt.load(path)["w"].tolist() == [0, 0, 0] and os.listdir(tmp_path) == [path.name]
+
+
+@pytest.mark.parametrize("under", ["c.safetensors", "sub/c.safetensors"])
+def test_save_under_a_file_names_the_file_and_touches_nothing(tmp_path, under):
+    # was a bare "FileExistsError: [Errno 17] File exists" (or "Not a directory")
+    blocker = tmp_path / "run"
+    blocker.write_bytes(b"notes, not a folder")
+    target = blocker / under
+    with pytest.raises(NotADirectoryError) as err:
+        ckpt.save(target, {"w": np.ones(2)})
+    msg = str(err.value)
+    assert msg.startswith(f"checkpoint.save: cannot write '{target}': '{blocker}' is a file, "
+                          "not a folder"), msg
+    assert f"Fix: write to another path, or move or rename '{blocker}'" in msg
+    assert ".tmp" not in msg and "Errno" not in msg
+    assert os.listdir(tmp_path) == ["run"] and blocker.read_bytes() == b"notes, not a folder"
+
+
+@pytest.mark.parametrize("n", [2**63, -2**63 - 1, 10**100])
+def test_int_beyond_int64_names_the_leaf_and_the_fix(tmp_path, n):
+    # was a bare "OverflowError: Python int too large to convert to C long"
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.save(tmp_path / "c", {"opt": [{"count": n}], "w": np.ones(2)})
+    msg = str(err.value)
+    assert msg.startswith("checkpoint.save: leaf 'opt/0/count' is the int "), msg
+    assert "outside the int64 range (-9223372036854775808 to 9223372036854775807)" in msg
+    assert "Fix: store it as a float" in msg and "metadata=" in msg and "array" in msg
+    assert err.value.paths == ("opt/0/count",)
+    assert len(msg) < 500  # a huge int is elided, not printed whole
+    assert list(tmp_path.iterdir()) == []
+    for edge in (2**63 - 1, -2**63):  # the ends of the range still round-trip exactly
+        ckpt.save(tmp_path / "c", {"n": edge})
+        assert ckpt.load(tmp_path / "c", like={"n": 0})["n"] == edge
+
+
+def test_big_endian_arrays_load_with_the_like_they_were_saved_with(tmp_path):
+    # was "'a': dtype expected >f4, found float32": byte order is not a difference
+    t = {"a": np.arange(3, dtype=">f4"), "b": np.arange(4, dtype=">i8").reshape(2, 2),
+         "c": np.ones(2, "<f4"), "d": np.array([1, 2], ">u2")}
+    ckpt.save(tmp_path / "c", t)
+    out = ckpt.load(tmp_path / "c", like=t)
+    assert_same(t, out)  # dtypes included: arrays come back in like's byte order
+    assert out["a"].dtype.str == ">f4" and out["a"].tolist() == [0, 1, 2]
+    out["a"][0] = 5.0  # still an ordinary, writeable array
+    native = ckpt.load(tmp_path / "c", like={k: v.astype(v.dtype.newbyteorder("="))
+                                             for k, v in t.items()})
+    assert all(v.dtype.isnative for v in native.values())
+    assert native["b"].tolist() == [[0, 1], [2, 3]]
+    ckpt.save(tmp_path / "n", {"a": np.arange(3, dtype="<f4")})  # and the other way round
+    assert ckpt.load(tmp_path / "n", like={"a": np.zeros(3, ">f4")})["a"].dtype.str == ">f4"
+    with pytest.raises(ckpt.CheckpointError, match=r"'a': dtype expected >f8, found float32"):
+        ckpt.load(tmp_path / "c", like={**t, "a": np.zeros(3, ">f8")})  # a real difference
 
 
 def test_namedtuple_classes_are_reused_across_loads(tmp_path):
