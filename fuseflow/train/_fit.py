@@ -94,7 +94,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     before training; with ``overwrite=True`` it replaces them once it has saved an epoch of
     its own (nothing is touched before). ``history``: the records of the epochs before
     ``state.epoch``, put at the top of metrics.jsonl when the run continues in a new
-    ``out_dir`` (in its own folder, the records there are kept).
+    ``out_dir`` (in its own folder, the records there are kept). A folder is a run's own
+    when one of its checkpoints holds exactly ``state``; a state saved in the middle of an
+    epoch (from ``on_step``) matches none of them, so continue it in a new ``out_dir``
+    with ``history=read_metrics(old_dir)`` (``overwrite=True`` would replace the old run).
     ``on_step(state, metrics)`` runs after every step. ``log`` prints one summary line per
     epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
     SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,
