@@ -151,6 +151,7 @@ class CompiledStep:
         self.compiles = 0
         self.calls = 0
         self._numpy_checked = set()  # the signatures whose NumPy call checked the contract
+        self._signature = None  # the step's inspect.Signature, for keyword arguments
 
     def __repr__(self):
         return f"ff.compile({getattr(self.step, '__name__', self.step)!r})"
@@ -181,15 +182,19 @@ class CompiledStep:
         """Keyword arguments bound to the step's positions (``donate_argnums`` and the
         graph's inputs are positions), as ``jax.jit`` accepts them."""
         try:
-            bound = inspect.signature(self.step).bind(*args, **kwargs)
+            if self._signature is None:  # once: inspect.signature costs ~15 us a call
+                self._signature = inspect.signature(self.step)
+            bound = self._signature.bind(*args, **kwargs)
         except (TypeError, ValueError) as e:  # no signature, or arguments that do not fit
             raise CompileError(f"{self!r}: the keyword arguments {sorted(kwargs)} do not bind "
                                f"to the step's parameters ({e}). Fix: pass the arguments "
                                "positionally, step(params, opt_state, x, y)") from None
+        bound.apply_defaults()  # a skipped defaulted parameter keeps the positions in line
         if bound.kwargs:
-            raise CompileError(f"{self!r}: keyword-only parameters {sorted(bound.kwargs)} "
-                               "cannot be compiled. Fix: make them positional parameters of "
-                               "the step and pass them in order")
+            raise CompileError(f"{self!r}: the arguments {sorted(bound.kwargs)} bind to "
+                               "keyword-only (or **) parameters, which have no position to "
+                               "compile. Fix: make them positional parameters of the step and "
+                               "pass them in order")
         return bound.args
 
     def _fast_path_fits(self, g, args):
@@ -330,10 +335,18 @@ class CompiledStep:
         return tuple(result)
 
     def _check_donation(self, args):
+        """Before anything is copied or run: the donated arguments exist and hold arrays."""
         for i in self.donate:
             if i >= len(args):
                 raise CompileError(f"{self!r}: donate_argnums names argument {i} but the step "
                                    f"was called with {len(args)} arguments")
+            for path, o in zip(tree.paths(args[i]), tree.leaves(args[i])):
+                if not _is_array(o):
+                    raise CompileError(
+                        f"{self!r}: argument {i} (donated) holds the Python value {o!r} at "
+                        f"{path!r}, which a compiled step cannot update: on a GPU the graph "
+                        "would return the value it was compiled with. Fix: make it a 0-d "
+                        f"array, np.asarray({o!r}) (on the params' device)")
 
     def _check_outputs(self, out, args):
         """The contract: the step returns the donated arguments' new values first, each
@@ -350,12 +363,6 @@ class CompiledStep:
                                    f"{tree.structure(old)}"
                                    + _class_difference(tree.structure(new), tree.structure(old)))
             for path, n, o in zip(tree.paths(old), tree.leaves(new), tree.leaves(old)):
-                if not _is_array(o):
-                    raise CompileError(
-                        f"{self!r}: argument {i} (donated) holds the Python value {o!r} at "
-                        f"{path!r}, which a compiled step cannot update: on a GPU the graph "
-                        "would return the value it was compiled with. Fix: make it a 0-d "
-                        f"array, np.asarray({o!r}) (on the params' device)")
                 if _is_array(o) and (not _is_array(n) or n.shape != o.shape
                                      or n.dtype != o.dtype):
                     got = f"{n.shape} {n.dtype}" if _is_array(n) else type(n).__name__

@@ -372,7 +372,10 @@ def _put_like(arr: np.ndarray, leaf):
 
 
 def _short(n: int) -> str:
-    """An int as text, its middle elided when long (a leaf could hold 10**10000)."""
+    """An int as text, its middle elided when long; past 1000 bits only its size (str()
+    refuses ints of more than 4300 digits, and a leaf could hold 10**10000)."""
+    if n.bit_length() > 1000:
+        return f"of about {int(n.bit_length() * 0.30103)} digits"
     text = str(n)
     return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]} ({len(text)} digits)"
 

@@ -414,7 +414,8 @@ def test_save_under_a_file_names_the_file_and_touches_nothing(tmp_path, under):
     assert os.listdir(tmp_path) == ["run"] and blocker.read_bytes() == b"notes, not a folder"
 
 
-@pytest.mark.parametrize("n", [2**63, -2**63 - 1, 10**100])
+@pytest.mark.parametrize("n", [2**63, -2**63 - 1, 10**100, 10**10000],
+                         ids=["2**63", "-2**63-1", "10**100", "10**10000"])
 def test_int_beyond_int64_names_the_leaf_and_the_fix(tmp_path, n):
     # was a bare "OverflowError: Python int too large to convert to C long"
     with pytest.raises(ckpt.CheckpointError) as err:

@@ -110,8 +110,17 @@ def test_compiled_step_takes_keyword_arguments():
     def with_kw_only(params, opt_state, x, y, *, scale):
         return step(params, opt_state, x * scale, y)
 
-    with pytest.raises(ff.CompileError, match=r"keyword-only parameters \['scale'\]"):
+    with pytest.raises(ff.CompileError, match=r"arguments \['scale'\] bind to keyword-only"):
         ff.compile(with_kw_only)(params, state, xs[0], ys[0], scale=np.float32(1))
+
+    def with_defaults(params, opt_state, x, y=None, scale=None):
+        return step(params, opt_state, x if scale is None else x * scale, y)
+
+    compiled = ff.compile(with_defaults)  # y given by position, scale skipped: its default
+    _, _, m3 = compiled(params, state, xs[0], ys[0])
+    _, _, m4 = compiled(params, state, xs[0], y=ys[0], scale=np.float32(1))
+    _, _, m5 = compiled(params, state, xs[0], scale=np.float32(1), y=ys[0])
+    assert float(m3["loss"]) == float(m4["loss"]) == float(m5["loss"]) == float(m1["loss"])
 
 
 def test_a_python_value_in_a_donated_argument_is_a_clear_error():

@@ -6,6 +6,7 @@ must be the uninterrupted run, not an approximation of it.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 
@@ -668,6 +669,8 @@ def test_fit_checks_its_data_before_the_first_step(tmp_path):
     nan_x[7, 3] = np.nan
     cases.append((dict(train=(nan_x, y)), ValueError, "train inputs hold NaN or inf "
                                                       r"\(first in example 7\)"))
+    cases.append((dict(train=(x.tolist(), y)), TypeError, "a pair whose x is a list, not an "
+                                                          "array"))
     for kw, exc, says in cases:
         args = {"train": (x, y), "test": test, **kw}
         with pytest.raises(exc, match=says):
@@ -692,7 +695,7 @@ def test_metrics_of_a_diverged_run_are_strict_json(tmp_path):
     import json
 
     records = [{"epoch": 1, "train_loss": float("nan"), "test_loss": float("inf"),
-                "train_acc": 0.1}, {"epoch": 2, "train_loss": 0.5}]
+                "train_acc": 0.1}, {"epoch": 2, "train_loss": 0.5, "per_class": [0.5, -math.inf]}]
     from fuseflow.train._records import append_metrics, plot_curves, write_metrics
 
     write_metrics(tmp_path, records[:1])
@@ -704,6 +707,6 @@ def test_metrics_of_a_diverged_run_are_strict_json(tmp_path):
     lines = (tmp_path / T.METRICS_FILE).read_text().splitlines()
     parsed = [json.loads(line, parse_constant=strict) for line in lines]
     assert parsed == [{"epoch": 1, "train_loss": None, "test_loss": None, "train_acc": 0.1},
-                      {"epoch": 2, "train_loss": 0.5}]
+                      {"epoch": 2, "train_loss": 0.5, "per_class": [0.5, None]}]
     assert T.read_metrics(tmp_path) == parsed
     plot_curves(parsed, tmp_path / T.CURVES_FILE)  # None points are left out of the plot

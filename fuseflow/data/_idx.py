@@ -26,8 +26,9 @@ __all__ = ["read_idx", "read_split"]
 _DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
            0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 _GZIP_MAGIC = b"\x1f\x8b"
-#: The most dimensions a header may declare: NumPy's limit (MNIST-style files have 1 to 3).
-MAX_NDIM = 64
+#: The most dimensions a header may declare: NumPy 1's array limit (NumPy 2 allows 64);
+#: MNIST-style files have 1 to 3.
+MAX_NDIM = 32
 # The fix for a damaged file, by where it came from: only fuseflow's own cache is
 # downloaded again; a file in a user's folder (data_dir, FUSEFLOW_DATA, idx_dataset, or a
 # path given to read_idx) has to be restored from wherever the user got it.

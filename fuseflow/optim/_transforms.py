@@ -21,11 +21,13 @@ from fuseflow.optim._base import (
     GradientTransformation,
     check_empty_state,
     check_flag,
+    check_float_updates,
     check_like,
     check_lr,
     check_number,
     check_state,
     empty_init,
+    float_leaf,
     increment,
     scalar_like,
     zero_count,
@@ -39,7 +41,8 @@ def scale(factor: float) -> GradientTransformation:
 
     def update(updates, state, params=None):
         check(updates, state)
-        return tree.map(lambda g: g * factor, updates), state
+        return tree.map(lambda g: float_leaf("scale.update", g, updates) * factor,
+                        updates), state
 
     update.check_args = check
     return GradientTransformation(empty_init, update)
@@ -228,6 +231,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
         check(updates, state)
         if not tree.leaves(updates):
             return updates, state
+        check_float_updates("clip_by_global_norm.update", updates)
         norm = tree.l2_norm(updates)
         # One factor for all leaves, no host branch: 1 when norm <= max_norm (also when
         # norm is 0), and NaN stays NaN.

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from fuseflow import random, tree
 from fuseflow.checkpoint import metadata_json
 from fuseflow._namespace import device_of, namespace
-from fuseflow.backend import device_put
+from fuseflow.backend import all_finite, device_put
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import batches, num_batches
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
@@ -207,25 +207,31 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
 
 def _pair(name, data):
     """``data`` as an ``(x, y)`` tuple of arrays, or a TypeError that says so."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and \
-            all(hasattr(a, "shape") and hasattr(a, "dtype") for a in data):
+    pair = isinstance(data, (tuple, list)) and len(data) == 2
+    if pair and all(hasattr(a, "shape") and hasattr(a, "dtype") for a in data):
         return tuple(data)
-    got = (f"a {type(data).__name__} of {len(data)}" if isinstance(data, (tuple, list))
-           else f"a {type(data).__name__}")
+    if pair:
+        k = next(i for i, a in enumerate(data) if not hasattr(a, "shape"))
+        got = f"a pair whose {('x', 'y')[k]} is a {type(data[k]).__name__}, not an array"
+    elif isinstance(data, (tuple, list)):
+        got = f"a {type(data).__name__} of {len(data)}"
+    else:
+        got = f"a {type(data).__name__}"
     raise TypeError(f"fit: {name} must be an (x, y) pair of arrays (inputs, labels), got "
                     f"{got}. Fix: fit(..., {name}=(x_{name}, y_{name}), ...).")
 
 
 def _check_finite(name, x):
     """NaN or inf in the inputs would train (and checkpoint) NaN params without a word:
-    one pass over the data, once per fit (one read-back on a GPU)."""
+    one pass over float data, once per fit (one launch and one read-back on a GPU; the
+    per-example mask only when something is not finite)."""
+    if getattr(x.dtype, "kind", "f") not in "fc" or bool(all_finite([x])):
+        return
     xp = namespace(x)
-    finite = xp.isfinite(x).reshape(len(x), -1).all(axis=1)
-    if not bool(finite.all()):
-        row = int(xp.argmin(finite))
-        raise ValueError(f"fit: the {name} inputs hold NaN or inf (first in example {row}). "
-                         f"Fix: clean or drop those examples, e.g. keep = "
-                         f"np.isfinite(x).all(axis=1); x, y = x[keep], y[keep].")
+    row = int(xp.argmin(xp.isfinite(x).reshape(len(x), -1).all(axis=1)))
+    raise ValueError(f"fit: the {name} inputs hold NaN or inf (first in example {row}). Fix: "
+                     "clean or drop those examples, e.g. keep = np.isfinite(x).reshape("
+                     "len(x), -1).all(axis=1); x, y = x[keep], y[keep].")
 
 
 def _as_int_hint(value) -> str:

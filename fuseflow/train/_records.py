@@ -79,7 +79,9 @@ def _line(record: dict) -> str:
     def finite(v):
         if isinstance(v, float) and not math.isfinite(v):
             return None
-        return {k: finite(x) for k, x in v.items()} if isinstance(v, dict) else v
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
     return json.dumps(finite(record), allow_nan=False) + "\n"
 
 
