@@ -176,3 +176,57 @@ def test_cli_batch_that_does_not_split_over_the_ranks_is_a_clear_error(tmp_path)
     assert res.returncode != 0
     assert "--batch-size 64 cannot be split evenly over 3 ranks" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_each_rank_draws_its_own_random_numbers_in_fit():
+    """Dropout-style layers get the step's key folded with the rank: one mask repeated on
+    every rank's shard would not be the independent masks of a global batch."""
+
+    class Noise(ff.nn.Layer):
+        draws_random = True
+
+        def __init__(self):
+            self.keys = []
+
+        def init(self, key, in_shape):
+            return in_shape, {}
+
+        def forward(self, params, x, *, key=None, train=True):
+            if train:
+                self.keys.append(tuple(int(k) for k in key))
+            return x, {}
+
+        def backward(self, params, residuals, dy):
+            return {}, dy
+
+    class OneRankOfTwo:  # the communicator as rank ``rank`` of 2 sees it (no MPI needed)
+        size = 2
+
+        def __init__(self, rank):
+            self.rank, self.is_main = rank, rank == 0
+
+        def shard(self, x, y):
+            k = len(x) // 2
+            return x[self.rank * k:(self.rank + 1) * k], y[self.rank * k:(self.rank + 1) * k]
+
+        def allreduce_mean(self, tree):
+            return tree
+
+        def check_model(self, params):
+            pass
+
+        def broadcast(self, tree):
+            return tree
+
+    x, y = ff.data.digits("train")
+    keys = []
+    for rank in (0, 1):
+        noise = Noise()
+        model = ff.nn.Serial(ff.nn.Dense(16, "relu"), noise, ff.nn.Dense(10))
+        opt = ff.optim.sgd(0.1)
+        state = ff.train.init_state(model, opt, (64,), ff.random.key(0))
+        ff.train.fit(model, opt, state, (x[:256], y[:256]), None, epochs=1, batch_size=64,
+                     comm=OneRankOfTwo(rank), progress=False, log=None)
+        keys.append(noise.keys)
+        assert len(set(noise.keys)) == 4  # a new key every step
+    assert not set(keys[0]) & set(keys[1])  # and another one on every rank

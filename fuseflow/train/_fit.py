@@ -302,6 +302,8 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
             if comm is not None:  # every rank sees the global batch and takes its share
                 xb, yb = comm.shard(xb, yb)
             key = random.fold_in(state.key, state.step) if takes_key else None
+            if key is not None and comm is not None:  # each rank's shard its own draws
+                key = random.fold_in(key, comm.rank)
             params, opt_state, sums, metrics = step_fn(state.params, state.opt_state, sums,
                                                        xb, yb, key=key)
             state = state._replace(params=params, opt_state=opt_state, step=state.step + 1,
