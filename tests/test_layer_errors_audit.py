@@ -70,6 +70,10 @@ class Linear(nn.Layer):
             dw = dw.astype(np.float32)
         elif self.bad == "narrow_dx":
             dx = dx[:, :-1]
+        elif self.bad == "float64_dx":
+            dx = dx.astype(np.float64)
+        elif self.bad == "no_db":
+            return {"w": dw}, dx
         return {"w": dw, "b": db}, dx
 
 
@@ -173,6 +177,20 @@ def test_a_wrong_dy_gets_a_fix_for_dy_not_for_inputs():
                 f"({batch}, 11). Fix: pass dy shaped like this layer's output, (batch, 10): the "
                 "gradient of the loss with respect to that output."):
         model.backward(p, res, randn(batch, 11))
+
+
+def test_serial_blames_a_layer_whose_backward_breaks_the_contract():
+    """Grads missing a param, or a dx of another dtype than the Dense below computes in:
+    named with the layer and its position here, not later in the optimizer or that Dense."""
+    hidden, out, batch, inp = size(), size(), size(), size()
+    for bad, says in (("no_db", "backward returned grads of structure"),
+                      ("float64_dx", "backward returned dx of dtype float64, but the Dense "
+                                     "below computes in float32")):
+        model = nn.Serial(nn.Dense(hidden, "relu"), Linear(out, bad), nn.Dense(3))
+        _, p = model.init(key(), (inp,))
+        with raises(LayerError, f"Serial layer 1 (Linear({out})): {says}", "Fix:"):
+            ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+                p, randn(batch, inp), rng.integers(0, 3, batch))
 
 
 def test_serial_blames_a_layer_whose_output_changed_the_dtype():

@@ -430,3 +430,18 @@ def test_schedule_step_counts_fit_the_int32_count():
                                              "count is an int32"):
             make(3_000_000_000)
         assert float(make(2 ** 31 - 1)(np.asarray(0, np.int32))) >= 0
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_an_integer_param_is_named_as_untrainable(rng, name):
+    """A counter kept in params: the fix is to keep it out (not g.astype('int32'), which
+    the next error would contradict)."""
+    params = {"w": rng.standard_normal(3).astype(np.float32), "step": np.zeros((), np.int32)}
+    opt = OPTIMIZERS[name]()
+    state = opt.init(params)
+    for g_step in (np.zeros((), np.int32), np.zeros((), np.float32)):
+        grads = {"w": rng.standard_normal(3).astype(np.float32), "step": g_step}
+        with pytest.raises(TypeError, match="at 'step' are int32: only floating-point params "
+                                            "can be trained. Fix: make that param a float "
+                                            "array, or keep a value that is not trained out"):
+            ff.optim.update_and_apply(opt, grads, state, params)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from fuseflow import backend, random
+from fuseflow import backend, random, tree
 from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn._activation import GELU, ReLU
 from fuseflow.nn._dense import Dense
@@ -191,11 +191,29 @@ class Serial(Layer):
             f"y.astype(np.{w.dtype}); or, if the cast is intended, give that Dense "
             f"param_dtype=np.{y.dtype}.")
 
-    def _check_dx(self, s, below, dy, dx):
+    def _check_grads(self, s, params, grads):
+        """A generic stage's grads must have its params' tree structure: otherwise the
+        optimizer would fail later with a message that names no layer."""
+        if tree.structure(grads) != tree.structure(params):
+            raise LayerError(f"{self._where(self.stages[s].index)}: backward returned grads of "
+                             f"structure {tree.structure(grads)}, but its params have "
+                             f"{tree.structure(params)}. Fix: return one gradient for every "
+                             "param, in the params' structure (zeros for a param that does "
+                             "not affect the output).")
+
+    def _check_dx(self, s, below, params, dy, dx):
         """A generic stage's dx must have its input's shape, known where a Dense stage is
-        below (its output): otherwise that Dense would get the blame."""
+        below (its output), and that Dense's dtype: otherwise that Dense would get the
+        blame."""
         if below is None or below.dense is None or not getattr(dy, "shape", ()):
             return
+        w = params[below.index].get("w") if isinstance(params[below.index], dict) else None
+        if (hasattr(dx, "dtype") and hasattr(w, "dtype") and dx.dtype != w.dtype
+                and type(below.dense).backward is Dense.backward):
+            raise LayerError(f"{self._where(self.stages[s].index)}: backward returned dx of "
+                             f"dtype {dx.dtype}, but the Dense below computes in {w.dtype} "
+                             f"(its params) and would get the blame. Fix: return dx in "
+                             f"{w.dtype}, the dtype of forward's input x (dx.astype(x.dtype)).")
         want = (dy.shape[0], below.dense.features)
         if getattr(dx, "shape", None) != want:
             raise LayerError(f"{self._where(self.stages[s].index)}: backward returned dx of "
@@ -294,7 +312,8 @@ class Serial(Layer):
                 # it may have forked weight gradients and read its params after: an early
                 # optimizer update (update_early) waits for all of its work
                 backend.of(dy, where="Serial.backward").params_read()
-                self._check_dx(s, below, dy, dx)
+                self._check_grads(s, params[i], grads[i])
+                self._check_dx(s, below, params, dy, dx)
                 if release_residuals:
                     residuals[i] = None
                 dy = dx

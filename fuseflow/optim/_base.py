@@ -147,7 +147,8 @@ def check_like(where, updates, reference, ref_name, *, kept=False):
             "Fix: pass gradients with the same structure as the params given to init() "
             "(or call init() again for the new params)")
     for u, r in zip(u_leaves, r_leaves):
-        if u.shape != r.shape or u.dtype.kind != "f" or (kept and _widens(u, r)):
+        if u.shape != r.shape or u.dtype.kind != "f" or r.dtype.kind != "f" or (
+                kept and _widens(u, r)):
             _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name, kept)
 
 
@@ -165,6 +166,12 @@ def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name, kept=False):
                 f"{ref_name} there have shape {tuple(r.shape)}. Fix: pass gradients shaped "
                 "like the params given to init(); if the model changed, make a new state "
                 "with opt.init(new_params)")
+        if r.dtype.kind != "f":
+            raise TypeError(
+                f"{where}: the {ref_name} at {path!r} are {r.dtype}: only floating-point "
+                "params can be trained. Fix: make that param a float array, or keep a value "
+                "that is not trained out of the params (a layer attribute; see "
+                "docs/custom-layers.md)")
         if u.dtype.kind != "f":
             raise TypeError(
                 f"{where}: the update at {path!r} has dtype {u.dtype}, but updates must be "
