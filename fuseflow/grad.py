@@ -160,7 +160,16 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     x64 = np_be.asarray(x).astype(np.float64)
     y, residuals = layer.forward(params64, x64, key=key, train=train)
     dy = random.normal(random.key(seed), y.shape, np.float64)
-    grads, dx = layer.backward(params64, residuals, dy)
+    try:
+        grads, dx = layer.backward(params64, residuals, dy)
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        if train:
+            raise
+        # the custom-layer guide lets a layer save no residuals in inference
+        raise GradientCheckError(
+            f"{layer!r}: backward failed on the residuals of forward(..., train=False) "
+            f"({type(e).__name__}: {e}); a layer may save none in inference, so its backward "
+            "cannot run there. Fix: check_grads(..., train=True), the default") from e
     if tree.structure(grads) != tree.structure(params64):
         raise GradientCheckError(f"{layer!r}: grads structure {tree.structure(grads)} differs "
                                  f"from params structure {tree.structure(params64)}")

@@ -116,6 +116,29 @@ def test_check_grads_gradient_of_another_dtype():
         ff.check_grads(layer, p, randn(size(), inp))
 
 
+def test_check_grads_in_inference_says_why_a_layer_without_residuals_fails():
+    """The guide lets forward(train=False) save no residuals; check_grads(train=False) of
+    such a layer (Swish, the guide's own) says so instead of a bare KeyError."""
+
+    class Swish(nn.Layer):
+        def init(self, key, in_shape):
+            return tuple(in_shape), {}
+
+        def forward(self, params, x, *, key=None, train=True):
+            s = 1 / (1 + np.exp(-x))
+            return x * s, ({"x": x, "s": s} if train else {})
+
+        def backward(self, params, residuals, dy):
+            x, s = residuals["x"], residuals["s"]
+            return {}, dy * (s + x * s * (1 - s))
+
+    inp = size()
+    assert ff.check_grads(Swish(), {}, randn(3, inp)).checked > 0
+    with raises(ff.GradientCheckError, "backward failed on the residuals of forward(..., "
+                "train=False) (KeyError: 'x')", "Fix: check_grads(..., train=True)"):
+        ff.check_grads(Swish(), {}, randn(3, inp), train=False)
+
+
 def test_check_grads_names_a_nested_leaf():
     """In a Serial the leaf is named by its whole path; a right backward still passes."""
     out, inp = two_sizes()

@@ -445,3 +445,15 @@ def test_an_integer_param_is_named_as_untrainable(rng, name):
                                             "can be trained. Fix: make that param a float "
                                             "array, or keep a value that is not trained out"):
             ff.optim.update_and_apply(opt, grads, state, params)
+
+
+@pytest.mark.parametrize("name", sorted(set(OPTIMIZERS) - {"adamw_masked"}))  # its mask
+def test_a_python_number_param_is_named_not_an_attribute_error(rng, name):  # reads .ndim
+    params = {"w": rng.standard_normal(3).astype(np.float32), "gain": 1.0}
+    grads = {"w": rng.standard_normal(3).astype(np.float32), "gain": 0.5}
+    opt = OPTIMIZERS[name]()
+    for run in (lambda: ff.optim.update_and_apply(opt, grads, opt.init(params), params),
+                lambda: opt.update(grads, opt.init(params), params)):
+        with pytest.raises(TypeError, match="at 'gain' is a float, (not an array|but updates "
+                                            "must be floating point arrays)"):
+            run()

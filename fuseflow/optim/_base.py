@@ -147,9 +147,13 @@ def check_like(where, updates, reference, ref_name, *, kept=False):
             "Fix: pass gradients with the same structure as the params given to init() "
             "(or call init() again for the new params)")
     for u, r in zip(u_leaves, r_leaves):
-        if u.shape != r.shape or u.dtype.kind != "f" or r.dtype.kind != "f" or (
-                kept and _widens(u, r)):
+        if not (_is_array(u) and _is_array(r)) or u.shape != r.shape or u.dtype.kind != "f" \
+                or r.dtype.kind != "f" or (kept and _widens(u, r)):
             _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name, kept)
+
+
+def _is_array(a):
+    return hasattr(a, "shape") and hasattr(a, "dtype")
 
 
 def _widens(u, r):
@@ -160,6 +164,12 @@ def _widens(u, r):
 def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name, kept=False):
     """The error of ``check_like`` for the first leaf that fails it."""
     for path, u, r in zip(paths, u_leaves, r_leaves):
+        for what, a in (("update", u), (ref_name, r)):
+            if not _is_array(a):
+                raise TypeError(
+                    f"{where}: the {what} at {path!r} is a {type(a).__name__}, not an array. "
+                    "Fix: params and gradients are arrays; a scalar param is a 0-d array, "
+                    "np.asarray(value, np.float32)")
         if u.shape != r.shape:
             raise ValueError(
                 f"{where}: the update at {path!r} has shape {tuple(u.shape)}, but the "

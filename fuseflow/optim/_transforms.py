@@ -67,7 +67,8 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
     def update(updates, state, params=None):
         check(updates, state)
         step = step_size_fn(state.count)
-        updates = tree.map(lambda g: g * scalar_like(step, g), updates)
+        updates = tree.map(lambda g: float_leaf("scale_by_schedule.update", g, updates)
+                           * scalar_like(step, g), updates)
         return updates, type(state)(count=increment(state.count))
 
     update.check_args = check
