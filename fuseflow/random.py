@@ -71,6 +71,12 @@ def _check_key(k, where="ff.random") -> np.ndarray:
         raise TypeError(f"{where}: the key is a GPU array, and ff.random draws on the host. "
                         "Fix: ff.backend.of(x).random_bits(key, shape) draws on the GPU (the "
                         "same bits), or pass a host key (ff.device_put(key, 'cpu')).")
+    if k is None:
+        raise TypeError(f"{where}: the key is None: nothing handed this draw a key. A layer "
+                        "that draws random numbers declares draws_random = True, so that "
+                        "Serial and ff.train.fit (compiled too) hand it one; in inference "
+                        "(train=False) it should draw nothing. Fix: set draws_random = True "
+                        "on the layer class, or pass key=ff.random.key(seed) yourself.")
     k = np.asarray(k)
     if k.shape != (2,) or k.dtype != np.uint32:
         raise TypeError(f"{where}: expected a key (uint32 array of shape (2,)), got dtype "

@@ -66,6 +66,9 @@ def test_streams_and_layer_keys():
 def test_bits_refuse_a_bad_key():
     with pytest.raises(TypeError, match="expected a key"):
         ff.random.bits(np.zeros(3, np.uint32), 4)
+    # None: a custom random layer that does not declare draws_random gets no key
+    with pytest.raises(TypeError, match="the key is None.*declares draws_random = True"):
+        ff.random.bits(None, 4)
 
 
 def test_keep_threshold_and_the_edges_of_dropout_scale():
