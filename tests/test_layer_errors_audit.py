@@ -215,6 +215,15 @@ def test_serial_blames_a_layer_whose_backward_breaks_the_contract():
             ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(
                 p, randn(batch, inp), rng.integers(0, 3, batch))
 
+    class Casting(nn.Dense):  # its own backward_fused takes any dy dtype: not checked
+        def backward_fused(self, params, residuals, dy, **kw):
+            return super().backward_fused(params, residuals, dy.astype(params["w"].dtype), **kw)
+
+    model = nn.Serial(Casting(hidden, "relu"), Linear(out, "float64_dx"), nn.Dense(3))
+    _, p = model.init(key(), (inp,))
+    ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+        p, randn(batch, inp), rng.integers(0, 3, batch))
+
 
 def test_serial_blames_a_layer_whose_output_changed_the_dtype():
     """A float64 output of a layer fed float32 would fail in the Dense above with a fix for
@@ -368,3 +377,21 @@ def test_an_in_shape_that_is_neither_an_int_nor_a_tuple(in_shape):
     with raises(LayerError, f"Serial(ReLU()): in_shape must be a tuple such as (784,), got "
                 f"{in_shape!r}. Fix: give init the input's shape without the batch axis"):
         nn.Serial(nn.ReLU()).init(key(), in_shape)
+
+
+def test_check_grads_in_inference_keeps_a_real_backward_error():
+    """A layer that saves the same residuals in both modes and has a bug in backward: the
+    bug's own error, not the inference-residuals explanation."""
+
+    class Buggy(nn.Layer):
+        def init(self, key, in_shape):
+            return tuple(in_shape), {}
+
+        def forward(self, params, x, *, key=None, train=True):
+            return x * 2, {"x": x}
+
+        def backward(self, params, residuals, dy):
+            return {}, residuals["y"]  # a typo: forward saved "x"
+
+    with pytest.raises(KeyError, match="'y'"):
+        ff.check_grads(Buggy(), {}, randn(3, size()), train=False)

@@ -69,6 +69,11 @@ def test_bits_refuse_a_bad_key():
     # None: a custom random layer that does not declare draws_random gets no key
     with pytest.raises(TypeError, match="the key is None.*declares draws_random = True"):
         ff.random.bits(None, 4)
+    be = ff.backend.get("numpy")  # the route the custom-layer guide gives layers
+    for draw in (lambda: be.random_bits(None, (4,)),
+                 lambda: be.dropout(None, np.ones(4, np.float32), 0.5)):
+        with pytest.raises(TypeError, match="the key is None"):
+            draw()
 
 
 def test_keep_threshold_and_the_edges_of_dropout_scale():

@@ -247,7 +247,7 @@ class Backend:
 
     def _random(self, key, shape, dtype, rate, stream=0):
         """Bits (``dtype`` None) or dropout factors, computed on the host (the reference)."""
-        bits = random.bits(self.to_numpy(key), shape, stream)
+        bits = random.bits(None if key is None else self.to_numpy(key), shape, stream)
         if dtype is None:
             return self.asarray(bits)
         keep = bits.astype(np.uint64) < np.uint64(random.keep_threshold(rate))

@@ -338,7 +338,7 @@ class CudaBackend(Backend):
                                    f"(2,)), got dtype {key.dtype} shape {key.shape}. Fix: "
                                    "ff.device_put(ff.random.key(seed), 'cuda').")
             return cupy.ascontiguousarray(key)
-        key = random._check_key(self.to_numpy(key), "random numbers")
+        key = random._check_key(None if key is None else self.to_numpy(key), "random numbers")
         if cupy.cuda.get_current_stream().is_capturing():
             raise BackendError(
                 "random numbers inside a compiled step (ff.compile): the key is a host array, "

@@ -193,13 +193,20 @@ class Serial(Layer):
 
     def _check_grads(self, s, params, grads):
         """A generic stage's grads must have its params' tree structure: otherwise the
-        optimizer would fail later with a message that names no layer."""
+        optimizer would fail later with a message that names no layer. The usual case, a
+        flat dict of arrays (or {}), passes on a key comparison; only other trees pay for
+        ``tree.structure`` (this runs on every eager step)."""
+        if type(grads) is dict and type(params) is dict and grads.keys() == params.keys() \
+                and all(hasattr(v, "shape") for v in params.values()) \
+                and all(hasattr(v, "shape") for v in grads.values()):
+            return
         if tree.structure(grads) != tree.structure(params):
             raise LayerError(f"{self._where(self.stages[s].index)}: backward returned grads of "
                              f"structure {tree.structure(grads)}, but its params have "
                              f"{tree.structure(params)}. Fix: return one gradient for every "
-                             "param, in the params' structure (zeros for a param that does "
-                             "not affect the output).")
+                             "param, in the params' structure and container types ({} for a "
+                             "layer without params; zeros for a param that does not affect "
+                             "the output).")
 
     def _check_dx(self, s, below, params, dy, dx):
         """A generic stage's dx must have its input's shape, known where a Dense stage is
@@ -209,7 +216,7 @@ class Serial(Layer):
             return
         w = params[below.index].get("w") if isinstance(params[below.index], dict) else None
         if (hasattr(dx, "dtype") and hasattr(w, "dtype") and dx.dtype != w.dtype
-                and type(below.dense).backward is Dense.backward):
+                and type(below.dense).backward_fused is Dense.backward_fused):
             raise LayerError(f"{self._where(self.stages[s].index)}: backward returned dx of "
                              f"dtype {dx.dtype}, but the Dense below computes in {w.dtype} "
                              f"(its params) and would get the blame. Fix: return dx in "

@@ -147,8 +147,12 @@ def check_like(where, updates, reference, ref_name, *, kept=False):
             "Fix: pass gradients with the same structure as the params given to init() "
             "(or call init() again for the new params)")
     for u, r in zip(u_leaves, r_leaves):
-        if not (_is_array(u) and _is_array(r)) or u.shape != r.shape or u.dtype.kind != "f" \
-                or r.dtype.kind != "f" or (kept and _widens(u, r)):
+        try:  # every eager step runs this loop: one test per leaf, no hasattr calls
+            bad = u.shape != r.shape or u.dtype.kind != "f" or r.dtype.kind != "f" or (
+                kept and _widens(u, r))
+        except AttributeError:  # a leaf that is not an array (a Python number)
+            bad = True
+        if bad:
             _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name, kept)
 
 

@@ -3,8 +3,9 @@ run that can continue bit for bit.
 
 Nothing random is carried as a generator: the data order of epoch ``e`` is
 ``permutation(fold_in(data_key, e))`` and the layers' key at step ``s`` (Dropout) is
-``fold_in(key, s)``. Both follow from the state's integers and two fixed keys, so a resumed
-run draws exactly what the uninterrupted run would have drawn.
+``fold_in(key, s)`` (folded with the rank too under data parallel). Both follow from the
+state's integers and two fixed keys, so a resumed run draws exactly what the uninterrupted
+run would have drawn.
 """
 
 from __future__ import annotations
