@@ -156,6 +156,16 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     returns a GradCheckReport otherwise.
     """
     np_be = backend.get("numpy")
+    for path, a in zip(optree.tree_paths(params), tree.leaves(params)):
+        kind = getattr(getattr(a, "dtype", None), "kind", None)
+        if kind not in ("f", None) or not hasattr(a, "shape"):
+            index = "".join(f"[{k!r}]" for k in path)
+            got = f"{a.dtype}" if kind else f"a {type(a).__name__}"
+            raise GradientCheckError(
+                f"{layer!r}: params{index} is {got}: every param is trained, so every param "
+                "is a floating-point array. Fix: make it a float array (a 0-d one for a "
+                "scalar), or keep a value that is not trained out of the params (a layer "
+                "attribute; docs/custom-layers.md)")
     params64 = tree.map(lambda a: np_be.asarray(a).astype(np.float64), params)
     x64 = np_be.asarray(x).astype(np.float64)
     y, residuals = layer.forward(params64, x64, key=key, train=train)

@@ -395,3 +395,14 @@ def test_check_grads_in_inference_keeps_a_real_backward_error():
 
     with pytest.raises(KeyError, match="'y'"):
         ff.check_grads(Buggy(), {}, randn(3, size()), train=False)
+
+
+@pytest.mark.parametrize("bad, says", [(np.zeros((), np.int32), "params['step'] is int32"),
+                                       (1.5, "params['step'] is a float")])
+def test_check_grads_names_a_param_that_is_not_a_float_array(bad, says):
+    out, inp = two_sizes()
+    layer = Linear(out)
+    _, p = layer.init(key(), (inp,))
+    with raises(ff.GradientCheckError, f"Linear({out}): {says}: every param is trained",
+                "Fix: make it a float array"):
+        ff.check_grads(layer, {**p, "step": bad}, randn(3, inp))
