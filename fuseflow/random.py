@@ -54,16 +54,25 @@ def _int64(where, name, value, fix) -> int:
     return value & (2 ** 64 - 1)
 
 
-def _as_int(where, name, value, fix) -> int:
-    """An int, a NumPy integer or a 0-d integer array (as JAX takes them), as a Python int."""
+def _integer(value) -> int | None:
+    """``value`` as a Python int if it is an int, a NumPy integer or a 0-d integer array (as
+    JAX takes them); None for anything else (a bool, a float, even a whole one)."""
     if not isinstance(value, (bool, np.bool_)) and getattr(value, "dtype", np.dtype(int)).kind \
             in "iu":
         try:
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}. "
-                    f"Fix: {fix}.")
+    return None
+
+
+def _as_int(where, name, value, fix) -> int:
+    """``_integer(value)``, or a TypeError naming ``name`` and the fix."""
+    as_int = _integer(value)
+    if as_int is None:
+        raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} "
+                        f"{value!r}. Fix: {fix}.")
+    return as_int
 
 
 def _check_key(k, where="ff.random") -> np.ndarray:

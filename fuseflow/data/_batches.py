@@ -14,7 +14,6 @@ per batch, which on a GPU is host time a short training step cannot hide.
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 
@@ -35,13 +34,11 @@ def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 def _as_index(where, name, value, example, what="an int") -> int:
-    """``value`` as a Python int: an int, a NumPy integer or a 0-d integer array; not a
-    bool, a float (even a whole one) or anything else, which is refused naming ``name``."""
-    if not isinstance(value, (bool, np.bool_)):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
+    """``value`` as a Python int (``random._integer``: an int, a NumPy integer or a 0-d
+    integer array); anything else is a ValueError naming ``name``."""
+    as_int = random._integer(value)
+    if as_int is not None:
+        return as_int
     hint = example
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         hint = str(int(value))
