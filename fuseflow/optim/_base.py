@@ -225,25 +225,27 @@ def check_empty_state(where):
     return check
 
 
+def _is_float_array(a):
+    return getattr(getattr(a, "dtype", None), "kind", None) == "f" and hasattr(a, "shape")
+
+
 def float_leaf(where, g, updates):
     """``g``, a leaf of ``updates``, if it is a floating-point array; else the error of
     ``check_float_updates`` (for transforms that scale their updates: an integer gradient
     would turn the factor into 0, a silent zero step). Costs one attribute test per leaf
     inside the transform's own tree.map."""
-    if getattr(getattr(g, "dtype", None), "kind", None) == "f" and hasattr(g, "shape"):
-        return g
-    check_float_updates(where, updates)
+    if not _is_float_array(g):
+        check_float_updates(where, updates)
     return g
 
 
 def check_float_updates(where, updates):
     """Raise unless every leaf of ``updates`` is a floating-point array (metadata only)."""
     leaves = tree.leaves(updates)
-    if all(getattr(getattr(u, "dtype", None), "kind", None) == "f" and hasattr(u, "shape")
-           for u in leaves):
+    if all(_is_float_array(u) for u in leaves):
         return
     for path, u in zip(tree.paths(updates), leaves):
-        if getattr(getattr(u, "dtype", None), "kind", None) != "f" or not hasattr(u, "shape"):
+        if not _is_float_array(u):
             got = f"has dtype {u.dtype}" if hasattr(u, "dtype") else f"is a {type(u).__name__}"
             raise TypeError(f"{where}: the update at {path!r} {got}, but updates must be "
                             "floating point arrays (gradients). Fix: pass float gradients, "
