@@ -35,7 +35,7 @@ from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError,
 from fuseflow.train._fit import OutDirConflict
 from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint, names
 from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
-from fuseflow.train._datasets import _load_split, holds_split
+from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
 
@@ -513,13 +513,15 @@ def _eval(args) -> int:
     recipe = _read_recipe(path, "CKPT")
     if recipe.dataset == "digits":
         _no_data_dir_for_digits(args.data_dir, "the checkpoint's run trained on")
-    if args.data_dir is None and recipe.data_dir is not None and \
-            not holds_split(recipe.data_dir, "test"):
+    try:
+        x, y, source = _load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+    except data.DatasetNotFoundError:
+        if args.data_dir is not None or recipe.data_dir is None:
+            raise
         raise CLIError(f"the checkpoint's run read its data from {recipe.data_dir}, which no "
                        "longer holds its test split (the IDX files t10k-images-idx3-ubyte and "
                        "t10k-labels-idx1-ubyte). Fix: --data-dir DIR, the folder that holds "
-                       "that data now.")
-    x, y, source = _load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
+                       "that data now.") from None
     bad = (y < 0) | (y >= recipe.classes)
     if int(x.shape[1]) == recipe.input_width and bad.any():
         i = int(np.argmax(bad))

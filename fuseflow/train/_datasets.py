@@ -75,12 +75,6 @@ def _no_folder_for_digits(data_dir):
                          "data_dir out, or name 'idx' to read the IDX files there.")
 
 
-def holds_split(folder, split: str) -> bool:
-    """Whether ``folder`` (or its ``mnist/``) holds the split's two IDX files."""
-    folder = Path(folder)
-    return any(_find(f, _FILES[split]) is not None for f in (folder, folder / "mnist"))
-
-
 def _idx_folder(folder: Path, split: str):
     """The split from the IDX files in ``folder`` (or in its ``mnist/``)."""
     names = _FILES[split]
