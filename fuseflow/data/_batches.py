@@ -46,12 +46,13 @@ def _as_index(where, name, value, example, what="an int") -> int:
                      f"{type(value).__name__} {value!r}. Fix: {name}={hint}.")
 
 
-def _check_batch_size(batch_size, where="ff.data.batches") -> int:
-    """``batch_size`` as a positive Python int, else a ValueError naming ``where``."""
-    batch_size = _as_index(where, "batch_size", batch_size, "64", "a positive int")
+def _check_batch_size(batch_size, where="ff.data.batches", name="batch_size") -> int:
+    """``batch_size`` as a positive Python int, else a ValueError naming ``where`` and the
+    argument's ``name``."""
+    batch_size = _as_index(where, name, batch_size, "64", "a positive int")
     if batch_size < 1:
-        raise ValueError(f"{where}: batch_size must be a positive int, got {batch_size}. "
-                         "Fix: batch_size >= 1, e.g. batch_size=64.")
+        raise ValueError(f"{where}: {name} must be a positive int, got {batch_size}. "
+                         f"Fix: {name} >= 1, e.g. {name}=64.")
     return batch_size
 
 

@@ -9,7 +9,6 @@ same batches, same keys, same optimizer state, same floating-point results.
 
 from __future__ import annotations
 
-import numbers
 import signal
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from fuseflow._namespace import device_of, namespace
 from fuseflow.backend import all_finite, device_put
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import batches, num_batches
+from fuseflow.data._batches import _check_batch_size
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
@@ -121,11 +121,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         if not len(test[0]):
             raise ValueError("fit: the test set is empty (0 examples). Fix: test=None to "
                              "train without evaluating, or pass the test examples.")
-        if isinstance(eval_batch_size, bool) or not isinstance(eval_batch_size, numbers.Integral) \
-                or eval_batch_size < 1:
-            raise ValueError(f"fit: eval_batch_size must be a positive int (the test examples "
-                             f"evaluated at a time), got {eval_batch_size!r}. Fix: "
-                             "eval_batch_size=1000.")
+        eval_batch_size = _check_batch_size(eval_batch_size, "fit", "eval_batch_size")
     if not len(train[0]):
         raise ValueError("fit: the training set is empty (0 examples). Fix: pass the "
                          "training examples, train=(x, y).")
