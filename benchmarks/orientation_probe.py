@@ -8,8 +8,9 @@ that is dx row-major; cuBLASLt's kernel names end in ``NNT``) or as ``dy @ w`` (
 row-major, D row-major: ``TT``). The kernels cuBLASLt's heuristic picks differ; in call
 106's profile of the 16-bit step the backend's form took 333 us where the weight gradient
 of the same size (``NTT``) took 300. Timed here per shape and dtype: the median over 7
-blocks of the mean CUDA-event span of 20 back-to-back plain matmuls (the backend's plan
-cache, no epilog), orientations alternating, both results checked equal to within the
+blocks of the mean CUDA-event span of 20 back-to-back calls of ``CudaBackend._plain_dgrad``
+under each ``dgrad_orientation`` (the backend's plan cache, no epilog, a row-major dx as the
+step gets it), orientations alternating, both results checked equal to within the
 dtype's rounding. JSON out (``orientation_probe.json``).
 """
 
@@ -59,8 +60,15 @@ def main():
 
     be = ff.backend.get("cuda")
     rng = cp.random.default_rng(0)
-    forms = {"w.T @ dy.T (NN)": lambda dy, w: be._matmul("dgrad", None, w.T, dy.T, {})[0].T,
-             "dy @ w (TT)": lambda dy, w: be._matmul("dgrad", None, dy, w, {})[0]}
+    default = be.dgrad_orientation
+
+    def form(orientation):  # the backend's own plain input gradient in that orientation
+        def dgrad(dy, w):
+            be.dgrad_orientation = orientation
+            return be._plain_dgrad(dy, w)
+        return dgrad
+
+    forms = {"w.T @ dy.T (NN)": form("nn"), "dy @ w (TT)": form("tt")}
     rows = []
     for r in range(args.rounds):
         for prec in PRECISIONS:
@@ -82,7 +90,7 @@ def main():
                 a, b = (results[f].astype(cp.float32) for f in forms)
                 rows[-1]["max_abs_diff"] = float(cp.abs(a - b).max())
                 rows[-1]["max_abs"] = float(cp.abs(a).max())
-    be.tf32 = False
+    be.tf32, be.dgrad_orientation = False, default
     summary = []
     for prec in PRECISIONS:
         for name, *_ in SHAPES:
