@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 
 from fuseflow import backend, tree
-from fuseflow._namespace import is_cupy
+from fuseflow._namespace import is_array, is_cupy
 from fuseflow.backend import graph_capture
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
 
@@ -82,16 +82,12 @@ def _donated(donate_argnums):
     return donate
 
 
-def _is_array(x):
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 def _private_copy(x):
-    return x.copy(order="C") if _is_array(x) else x
+    return x.copy(order="C") if is_array(x) else x
 
 
 def _signature(treedef, leaves):
-    return treedef, tuple((tuple(x.shape), x.dtype.str) if _is_array(x) else ("py", repr(x))
+    return treedef, tuple((tuple(x.shape), x.dtype.str) if is_array(x) else ("py", repr(x))
                           for x in leaves)
 
 
@@ -133,11 +129,11 @@ class _Graph:
         self.inputs = inputs
         self.plans = list(plans)  # the graph replays their workspaces: they live as long as it
         self.static_args, self.outputs = static_args, outputs
-        self.static_leaves = [x for x in tree.leaves(static_args) if _is_array(x)]
+        self.static_leaves = [x for x in tree.leaves(static_args) if is_array(x)]
         self.compile_s = compile_s
         self.free = [i for i in range(len(static_args)) if i not in donate]  # the batch
         # Only plain-array free arguments qualify for the fast path.
-        self.fast = all(_is_array(static_args[i]) for i in self.free)
+        self.fast = all(is_array(static_args[i]) for i in self.free)
 
 
 class CompiledStep:
@@ -242,7 +238,7 @@ class CompiledStep:
             sources = [a if a.flags.c_contiguous else a.copy() for a in (args[i] for i in g.free)]
             g.inputs.set_sources(sources)
             by_graph = {id(g.static_args[i]) for i in g.free}
-        for dst, src in zip(g.static_leaves, (x for x in leaves if _is_array(x))):
+        for dst, src in zip(g.static_leaves, (x for x in leaves if is_array(x))):
             if src is not dst and id(dst) not in by_graph:
                 copy(dst, src if src.flags.c_contiguous else src.copy())
         self.calls += 1
@@ -322,7 +318,7 @@ class CompiledStep:
         result, pairs = list(out), []
         for k, i in enumerate(self.donate):
             pairs += [(o, n) for n, o in zip(tree.leaves(out[k]), tree.leaves(static_args[i]))
-                      if _is_array(o) and n is not o]
+                      if is_array(o) and n is not o]
             result[k] = static_args[i]
         if not all(is_cupy(o) and is_cupy(n) for o, n in pairs):
             raise CompileError(f"{self!r}: the step returned host arrays for donated GPU "
@@ -341,7 +337,7 @@ class CompiledStep:
                 raise CompileError(f"{self!r}: donate_argnums names argument {i} but the step "
                                    f"was called with {len(args)} arguments")
             for path, o in zip(tree.paths(args[i]), tree.leaves(args[i])):
-                if not _is_array(o):
+                if not is_array(o):
                     raise CompileError(
                         f"{self!r}: argument {i} (donated) holds the Python value {o!r} at "
                         f"{path!r}, which a compiled step cannot update: on a GPU the graph "
@@ -363,9 +359,9 @@ class CompiledStep:
                                    f"{tree.structure(old)}"
                                    + _class_difference(tree.structure(new), tree.structure(old)))
             for path, n, o in zip(tree.paths(old), tree.leaves(new), tree.leaves(old)):
-                if _is_array(o) and (not _is_array(n) or n.shape != o.shape
+                if is_array(o) and (not is_array(n) or n.shape != o.shape
                                      or n.dtype != o.dtype):
-                    got = f"{n.shape} {n.dtype}" if _is_array(n) else type(n).__name__
+                    got = f"{n.shape} {n.dtype}" if is_array(n) else type(n).__name__
                     raise CompileError(
                         f"{self!r}: output {k} at {path!r} is {got} but the donated input "
                         f"there is {o.shape} {o.dtype}. Fix: return the updated value with "

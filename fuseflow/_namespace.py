@@ -15,6 +15,11 @@ def is_cupy(x) -> bool:
     return type(x).__module__.startswith("cupy")
 
 
+def is_array(x) -> bool:
+    """An array of any backend (NumPy, CuPy; shape and dtype), not a Python value."""
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
 def namespace(x):
     """Return the array module (``numpy`` or ``cupy``) that owns ``x``."""
     if is_cupy(x):

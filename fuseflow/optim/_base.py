@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np  # dtype promotion rules only, never on leaves
 
 from fuseflow import tree
-from fuseflow._namespace import namespace
+from fuseflow._namespace import is_array, namespace
 
 
 class GradientTransformation(NamedTuple):
@@ -156,10 +156,6 @@ def check_like(where, updates, reference, ref_name, *, kept=False):
             _raise_unlike(where, u_leaves, r_leaves, tree.paths(reference), ref_name, kept)
 
 
-def _is_array(a):
-    return hasattr(a, "shape") and hasattr(a, "dtype")
-
-
 def _widens(u, r):
     """``u`` combined with ``r`` has a wider dtype than ``r``."""
     return u.dtype != r.dtype and np.promote_types(u.dtype, r.dtype) != r.dtype
@@ -169,7 +165,7 @@ def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name, kept=False):
     """The error of ``check_like`` for the first leaf that fails it."""
     for path, u, r in zip(paths, u_leaves, r_leaves):
         for what, a in (("update", u), (ref_name, r)):
-            if not _is_array(a):
+            if not is_array(a):
                 raise TypeError(
                     f"{where}: the {what} at {path!r} is a {type(a).__name__}, not an array. "
                     "Fix: params and gradients are arrays; a scalar param is a 0-d array, "
@@ -226,7 +222,7 @@ def check_empty_state(where):
 
 
 def _is_float_array(a):
-    return getattr(getattr(a, "dtype", None), "kind", None) == "f" and hasattr(a, "shape")
+    return is_array(a) and getattr(a.dtype, "kind", None) == "f"
 
 
 def float_leaf(where, g, updates):

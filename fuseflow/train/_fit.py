@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from fuseflow import random, tree
 from fuseflow.checkpoint import metadata_json
-from fuseflow._namespace import device_of, namespace
+from fuseflow._namespace import device_of, is_array, namespace
 from fuseflow.backend import all_finite, device_put
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import batches, num_batches
@@ -204,10 +204,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
 def _pair(name, data):
     """``data`` as an ``(x, y)`` tuple of arrays, or a TypeError that says so."""
     pair = isinstance(data, (tuple, list)) and len(data) == 2
-    if pair and all(hasattr(a, "shape") and hasattr(a, "dtype") for a in data):
+    if pair and all(is_array(a) for a in data):
         return tuple(data)
     if pair:
-        k = next(i for i, a in enumerate(data) if not hasattr(a, "shape"))
+        k = next(i for i, a in enumerate(data) if not is_array(a))
         got = f"a pair whose {('x', 'y')[k]} is a {type(data[k]).__name__}, not an array"
     elif isinstance(data, (tuple, list)):
         got = f"a {type(data).__name__} of {len(data)}"
