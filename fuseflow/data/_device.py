@@ -11,7 +11,7 @@ batch is a slice; nothing crosses the bus.
 from __future__ import annotations
 
 from fuseflow import random
-from fuseflow._namespace import namespace
+from fuseflow._namespace import is_cupy, namespace
 from fuseflow.data._batches import _check_batch_size, in_order, num_batches
 
 __all__ = ["device_batches"]
@@ -32,7 +32,7 @@ def device_batches(x, y, batch_size: int, *, key, drop_last: bool = True):
     if key is None:
         raise ValueError(f"{_WHERE} needs a key, so the order is reproducible. Fix: "
                          "device_batches(x, y, batch_size, key=ff.random.fold_in(key, epoch)).")
-    if type(key).__module__.startswith("cupy"):  # a key on the GPU: its 8 bytes to the host
+    if is_cupy(key):  # a key on the GPU: its 8 bytes to the host
         key = key.get()
     key = random._check_key(key, _WHERE)
     xp = namespace(x)
