@@ -46,7 +46,7 @@ from fuseflow import tree as _tree
 from fuseflow._files import atomic_write, check_parent_folders
 from fuseflow._namespace import is_cupy, namespace
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "load", "read_metadata", "save"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "find_exact", "load", "read_metadata", "save"]
 
 FORMAT_VERSION = 1
 _VERSION_KEY, _TREE_KEY, _USER_KEY = "fuseflow_format_version", "fuseflow_tree", "fuseflow_metadata"
@@ -193,6 +193,42 @@ def read_metadata(path) -> dict:
     path = Path(path)
     with _open(path, "checkpoint.read_metadata") as f:
         return _json(path, _header(path, f), _USER_KEY)
+
+
+def find_exact(paths, tree):
+    """The first of ``paths`` whose checkpoint holds exactly ``tree`` (the same leaf paths,
+    and leaf by leaf the same dtype, shape and bytes), or None.
+
+    Each file is told apart by its header alone (the CRC-32 recorded for every leaf), so a
+    folder of large checkpoints costs one pass over ``tree``, not a read of every file; only
+    a file whose checksums all match is read whole to confirm it. Missing or unreadable
+    files, and files that are not fuseflow checkpoints, hold nothing.
+    """
+    want = None
+    for path in map(Path, paths):
+        try:
+            with safetensors.safe_open(path, framework="np") as f:
+                saved = {leaf["leaf"]: leaf["crc32"]
+                         for leaf in _leaf_specs(_json(path, _header(path, f), _TREE_KEY))}
+                if want is None:  # the host copies and checksums, once for all files
+                    tensors = {}
+                    _encode(tree, (), tensors)
+                    want = {n: (zlib.crc32(a), a) for n, a in tensors.items()}
+                if saved.keys() != want.keys() or any(
+                        saved[n] != crc for n, (crc, _) in want.items()):
+                    continue
+                if all(_same_bits(f.get_tensor(n), a) for n, (_, a) in want.items()):
+                    return path
+        except (CheckpointError, OSError, KeyError, TypeError, ValueError,
+                safetensors.SafetensorError):
+            continue
+    return None
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal to the bit (NaN included: a diverged run is still its own run)."""
+    return (a.dtype.newbyteorder("<") == b.dtype.newbyteorder("<") and a.shape == b.shape
+            and a.tobytes() == b.tobytes())
 
 
 def _check_not_folder(path: Path, who: str) -> None:

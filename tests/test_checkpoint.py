@@ -189,6 +189,36 @@ def test_flipped_data_byte_names_the_tensor(tmp_path):
         ckpt.load(path)
 
 
+def test_find_exact_names_the_file_that_holds_the_tree(tmp_path):
+    """Among near-misses (one bit of one leaf changed, a Python int changed, another
+    structure, not a checkpoint, missing), only the file saved from the tree matches, big-
+    endian leaves and all; a tree matched by none gives None."""
+    t = sample_tree()
+    nudged = sample_tree()
+    nudged["params"][0]["w"].view(np.uint32)[1, 2] ^= 1
+    files = {"nudged": nudged, "step": dict(sample_tree(), step=13),
+             "fewer": {k: v for k, v in sample_tree().items() if k != "lr"}, "same": t}
+    for name, value in files.items():
+        ckpt.save(tmp_path / f"{name}.safetensors", value)
+    safetensors.numpy.save_file({"w": np.ones(3, np.float32)}, tmp_path / "plain.safetensors")
+    candidates = [tmp_path / f"{n}.safetensors" for n in ("missing", "plain", *files)]
+    assert ckpt.find_exact(candidates, t) == tmp_path / "same.safetensors"
+    assert ckpt.find_exact(candidates[:-1], t) is None
+    assert ckpt.find_exact(candidates, nudged) == tmp_path / "nudged.safetensors"
+
+
+def test_find_exact_confirms_the_bytes_behind_matching_checksums(tmp_path):
+    """A file whose data was changed after saving still records the tree's checksums in its
+    header: it is read and refused, not taken on its header's word."""
+    path, data = saved(tmp_path)
+    tree_saved = {"w": np.arange(64, dtype=np.float32), "b": np.ones(3)}
+    assert ckpt.find_exact([path], tree_saved) == path
+    bad = bytearray(data)
+    bad[-1] ^= 0x01
+    path.write_bytes(bytes(bad))
+    assert ckpt.find_exact([path], tree_saved) is None
+
+
 @pytest.mark.parametrize("keep", [0, 4, 8, 20, "header-1", "header", "end-1"])
 def test_truncated_file_is_a_checkpoint_error(tmp_path, keep):
     path, data = saved(tmp_path)

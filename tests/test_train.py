@@ -583,6 +583,56 @@ def test_a_mid_epoch_state_resumes_in_its_own_folder(tmp_path):
     assert _fit(model, opt, mid, train, test, 1, tmp_path).state.epoch == 1
 
 
+def test_a_mid_epoch_state_saved_in_the_folder_continues_there(tmp_path):
+    """A state saved from on_step in the middle of epoch 2, under its own name in the run's
+    folder, continues the run there: the folder's epoch-1 files and record are kept, and
+    the result is the uninterrupted run's, bit for bit."""
+    train, test = _data()
+    model, opt, state = _fresh()
+    whole = _fit(model, opt, state, train, test, 2, tmp_path / "whole")
+    out = tmp_path / "run"
+
+    def save_and_stop(st, metrics):
+        if st.epoch == 1 and st.batch_in_epoch == 3:
+            T.save_state(out / "mid.safetensors", st)
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state, train, test, 2, out, on_step=save_and_stop)
+    epoch1 = (out / "ckpt-epoch1.safetensors").read_bytes()
+    mid = T.load_state(out / "mid.safetensors", like=state)
+    resumed = _fit(model, opt, mid, train, test, 2, out)
+    _assert_trees_equal(resumed.state, whole.state)
+    assert (out / "ckpt-epoch1.safetensors").read_bytes() == epoch1
+    records = T.read_metrics(out / "metrics.jsonl")
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert records[0] == T.read_metrics(tmp_path / "whole" / "metrics.jsonl")[0] | {
+        "seconds": records[0]["seconds"], "samples_per_s": records[0]["samples_per_s"]}
+
+
+def test_a_mid_epoch_state_saved_elsewhere_is_refused_with_the_way_on(tmp_path):
+    """The same state saved outside the folder matches none of its checkpoints: fit refuses
+    before touching anything and says how to continue (save it into the folder, or a new
+    out_dir with history=)."""
+    train, test = _data()
+    model, opt, state = _fresh()
+    out = tmp_path / "run"
+
+    def save_and_stop(st, metrics):
+        if st.epoch == 1 and st.batch_in_epoch == 3:
+            T.save_state(tmp_path / "mid.safetensors", st)
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state, train, test, 2, out, on_step=save_and_stop)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    mid = T.load_state(tmp_path / "mid.safetensors", like=state)
+    with pytest.raises(FileExistsError, match=r"in the middle of epoch 2.*save_state\(.*"
+                                              r"history=ff\.train\.read_metrics"):
+        _fit(model, opt, mid, train, test, 2, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 @pytest.mark.parametrize("metadata", [None, {"metrics": {"note": "no epoch here"}}])
 def test_a_checkpoint_saved_by_hand_is_the_runs_own_epoch(tmp_path, metadata):
     """last.safetensors written by save_state (no metrics in its metadata) is read for its

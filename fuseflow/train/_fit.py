@@ -95,9 +95,9 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     its own (nothing is touched before). ``history``: the records of the epochs before
     ``state.epoch``, put at the top of metrics.jsonl when the run continues in a new
     ``out_dir`` (in its own folder, the records there are kept). A folder is a run's own
-    when one of its checkpoints holds exactly ``state``; a state saved in the middle of an
-    epoch (from ``on_step``) matches none of them, so continue it in a new ``out_dir``
-    with ``history=read_metrics(old_dir)`` (``overwrite=True`` would replace the old run).
+    when one of its safetensors files holds exactly ``state``: the checkpoint it was resumed
+    from, or a state saved there from ``on_step`` in the middle of an epoch (any name, e.g.
+    ``save_state(out_dir / "mid.safetensors", state)``).
     ``on_step(state, metrics)`` runs after every step. ``log`` prints one summary line per
     epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
     SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,
@@ -350,19 +350,32 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
     epoch = state.epoch
     own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:
-        start = "a run from epoch 0" if epoch == 0 else f"a run continuing after epoch {epoch}"
-        last = out_dir / LAST
-        resume = (f"resume from the folder's latest checkpoint (state = "
-                  f"ff.train.load_state({str(last)!r}, like=state)), or " if last.is_file()
-                  else "")
-        raise OutDirConflict(
-            f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
-            f"overwrite. Fix: out_dir=NEW_DIR, or {resume}overwrite=True to replace them.",
-            out_dir, replaced)
+        raise OutDirConflict(_conflict(out_dir, state, own, replaced), out_dir, replaced)
     stale = [p for p in replaced if p.name not in (METRICS_FILE, CURVES_FILE)]  # checkpoints
     kept = kept_metrics(out_dir, epoch) if own else [r for r in history
                                                       if r.get("epoch", 0) <= epoch]
     return stale, kept
+
+
+def _conflict(out_dir: Path, state: TrainState, own: bool, replaced: list) -> str:
+    """Why ``fit`` will not write into ``out_dir``, and the ways on."""
+    epoch = state.epoch
+    if state.batch_in_epoch:
+        start = f"a run continuing in the middle of epoch {epoch + 1}"
+    else:
+        start = "a run from epoch 0" if epoch == 0 else f"a run continuing after epoch {epoch}"
+    last = out_dir / LAST
+    resume = (f"resume from the folder's latest checkpoint (state = "
+              f"ff.train.load_state({str(last)!r}, like=state)), or " if last.is_file() else "")
+    message = (f"fit: out_dir {out_dir} already holds {names(replaced)}, which {start} would "
+               f"overwrite. Fix: out_dir=NEW_DIR, or {resume}overwrite=True to replace them.")
+    if own or not state.batch_in_epoch:
+        return message
+    return (f"{message} If this state continues the folder's run (saved from on_step), no "
+            f"checkpoint there holds it: save it into the folder first "
+            f"(ff.train.save_state({str(out_dir / 'mid.safetensors')!r}, state)) to continue "
+            "there, or continue in a new out_dir with history=ff.train.read_metrics("
+            f"{str(out_dir / METRICS_FILE)!r}).")
 
 
 def _save_epoch(out_dir, state, record, metadata, stale, rewrite=None):

@@ -13,11 +13,8 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-
-from fuseflow import checkpoint, tree
+from fuseflow import checkpoint
 from fuseflow._files import fsync_dir
-from fuseflow.backend import device_put
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
 from fuseflow.train._signals import hold_interrupts
@@ -87,41 +84,41 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
     return later, later_records
 
 
-def _holds_state_of(path: Path, state) -> bool:
-    """Whether the checkpoint at ``path`` holds exactly ``state`` (every leaf, bit for bit),
-    as it does when the state was resumed from it: then the folder is this run's."""
+def _own_checkpoint(folder: Path, state) -> Path | None:
+    """The checkpoint in ``folder`` that holds exactly ``state`` (every leaf, bit for bit), as
+    one does when the state was resumed from it or saved there: then the folder is this
+    run's. Looked for first where ``fit`` saves (the epoch's checkpoint, last.safetensors),
+    then in the folder's other safetensors files, newest first (a state saved from
+    ``on_step`` in the middle of an epoch)."""
+    if not folder.is_dir():
+        return None
+    at_epoch_end = state.epoch > 0 and state.batch_in_epoch == 0
+    first = [epoch_checkpoint(folder, state.epoch)] if at_epoch_end else []
+    first.append(folder / LAST)
+    others = sorted((p for p in folder.glob("*.safetensors") if p.is_file() and p not in first),
+                    key=_mtime, reverse=True)
+    return checkpoint.find_exact([p for p in first if p.is_file()] + others, state)
+
+
+def _mtime(path: Path) -> float:
     try:
-        saved = tree.leaves(checkpoint.load(path))
-    except (checkpoint.CheckpointError, OSError, TypeError, ValueError):
-        return False
-    leaves = tree.leaves(device_put(state, "cpu"))
-    return len(saved) == len(leaves) and all(
-        _same_bits(np.asarray(a), np.asarray(b)) for a, b in zip(saved, leaves))
-
-
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal to the bit (NaN included: a diverged run is still its own run)."""
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def fit_folder(folder, state) -> tuple:
     """(whether ``folder`` holds the run ``state`` continues, the run files there that
     ``fit`` would overwrite or cut).
 
-    The folder is the run's own if its ``ckpt-epoch{state.epoch}`` (for a state at an
-    epoch's end) or its last.safetensors holds exactly this state: then its checkpoints of
-    later epochs count, and metrics.jsonl if it records any. Any other folder's run files
-    are another run's: all of them count.
+    The folder is the run's own if one of its checkpoints holds exactly this state (see
+    ``_own_checkpoint``): then its checkpoints of later epochs count, and metrics.jsonl if it
+    records any. Any other folder's run files are another run's: all of them count.
     """
     folder = Path(folder)
-    epoch, last = state.epoch, folder / LAST
-    at_epoch_end = epoch > 0 and state.batch_in_epoch == 0
-    own = ((at_epoch_end and epoch_checkpoint(folder, epoch).is_file()
-            and _holds_state_of(epoch_checkpoint(folder, epoch), state))
-           or (last.is_file() and _holds_state_of(last, state)))
-    if not own:
+    if _own_checkpoint(folder, state) is None:
         return False, _run_files(folder)
-    later, later_records = _after_epoch(folder, epoch)
+    later, later_records = _after_epoch(folder, state.epoch)
     return True, later + ([folder / METRICS_FILE] if later_records else [])
 
 
