@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from fuseflow import backend, tree
-from fuseflow._namespace import namespace
+from fuseflow._namespace import is_array, is_cupy, namespace
 from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import _widens, check_number, check_state, zero_count
+from fuseflow.optim._base import _widens, check_like, check_number, check_state, zero_count
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -79,8 +80,9 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
     """``f(params, x, y, *, loss_scale=1.0, key=None, compute_params=None) -> (loss, grads)``
     in 16-bit compute.
 
-    ``grads`` are float32, unscaled, and may hold inf/nan after an overflow (the
-    ``dynamic_loss_scaling`` optimizer wrapper skips such steps). ``unscaled=False``: the
+    ``grads`` are in the params' dtype (float32), unscaled, and may hold inf/nan after an
+    overflow (the ``dynamic_loss_scaling`` optimizer wrapper skips such steps). The loss
+    is computed in float32 (float64 where the compute dtype is float64). ``unscaled=False``: the
     grads as the backward made them, in the compute dtype and multiplied by ``loss_scale``
     (for ``update_and_apply_scaled``, or ``unscale``). ``compute_params``: the params
     already cast to the compute dtype (``DynamicScaleState.compute_params``); the forward
@@ -94,6 +96,8 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
 
     def f(params, x, y, *, loss_scale=1.0, key=None, compute_params=None):
         leaves, treedef = tree.flatten(params)
+        _check_float_params(params, leaves)
+        _check_loss_scale("mixed precision value_and_grad", loss_scale)
         if compute_params is not None:
             low = _checked_compute_params(compute_params, treedef, leaves, cd)
             # the vectorized cast kernel: CuPy's astype took 31 us for the large model's
@@ -120,13 +124,56 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
                     loss, dlow = loss_and_output_grad(loss_fn, out, y, grad_scale=scale,
                                                       grad_dtype=cd)
                 else:
-                    loss, dout = loss_and_output_grad(loss_fn, out.astype(xp.float32), y)
+                    # float32 at least: float64 compute keeps its precision
+                    wide = np.promote_types(out.dtype, np.float32)
+                    loss, dout = loss_and_output_grad(loss_fn, out.astype(wide), y)
                     dlow = (dout * scale).astype(cd)
                 grads, _ = _backward(model, low, owned, dlow, need_input_grad=False)
         if unscaled:
-            grads = unscale(grads, params, scale)
+            grads = _times(grads, params, _inverse(scale, scale)) if leaves else grads
         return ((loss, out) if with_outputs else loss), grads
     return f
+
+
+def _check_float_params(params, leaves):
+    """Every params leaf is a floating-point array: the forward runs on a float cast of the
+    params, so a layer never sees an integer param, and its gradient, cast back to the
+    param's dtype, would silently be 0."""
+    if all(getattr(getattr(p, "dtype", None), "kind", None) == "f" for p in leaves):
+        return
+    for path, p in zip(tree.paths(params), leaves):
+        got = getattr(p, "dtype", None)
+        if getattr(got, "kind", None) != "f":
+            got = got if got is not None else type(p).__name__
+            raise TypeError(
+                f"mixed precision value_and_grad: the params at {path!r} are {got}, but only "
+                f"floating-point params can be trained (the gradient, cast back to {got}, "
+                f"would be 0). Fix: ff.tree.astype(params, np.float32)")
+
+
+def _check_loss_scale(where, loss_scale):
+    """``loss_scale`` is a finite number > 0 (in float32) or a 0-d array: None would become
+    NaN and every gradient with it. Only a host value is read; a GPU array's shape and
+    dtype are checked (a CUDA graph may capture this)."""
+    fix = ("Fix: loss_scale=opt_state.scale (the state of "
+           "ff.mixed_precision.dynamic_loss_scaling(opt)), or a number such as 1024.0")
+    if is_array(loss_scale):
+        if loss_scale.shape != () or loss_scale.dtype.kind not in "fiu":
+            raise TypeError(f"{where}: loss_scale must be a number or a 0-d array, got an "
+                            f"array of shape {tuple(loss_scale.shape)} and dtype "
+                            f"{loss_scale.dtype}. {fix}")
+        if is_cupy(loss_scale):
+            return
+    elif not isinstance(loss_scale, numbers.Real) or isinstance(loss_scale, bool):
+        raise TypeError(f"{where}: loss_scale must be a number or a 0-d array, got "
+                        f"{type(loss_scale).__name__} {loss_scale!r}. {fix}")
+    try:
+        value = float(loss_scale)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
+    if not (0 < value <= _FLOAT32_MAX and np.float32(value) > 0):  # NaN fails too
+        raise ValueError(f"{where}: loss_scale must be a finite number > 0 (a float32), got "
+                         f"{loss_scale!r}. {fix}")
 
 
 def _checked_compute_params(compute_params, treedef, leaves, cd):
@@ -156,6 +203,8 @@ def _takes_grad_scale(loss_fn) -> bool:
 def unscale(grads, params, loss_scale):
     """``grads / loss_scale`` in the params' dtypes: ``g.astype(p.dtype) * (1 / loss_scale)``,
     one launch on the GPU."""
+    _check_loss_scale("unscale", loss_scale)
+    check_like("unscale", grads, params, "params")
     leaves = tree.leaves(params)
     return _times(grads, params, _inverse(loss_scale, leaves[0])) if leaves else grads
 
@@ -166,13 +215,19 @@ def _inverse(loss_scale, like):
 
 
 def _times(grads, params, inv):
-    """``g.astype(p.dtype) * inv`` for every leaf (one launch on the GPU)."""
-    leaves = tree.leaves(params)
+    """``g.astype(p.dtype) * inv`` for every leaf (one launch on the GPU), the product in
+    float32 at least, as the GPU kernel forms it (in float16, 1 / 2**25 is 0)."""
+    leaves, treedef = tree.flatten(params)
     dtypes = {p.dtype for p in leaves}
-    if len(dtypes) == 1:  # one launch on the GPU
-        return tree.unflatten(tree.structure(params), backend.multi_tensor_cast(
-            tree.leaves(grads), dtypes.pop(), inv))
-    return tree.map(lambda g, p: g.astype(p.dtype) * inv.astype(p.dtype), grads, params)
+    if len(dtypes) == 1 and leaves[0].dtype.itemsize >= 4:
+        out = backend.multi_tensor_cast(tree.leaves(grads), dtypes.pop(), inv)
+    else:
+        out = [g.astype(p.dtype) * inv.astype(p.dtype) if p.dtype.itemsize >= 4 else
+               (g.astype(inv.dtype) * inv).astype(p.dtype)
+               for g, p in zip(tree.leaves(grads), leaves)]
+    # NumPy's 0-d arithmetic gives scalars: a 0-d param's gradient stays a 0-d array
+    return tree.unflatten(treedef, [np.asarray(a) if isinstance(a, np.generic) else a
+                                    for a in out])
 
 
 def update_and_apply_scaled(optimizer, grads, opt_state, params):
@@ -187,6 +242,8 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
         raise TypeError("update_and_apply_scaled: the optimizer state has no loss scale "
                         f"(got a {type(opt_state).__name__}). Fix: wrap the optimizer, "
                         "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
+    # before the unscaling, which puts the grads in the params' structure (metadata only)
+    check_like("update_and_apply_scaled", grads, params, "params")
     inv = _inverse(scale, scale)
     hook = getattr(optimizer.update, "fused_apply", None)
     if _wider(grads, params):  # float64 compute on float32 params: unscale to their dtype
@@ -224,6 +281,17 @@ def refresh_compute_params(state, params):
     if getattr(state, "compute_params", None) is None:
         raise TypeError("refresh_compute_params: the state keeps no compute copy. Fix: "
                         "ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype='float16').")
+    low, low_def = tree.flatten(state.compute_params)
+    leaves, treedef = tree.flatten(params)
+    # as printed: a state loaded without like has namedtuple classes of its own
+    if str(treedef) != str(low_def) or any(getattr(p, "shape", None) != c.shape
+                                           for p, c in zip(leaves, low)):
+        raise ValueError(
+            f"refresh_compute_params: params must have the structure and shapes of the "
+            f"compute copy (the params given to init()), got params of structure {treedef} "
+            f"and shapes {[getattr(p, 'shape', None) for p in leaves][:8]} for a copy of "
+            f"structure {low_def} and shapes {[c.shape for c in low][:8]}. Fix: pass this "
+            f"model's params; for another model make a new state, opt.init(params).")
     return state._replace(compute_params=_cast_tree(
         params, tree.leaves(state.compute_params)[0].dtype))
 

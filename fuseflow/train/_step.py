@@ -32,7 +32,9 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     gradients are averaged over the ranks (one collective) before the update.
     """
     _check_parts(model, loss_fn, optimizer)
-    mixed = compute_dtype is not None and np.dtype(compute_dtype) != np.float32
+    if compute_dtype is not None:  # checked here: bfloat16 is named, not "not understood"
+        compute_dtype = mixed_precision._compute_dtype(compute_dtype)
+    mixed = compute_dtype is not None and compute_dtype != np.float32
     # Mixed precision on one device leaves the grads scaled and 16-bit: the update unscales
     # them inside its kernels. Averaging over ranks needs them unscaled (float32) first.
     scaled = mixed and comm is None
@@ -47,13 +49,13 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
             scale = getattr(opt_state, "scale", None)
             if scale is None:
                 raise TypeError(
-                    f"make_step(compute_dtype={np.dtype(compute_dtype).name!r}): the optimizer "
+                    f"make_step(compute_dtype={compute_dtype.name!r}): the optimizer "
                     f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
                     "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
             low = getattr(opt_state, "compute_params", None)
-            if low is not None and tree.leaves(low)[0].dtype != np.dtype(compute_dtype):
+            if low is not None and tree.leaves(low)[0].dtype != compute_dtype:
                 raise TypeError(
-                    f"make_step(compute_dtype={np.dtype(compute_dtype).name!r}): the optimizer "
+                    f"make_step(compute_dtype={compute_dtype.name!r}): the optimizer "
                     f"keeps its compute copy in {tree.leaves(low)[0].dtype.name}. Fix: the same "
                     "dtype in both, dynamic_loss_scaling(opt, compute_dtype=...).")
             (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale,
