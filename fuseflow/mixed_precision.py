@@ -218,6 +218,8 @@ def _times(grads, params, inv):
     """``g.astype(p.dtype) * inv`` for every leaf (one launch on the GPU), the product in
     float32 at least, as the GPU kernel forms it (in float16, 1 / 2**25 is 0)."""
     leaves, treedef = tree.flatten(params)
+    if tree.structure(grads) != treedef:  # unflattened below into the params' structure
+        check_like("update_and_apply_scaled", grads, params, "params")
     dtypes = {p.dtype for p in leaves}
     if len(dtypes) == 1 and leaves[0].dtype.itemsize >= 4:
         out = backend.multi_tensor_cast(tree.leaves(grads), dtypes.pop(), inv)
@@ -242,8 +244,6 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
         raise TypeError("update_and_apply_scaled: the optimizer state has no loss scale "
                         f"(got a {type(opt_state).__name__}). Fix: wrap the optimizer, "
                         "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
-    # before the unscaling, which puts the grads in the params' structure (metadata only)
-    check_like("update_and_apply_scaled", grads, params, "params")
     inv = _inverse(scale, scale)
     hook = getattr(optimizer.update, "fused_apply", None)
     if _wider(grads, params):  # float64 compute on float32 params: unscale to their dtype
