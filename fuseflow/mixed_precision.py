@@ -46,7 +46,8 @@ from fuseflow import backend, tree
 from fuseflow._namespace import is_array, is_cupy, namespace
 from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import _widens, check_like, check_number, check_state, zero_count
+from fuseflow.optim._base import (_widens, check_like, check_number, check_state, own_attribute,
+                                  zero_count)
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -245,7 +246,7 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
                         f"(got a {type(opt_state).__name__}). Fix: wrap the optimizer, "
                         "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
     inv = _inverse(scale, scale)
-    hook = getattr(optimizer.update, "fused_apply", None)
+    hook = own_attribute(optimizer.update, "fused_apply")  # not one a wrapper copied
     if _wider(grads, params):  # float64 compute on float32 params: unscale to their dtype
         hook = None           # first, so the optimizer's state never sees the wide grads
     out = None if hook is None else hook(grads, opt_state, params, grad_scale=inv)
@@ -347,6 +348,13 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         if n_def != o_def and str(n_def) != str(o_def):
             raise ValueError(f"dynamic_loss_scaling: the inner optimizer's update returned a "
                              f"state of structure {n_def}, not that of its input, {o_def}")
+        if not all(map(is_array, o_leaves)):  # where() would make it an array: a new type
+            path, o = next((p, o) for p, o in zip(tree.paths(old), o_leaves) if not is_array(o))
+            raise TypeError(
+                f"dynamic_loss_scaling: the inner optimizer's state holds a "
+                f"{type(o).__name__} at {path!r}, but a skipped step keeps the old state "
+                "leaf by leaf with where(), on arrays. Fix: make it a 0-d array in the "
+                "transform's init and update, e.g. xp.asarray(0, xp.int32).")
         xp = namespace(finite)
         return tree.unflatten(o_def, [n if n is o else xp.where(finite, n, o).astype(
             o.dtype, copy=False) for n, o in zip(n_leaves, o_leaves)])

@@ -94,9 +94,24 @@ def check_update_args(transform, updates, state, params=None):
     ``update_and_apply`` runs them before its fused step, so both paths fail alike. A
     transform's update declares them as its ``check_args`` attribute; one without checks
     (a user's own transform) passes."""
-    check = getattr(transform.update, "check_args", None)
+    check = own_attribute(transform.update, "check_args")
     if check is not None:
         check(updates, state, params)
+
+
+def own_attribute(update, name):
+    """``update.<name>`` (a marker a transform's update declares: ``check_args``,
+    ``fused_spec``, ``fused_apply``), or None when it has none of its own.
+
+    ``functools.wraps`` copies the wrapped function's attributes onto the wrapper: a user's
+    wrapper of ``adam(...).update`` (one that adds gradient noise, say) would inherit
+    adam's ``fused_spec``, and ``update_and_apply`` would run adam's fused step in its
+    place, silently skipping the wrapper. A marker that is the wrapped function's own
+    (``__wrapped__``) is therefore not the wrapper's."""
+    value = getattr(update, name, None)
+    if value is not None and value is getattr(getattr(update, "__wrapped__", None), name, None):
+        return None
+    return value
 
 
 def apply_updates(params, updates):
@@ -119,6 +134,31 @@ def increment(count):
     """``count + 1`` that saturates at the int32 maximum instead of wrapping (as optax)."""
     xp = namespace(count)
     return xp.asarray(count + (count < xp.iinfo(count.dtype).max))
+
+
+def schedule_value(where, schedule, count):
+    """``schedule(count)``, refused unless it is one step size: a Python number or a 0-d
+    real array (metadata only: no device value is read). A vector would broadcast against
+    the updates (a step size per column, silently), and ``None`` (a schedule without a
+    ``return``) or a tuple (a trailing comma) would fail deep in the arithmetic."""
+    value = schedule(count)
+    if type(value) in (int, float) or (
+            getattr(value, "shape", None) == () and
+            getattr(getattr(value, "dtype", None), "kind", None) in ("i", "u", "f")):
+        return value
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        got = f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    elif isinstance(value, (tuple, list)):
+        got = f"a {type(value).__name__} of {len(value)}"
+    else:
+        got = f"{type(value).__name__} {value!r}"[:80]
+    name = getattr(schedule, "__name__", type(schedule).__name__)
+    raise TypeError(
+        f"{where}: the schedule {name} returned {got}, but a step size is one number (a "
+        "Python float or a 0-d array). Fix: return one value per count, e.g. "
+        "return 1e-3 * xp.minimum(1.0, (count + 1) / 100) with xp = "
+        "ff.backend.namespace(count) "
+        "(a function without a return statement returns None)")
 
 
 def scalar_like(s, leaf):
@@ -193,7 +233,9 @@ def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name, kept=False):
                 f"there are {r.dtype}: they would become "
                 f"{np.promote_types(u.dtype, r.dtype)}, and the state would no longer match "
                 f"opt.init(params). Fix: pass gradients in the params' dtype, e.g. "
-                f"g.astype({r.dtype.name!r})")
+                f"g.astype({r.dtype.name!r}); a transform of your own before this one in a "
+                "chain must keep each update's dtype (multiply by s.astype(g.dtype), not by "
+                "a float64 array s; see docs/optimizers.md)")
 
 
 def check_state(where, state, cls):

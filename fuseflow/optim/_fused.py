@@ -23,7 +23,9 @@ from fuseflow.optim._base import (
     check_like,
     check_update_args,
     increment,
+    own_attribute,
     scalar_like,
+    schedule_value,
 )
 from fuseflow.optim._schedules import horizon_of
 
@@ -53,7 +55,7 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
             f"update_and_apply: opt must be an optimizer (a GradientTransformation), got "
             f"{type(opt).__name__}. Fix: ff.optim.update_and_apply(opt, grads, opt_state, "
             "params) with opt = ff.optim.adam(1e-3) (or another ff.optim optimizer)")
-    hook = getattr(opt.update, "fused_apply", None)
+    hook = own_attribute(opt.update, "fused_apply")  # not one a wrapper copied (wraps)
     if hook is not None:
         out = hook(grads, opt_state, params)
     else:
@@ -81,7 +83,7 @@ def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=Fal
     state's types): the same errors as the reference path. They read metadata only, never
     a device value; inside ``ff.compile`` they run when the step is captured, not per call.
     """
-    spec = getattr(opt.update, "fused_spec", None)
+    spec = own_attribute(opt.update, "fused_spec")  # not one a wrapper copied (wraps)
     if spec is None:
         return None
     check_update_args(opt, grads, opt_state, params)
@@ -115,7 +117,9 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         hyper.update(step_table=table, sched_count=sched.count,
                      new_sched_count=new_sched.count)
     elif callable(lr):  # scheduled: the step size is a device scalar, the count advances
-        step = scalar_like(-1.0 * lr(sched.count), p_leaves[0])
+        # checked as the reference step checks it, so both paths fail alike
+        step = scalar_like(-1.0 * schedule_value("scale_by_learning_rate", lr, sched.count),
+                           p_leaves[0])
         if is_cupy(step):
             hyper["step"] = step
         else:  # a plain number (constant_schedule) or a host scalar: passed by value

@@ -30,6 +30,7 @@ from fuseflow.optim._base import (
     float_leaf,
     increment,
     scalar_like,
+    schedule_value,
     zero_count,
 )
 
@@ -66,7 +67,7 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
 
     def update(updates, state, params=None):
         check(updates, state)
-        step = step_size_fn(state.count)
+        step = schedule_value("scale_by_schedule", step_size_fn, state.count)
         updates = tree.map(lambda g: float_leaf("scale_by_schedule.update", g, updates)
                            * scalar_like(step, g), updates)
         return updates, type(state)(count=increment(state.count))
@@ -80,7 +81,8 @@ def scale_by_learning_rate(lr, *, flip_sign: bool = True) -> GradientTransformat
     lr = check_lr("scale_by_learning_rate", lr)
     m = -1.0 if flip_sign else 1.0
     if callable(lr):
-        return scale_by_schedule(lambda count: m * lr(count))
+        return scale_by_schedule(
+            lambda count: m * schedule_value("scale_by_learning_rate", lr, count))
     return scale(m * lr)
 
 
