@@ -760,3 +760,31 @@ def test_metrics_of_a_diverged_run_are_strict_json(tmp_path):
                       {"epoch": 2, "train_loss": 0.5, "per_class": [0.5, None]}]
     assert T.read_metrics(tmp_path) == parsed
     plot_curves(parsed, tmp_path / T.CURVES_FILE)  # None points are left out of the plot
+
+
+def _widening_sum(dtype):
+    """A user's transform that keeps a running sum of the gradients, accumulated in
+    ``dtype`` (float64 widens a float32 state)."""
+    def init(params):
+        return {"sum": ff.tree.map(np.zeros_like, params)}
+
+    def update(updates, state, params=None):
+        total = ff.tree.map(lambda s, g: (s + g).astype(dtype), state["sum"], updates)
+        return ff.tree.map(lambda g: -0.01 * g, updates), {"sum": total}
+    return ff.optim.GradientTransformation(init, update)
+
+
+def test_a_transform_that_widens_its_state_is_named_after_the_first_step(tmp_path):
+    """Eager fit checks once that a step keeps the optimizer state's dtypes: a float64
+    state would train, but no checkpoint of the run would load with like=init_state."""
+    train, test = _data()
+    model = nn.Serial(nn.Dense(8, "relu"), nn.Dense(10))
+    state = T.init_state(model, _widening_sum(np.float64), (train[0].shape[1],),
+                         ff.random.key(0))
+    with pytest.raises(TypeError, match=r"fit: after one step the optimizer state at "
+                                        r"'sum/0/b' is float64\[.*not float32.*optimizer's "
+                                        r"update changed it.*Fix: keep each leaf's"):
+        _fit(model, _widening_sum(np.float64), state, train, test, 1, tmp_path)
+    assert not any(tmp_path.iterdir())  # stopped before an epoch was saved
+    kept = _fit(model, _widening_sum(np.float32), state, train, test, 1, tmp_path)
+    assert ff.tree.leaves(kept.state.opt_state)[0].dtype == np.float32

@@ -168,9 +168,11 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         comm = None
     step_fn = _summing(make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype,
                                  comm=comm))
-    if compiled:
+    if compiled:  # ff.compile checks the state's types itself
         step_fn = _keyed(step_fn, put) if draws_random(model) else \
             _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
+    else:
+        step_fn = _first_checked(step_fn)
     saved, saved_epoch, final = None, state.epoch, None
     try:
         with interrupt_between_steps() as stop:
@@ -254,6 +256,39 @@ def _summing(step_fn):
         return params, opt_state, sums + xp.stack([loss, acc]).astype(sums.dtype) * len(x), \
             metrics
     return step
+
+
+def _first_checked(step_fn):
+    """The step, its first call checked to return params and optimizer state of the
+    structure, shapes and dtypes it was given: a transform of the user's own that widened
+    its state to float64 would train on, but its checkpoints would not load with
+    ``like=init_state(...)`` (the compiled step checks this itself)."""
+    def step(params, opt_state, sums, x, y, key=None):
+        out = step_fn(params, opt_state, sums, x, y, key=key)
+        if step.unchecked:
+            _check_kept("the params", params, out[0], "the model's layers")
+            _check_kept("the optimizer state", opt_state, out[1], "the optimizer's update")
+            step.unchecked = False
+        return out
+    step.unchecked = True
+    return step
+
+
+def _check_kept(what, old, new, who):
+    """``new`` has ``old``'s structure and, leaf by leaf, its shape and dtype."""
+    if tree.structure(new) != tree.structure(old):
+        raise TypeError(f"fit: after one step {what} have the structure {tree.structure(new)}, "
+                        f"not {tree.structure(old)}: {who} changed it, and the run's "
+                        "checkpoints would not load with like=. Fix: return the state in the "
+                        "structure init() made.")
+    for path, o, n in zip(tree.paths(old), tree.leaves(old), tree.leaves(new)):
+        if is_array(o) and not (is_array(n) and n.shape == o.shape and n.dtype == o.dtype):
+            got = f"{n.dtype}{list(n.shape)}" if is_array(n) else type(n).__name__
+            raise TypeError(
+                f"fit: after one step {what} at {path!r} is {got}, not "
+                f"{o.dtype}{list(o.shape)}: {who} changed it, so the run's checkpoints would "
+                "not load with like=init_state(...). Fix: keep each leaf's shape and dtype "
+                "in the update (e.g. new.astype(old.dtype)).")
 
 
 def draws_random(model) -> bool:
