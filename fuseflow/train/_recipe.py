@@ -21,7 +21,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("float32", "float16")
 #: peak learning rates measured on MNIST with the default MLP, 5 epochs, cosine decay:
-#: adam 0.9835, adamw 0.9831, sgd 0.9820, momentum 0.9837 test accuracy
+#: adam 0.9839, adamw 0.9838, sgd 0.9819, momentum 0.9846 test accuracy
 DEFAULT_LR = {"sgd": 0.5, "momentum": 0.1, "adam": 1e-3, "adamw": 1e-3}
 MOMENTUM = 0.9
 
