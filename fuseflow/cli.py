@@ -602,7 +602,9 @@ def main(argv=None) -> int:
             distributed.abort_if_parallel(EXIT_ERROR)
             return EXIT_ERROR
         except KeyboardInterrupt as e:
-            return _report_stop(getattr(e, "signum", signal.SIGINT), "no checkpoint written")
+            code = _report_stop(getattr(e, "signum", signal.SIGINT), "no checkpoint written")
+            distributed.abort_if_parallel(code)  # one rank alone: the others would wait
+            return code
 
 
 if __name__ == "__main__":

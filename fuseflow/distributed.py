@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from fuseflow import backend, tree
-from fuseflow._namespace import is_cupy, namespace
+from fuseflow._namespace import is_array, is_cupy, namespace
 
 __all__ = ["Communicator", "DistributedError", "init", "launched_by_mpi"]
 
@@ -61,16 +61,22 @@ class Communicator:
     # ---- collectives -------------------------------------------------------------------------
     def allreduce_mean(self, grads):
         """Average a pytree over ranks with one collective on one packed buffer. Leaves of
-        several dtypes are packed in the widest and come back in their own."""
+        several dtypes are packed in the widest, float16 in float32 (the ranks' sum would
+        overflow where their mean does not), and come back in their own; complex leaves
+        stay complex. An integer or bool leaf's mean stays fractional (float64); a Python
+        number's comes back as a Python number."""
         if self.size == 1 and not self.always_reduce:
             return grads
         leaves, treedef = tree.flatten(grads)
         if not leaves:
             return grads
-        xp = namespace(leaves[0])
-        flat = xp.concatenate([g.reshape(-1) for g in leaves])
-        if flat.dtype.kind != "f":  # integer leaves only: their mean is fractional
+        xp = next((namespace(g) for g in leaves if is_array(g)), np)
+        arrays = [g if is_array(g) else xp.asarray(g) for g in leaves]  # 3.0 is a 0-d array
+        flat = xp.concatenate([g.reshape(-1) for g in arrays])
+        if flat.dtype.kind not in "fc":  # integer leaves only: their mean is fractional
             flat = flat.astype(xp.float64)
+        elif flat.dtype == xp.float16:
+            flat = flat.astype(xp.float32)
         if is_cupy(flat):
             self._allreduce_nccl(flat)
         elif self._mpi is not None:
@@ -79,10 +85,13 @@ class Communicator:
             self._mpi.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
         flat /= self.size
         out, offset = [], 0
-        for g in leaves:
+        for leaf, g in zip(leaves, arrays):
             mean = flat[offset:offset + g.size].reshape(g.shape)
+            if g.dtype.kind != "c" and mean.dtype.kind == "c":
+                mean = mean.real  # a real leaf packed with complex ones
             # floats come back in their own dtype; an integer leaf's mean stays fractional
-            out.append(mean.astype(g.dtype, copy=False) if g.dtype.kind == "f" else mean)
+            mean = mean.astype(g.dtype if g.dtype.kind in "fc" else xp.float64, copy=False)
+            out.append(mean if is_array(leaf) else mean.item())
             offset += g.size
         return tree.unflatten(treedef, out)
 
@@ -92,19 +101,26 @@ class Communicator:
         self._nccl(flat)
 
     def broadcast(self, value, root=0):
-        """Rank ``root``'s pytree on every rank (e.g. the initial params). Ranks holding
-        trees of different structure, shapes or dtypes get a DistributedError naming them
-        (not MPI's message-size error from the middle of the transfer)."""
+        """Rank ``root``'s pytree on every rank (e.g. the initial params, or a whole
+        TrainState). Ranks holding trees of different structure, shapes or dtypes, or
+        naming different roots, get a DistributedError naming them (not MPI's message-size
+        error from the middle of the transfer). Python numbers stay Python numbers."""
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+                or not 0 <= root < self.size:
+            raise DistributedError(f"broadcast: root must be a rank, 0..{self.size - 1}, got "
+                                   f"{root!r}. Fix: broadcast(value, root=0).")
         if self.size == 1:
             return value
-        self.check_same("shapes of the tree to broadcast", _describe(value))
+        self.check_same("shapes of the tree to broadcast",
+                        f"root {int(root)}: {_describe(value)}")
         leaves, treedef = tree.flatten(value)
         out = []
         for leaf in leaves:
             # A private copy: Bcast writes into it, never into the caller's array.
             host = leaf.get() if is_cupy(leaf) else np.array(leaf, order="C", copy=True)
-            self._mpi.Bcast(host, root=root)
-            out.append(namespace(leaf).asarray(host))
+            self._mpi.Bcast(host, root=int(root))
+            # a step count (int) stays an int: a 0-d array would not go into JSON
+            out.append(namespace(leaf).asarray(host) if is_array(leaf) else host.item())
         return tree.unflatten(treedef, out)
 
     def check_same(self, what: str, description: str):
@@ -133,9 +149,11 @@ class Communicator:
                                    "the ranks' shares would not line up. Fix: pass x and y of "
                                    "the same global batch.")
         if n % self.size:
-            raise DistributedError(f"a global batch of {n} cannot be split evenly over "
+            # equal shares: the mean of the ranks' mean gradients is the global batch's
+            raise DistributedError(f"shard: a global batch of {n} cannot be split evenly over "
                                    f"{self.size} ranks. Fix: a batch size divisible by "
-                                   f"{self.size}.")
+                                   f"{self.size}; for the smaller last batch of an epoch "
+                                   f"({n} examples left), drop_last=True.")
         k = n // self.size
         parts = tuple(a[self.rank * k:(self.rank + 1) * k] for a in arrays)
         return parts if len(parts) > 1 else parts[0]

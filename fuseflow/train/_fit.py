@@ -21,6 +21,7 @@ from fuseflow import random, tree
 from fuseflow.checkpoint import metadata_json
 from fuseflow._namespace import device_of, is_array, namespace
 from fuseflow.backend import all_finite, device_put
+from fuseflow.distributed import abort_if_parallel
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import batches, num_batches
 from fuseflow.data._batches import _check_batch_size
@@ -31,7 +32,7 @@ from fuseflow.train._records import (CURVES_FILE, METRICS_FILE, append_metrics, 
                                      plot_curves, write_metrics)
 from fuseflow.train._state import TrainState
 from fuseflow.train._run_folder import fit_folder, names
-from fuseflow.train._signals import StopSignal, hold_interrupts, interrupt_between_steps
+from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import make_step
 
 __all__ = ["fit", "FitResult", "Interrupted"]
@@ -162,8 +163,16 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         if batch_size % comm.size:
             raise ValueError(f"fit: batch_size {batch_size} cannot be split over {comm.size} "
                              f"ranks. Fix: a batch size divisible by {comm.size}.")
+        last = len(x) % batch_size
+        if not drop_last and last % comm.size:  # found now, not after an epoch of steps
+            raise ValueError(f"fit: the last batch of each epoch ({len(x)} examples % "
+                             f"batch_size {batch_size} = {last}) cannot be split over "
+                             f"{comm.size} ranks. Fix: drop_last=True, or a training set whose "
+                             f"size leaves a multiple of {comm.size}.")
         comm.check_model(state.params)
-        state = state._replace(params=comm.broadcast(state.params))
+        # the whole state: the ranks must agree on the epoch, the step, the data order and
+        # the layers' key too, or their shares are not one global batch (or one rank waits)
+        state = comm.broadcast(state)
     else:
         comm = None
     step_fn = _summing(make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype,
@@ -195,9 +204,14 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                 if comm is None:
                     stop.check()
                 elif agreed := _agree_on_stop(stop, comm):
-                    raise StopSignal(agreed)
+                    raise Interrupted(saved, saved_epoch, agreed)  # every rank, together
+    except Interrupted:
+        raise
     except KeyboardInterrupt as e:
-        raise Interrupted(saved, saved_epoch, getattr(e, "signum", signal.SIGINT)) from None
+        signum = getattr(e, "signum", signal.SIGINT)
+        if comm is not None:  # this rank alone (a second signal): the others would wait
+            abort_if_parallel(128 + signum)
+        raise Interrupted(saved, saved_epoch, signum) from None
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
         final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
     return FitResult(state=state, history=history, test=final, checkpoint=saved)
@@ -346,7 +360,7 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
                 on_step(state, metrics)
             if stop is not None:
                 stop.check()  # Ctrl-C takes effect here, between two steps
-            bar.update(n)
+            bar.update(n * (comm.size if comm is not None else 1))  # the global batch
             if not bar.disable and state.batch_in_epoch % log_every == 0:
                 bar.set_postfix({k: f"{float(v):.4f}" for k, v in metrics.items()},
                                 refresh=False)
