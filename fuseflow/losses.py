@@ -35,6 +35,10 @@ def _acc(x, xp):
 
 
 def _check_not_empty(name, outputs):
+    if outputs.size == 0 and outputs.shape[0]:  # samples, but no values: no batch to skip
+        raise LossError(f"{name}: outputs of shape {tuple(outputs.shape)} hold no values per "
+                        "sample. Fix: give the last layer at least one output (for classes: "
+                        "Dense(classes)).")
     if outputs.size == 0:
         raise LossError(f"{name}: got an empty batch (outputs of shape {tuple(outputs.shape)}): "
                         "the mean over no samples is NaN. Fix: skip empty batches (a slice "

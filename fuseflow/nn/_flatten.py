@@ -18,7 +18,8 @@ class Flatten(Layer):
         if x.ndim < 1:
             raise self.error("expected input of shape (batch, d1, d2, ...), got a 0-d array. "
                              "Fix: pass a batch, x[i:j] rather than x[i].")
-        return x.reshape(len(x), -1), {"shape": tuple(x.shape)}
+        # the width spelled out: reshape(n, -1) fails on an empty batch (size 0)
+        return x.reshape(x.shape[0], math.prod(x.shape[1:])), {"shape": tuple(x.shape)}
 
     def backward(self, params, residuals, dy):
         check_residuals(self, residuals, "shape", cause="they come from another layer")
