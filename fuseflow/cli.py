@@ -602,8 +602,10 @@ def main(argv=None) -> int:
             distributed.abort_if_parallel(EXIT_ERROR)
             return EXIT_ERROR
         except KeyboardInterrupt as e:
-            code = _report_stop(getattr(e, "signum", signal.SIGINT), "no checkpoint written")
-            distributed.abort_if_parallel(code)  # one rank alone: the others would wait
+            signum = getattr(e, "signum", signal.SIGINT)
+            code = _report_stop(signum, "no checkpoint written")
+            # one rank alone: the others would wait
+            distributed.abort_if_parallel(code, f"was stopped by {signal.Signals(signum).name}")
             return code
 
 

@@ -98,7 +98,9 @@ class Communicator:
     def _allreduce_nccl(self, flat):
         if self._nccl is None:
             self._nccl = backend.nccl_sum(self.size, self.rank, self._mpi)
-        self._nccl(flat)
+        # NCCL has no complex type: a complex sum is the sum of the real and imaginary
+        # parts, which a real view of the same buffer holds side by side
+        self._nccl(flat.view(flat.real.dtype) if flat.dtype.kind == "c" else flat)
 
     def broadcast(self, value, root=0):
         """Rank ``root``'s pytree on every rank (e.g. the initial params, or a whole
@@ -187,10 +189,11 @@ def init() -> Communicator:
     return Communicator(MPI.COMM_WORLD)
 
 
-def abort_if_parallel(code: int = 1) -> None:
+def abort_if_parallel(code: int = 1, what: str = "stopped with an error") -> None:
     """End the whole job (MPI_Abort) when this process is one of several MPI ranks: an error
     reported on one rank only (a folder check, say) would otherwise leave the other ranks
-    waiting in their next collective. A no-op in a single process."""
+    waiting in their next collective. ``what`` completes "rank N ..." in the line printed
+    first (a signal is not an error). A no-op in a single process."""
     if not launched_by_mpi():
         return
     try:
@@ -199,7 +202,7 @@ def abort_if_parallel(code: int = 1) -> None:
         return
     world = MPI.COMM_WORLD
     if MPI.Is_initialized() and world.Get_size() > 1:
-        _abort(world, "stopped with an error", code)
+        _abort(world, what, code)
 
 
 def _abort(comm, what: str, code: int = 1):

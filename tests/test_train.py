@@ -583,6 +583,15 @@ def test_a_mid_epoch_state_resumes_in_its_own_folder(tmp_path):
     assert _fit(model, opt, mid, train, test, 1, tmp_path).state.epoch == 1
 
 
+def _save_and_stop_in_epoch_2(path):
+    """An on_step that saves the state to ``path`` after batch 3 of epoch 2, then stops."""
+    def save_and_stop(st, metrics):
+        if st.epoch == 1 and st.batch_in_epoch == 3:
+            T.save_state(path, st)
+            raise KeyboardInterrupt
+    return save_and_stop
+
+
 def test_a_mid_epoch_state_saved_in_the_folder_continues_there(tmp_path):
     """A state saved from on_step in the middle of epoch 2, under its own name in the run's
     folder, continues the run there: the folder's epoch-1 files and record are kept, and
@@ -591,14 +600,9 @@ def test_a_mid_epoch_state_saved_in_the_folder_continues_there(tmp_path):
     model, opt, state = _fresh()
     whole = _fit(model, opt, state, train, test, 2, tmp_path / "whole")
     out = tmp_path / "run"
-
-    def save_and_stop(st, metrics):
-        if st.epoch == 1 and st.batch_in_epoch == 3:
-            T.save_state(out / "mid.safetensors", st)
-            raise KeyboardInterrupt
-
     with pytest.raises(T.Interrupted):
-        _fit(model, opt, state, train, test, 2, out, on_step=save_and_stop)
+        _fit(model, opt, state, train, test, 2, out,
+             on_step=_save_and_stop_in_epoch_2(out / "mid.safetensors"))
     epoch1 = (out / "ckpt-epoch1.safetensors").read_bytes()
     mid = T.load_state(out / "mid.safetensors", like=state)
     resumed = _fit(model, opt, mid, train, test, 2, out)
@@ -617,14 +621,9 @@ def test_a_mid_epoch_state_saved_elsewhere_is_refused_with_the_way_on(tmp_path):
     train, test = _data()
     model, opt, state = _fresh()
     out = tmp_path / "run"
-
-    def save_and_stop(st, metrics):
-        if st.epoch == 1 and st.batch_in_epoch == 3:
-            T.save_state(tmp_path / "mid.safetensors", st)
-            raise KeyboardInterrupt
-
     with pytest.raises(T.Interrupted):
-        _fit(model, opt, state, train, test, 2, out, on_step=save_and_stop)
+        _fit(model, opt, state, train, test, 2, out,
+             on_step=_save_and_stop_in_epoch_2(tmp_path / "mid.safetensors"))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     mid = T.load_state(tmp_path / "mid.safetensors", like=state)
     with pytest.raises(FileExistsError, match=r"in the middle of epoch 2.*save_state\(.*"

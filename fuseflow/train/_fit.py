@@ -103,10 +103,11 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
     SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,
     on every rank) and raises ``Interrupted`` (a KeyboardInterrupt); a second one stops at
-    once.
+    once (with ``comm``, that rank alone: it ends the whole job, MPI_Abort).
     ``comm`` (``ff.distributed.init()``) trains data-parallel: every rank runs ``fit`` on the
     same data; each global batch is split over the ranks, gradients are averaged, and the
-    params start from rank 0's. Give ``out_dir``/``log``/``progress`` on rank 0 only.
+    whole state (params, optimizer state, epoch, step and keys) starts from rank 0's. Give
+    ``out_dir``/``log``/``progress`` on rank 0 only.
     """
     if not isinstance(state, TrainState):
         if type(state).__name__ == "TrainState":  # a look-alike: checkpoint.load without like
@@ -210,7 +211,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
         if comm is not None:  # this rank alone (a second signal): the others would wait
-            abort_if_parallel(128 + signum)
+            abort_if_parallel(128 + signum, f"was stopped alone by "
+                                            f"{signal.Signals(signum).name}")
         raise Interrupted(saved, saved_epoch, signum) from None
     if final is None:  # no epoch ran here (a finished run resumed), or no test data
         final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
