@@ -632,6 +632,27 @@ def test_a_mid_epoch_state_saved_elsewhere_is_refused_with_the_way_on(tmp_path):
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_another_runs_mid_epoch_state_copied_into_a_folder_does_not_claim_it(tmp_path):
+    """Run B's mid-epoch state copied into run A's folder holds B, but the folder's epoch-1
+    checkpoint is A's (other keys): the folder stays A's, so B is refused, and with
+    overwrite=True it replaces all of A's files instead of continuing after A's epoch 1."""
+    train, test = _data()
+    model, opt, state_a = _fresh(seed=0)
+    _, _, state_b = _fresh(seed=1)
+    out = tmp_path / "a"
+    _fit(model, opt, state_a, train, test, 2, out)
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state_b, train, test, 2, tmp_path / "b",
+             on_step=_save_and_stop_in_epoch_2(out / "theirs.safetensors"))
+    mid_b = T.load_state(out / "theirs.safetensors", like=state_b)
+    with pytest.raises(FileExistsError, match=r"ckpt-epoch1.safetensors, ckpt-epoch2"):
+        _fit(model, opt, mid_b, train, test, 2, out)
+    _fit(model, opt, mid_b, train, test, 2, out, overwrite=True)
+    # A's epoch 1 is not B's: gone, not kept beside B's epoch 2
+    assert sorted(p.name for p in out.glob("ckpt-*")) == ["ckpt-epoch2.safetensors"]
+    assert [r["epoch"] for r in T.read_metrics(out / "metrics.jsonl")] == [2]
+
+
 @pytest.mark.parametrize("metadata", [None, {"metrics": {"note": "no epoch here"}}])
 def test_a_checkpoint_saved_by_hand_is_the_runs_own_epoch(tmp_path, metadata):
     """last.safetensors written by save_state (no metrics in its metadata) is read for its

@@ -96,9 +96,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     its own (nothing is touched before). ``history``: the records of the epochs before
     ``state.epoch``, put at the top of metrics.jsonl when the run continues in a new
     ``out_dir`` (in its own folder, the records there are kept). A folder is a run's own
-    when one of its safetensors files holds exactly ``state``: the checkpoint it was resumed
-    from, or a state saved there from ``on_step`` in the middle of an epoch (any name, e.g.
-    ``save_state(out_dir / "mid.safetensors", state)``).
+    when its checkpoint of ``state``'s epoch, or its last.safetensors, holds exactly
+    ``state``; a state saved there from ``on_step`` in the middle of an epoch (any name, e.g.
+    ``save_state(out_dir / "mid.safetensors", state)``) counts when the folder's checkpoint
+    of the epoch before is where it started (same keys and step).
     ``on_step(state, metrics)`` runs after every step. ``log`` prints one summary line per
     epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
     SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,

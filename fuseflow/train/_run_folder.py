@@ -13,7 +13,10 @@ import time
 import warnings
 from pathlib import Path
 
-from fuseflow import checkpoint
+import numpy as np
+
+from fuseflow import checkpoint, tree
+from fuseflow.backend import device_put
 from fuseflow._files import fsync_dir
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
@@ -84,20 +87,50 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
     return later, later_records
 
 
-def _own_checkpoint(folder: Path, state) -> Path | None:
-    """The checkpoint in ``folder`` that holds exactly ``state`` (every leaf, bit for bit), as
-    one does when the state was resumed from it or saved there: then the folder is this
-    run's. Looked for first where ``fit`` saves (the epoch's checkpoint, last.safetensors),
-    then in the folder's other safetensors files, newest first (a state saved from
-    ``on_step`` in the middle of an epoch)."""
+def _is_own(folder: Path, state) -> bool:
+    """Whether ``folder`` holds the run ``state`` continues: one of its checkpoints holds
+    exactly ``state`` (bit for bit), as one does when the state was resumed from it.
+
+    Looked for where ``fit`` saves (the epoch's checkpoint, last.safetensors); for a state
+    in the middle of an epoch (saved from ``on_step``), also in the folder's other
+    safetensors files, newest first. Such a file proves less (a copy of any run's state can
+    be put there), so the folder's checkpoint of the epoch the state is in must then be of
+    the same run: the same keys, and the step the state started that epoch at. Otherwise
+    the folder's earlier epochs, kept by a continuation, could be another run's."""
     if not folder.is_dir():
-        return None
+        return False
     at_epoch_end = state.epoch > 0 and state.batch_in_epoch == 0
     first = [epoch_checkpoint(folder, state.epoch)] if at_epoch_end else []
     first.append(folder / LAST)
+    if checkpoint.find_exact([p for p in first if p.is_file()], state) is not None:
+        return True
+    if not state.batch_in_epoch or (
+            state.epoch > 0 and not _epoch_start_of(epoch_checkpoint(folder, state.epoch), state)):
+        return False
     others = sorted((p for p in folder.glob("*.safetensors") if p.is_file() and p not in first),
                     key=_mtime, reverse=True)
-    return checkpoint.find_exact([p for p in first if p.is_file()] + others, state)
+    return checkpoint.find_exact(others, state) is not None
+
+
+def _epoch_start_of(path: Path, state) -> bool:
+    """Whether the checkpoint at ``path`` is where ``state``'s epoch started in the same run:
+    the same epoch, layer key and data key, and ``batch_in_epoch`` steps before it."""
+    try:
+        saved = checkpoint.load(path)
+        return (int(saved.epoch) == state.epoch and int(saved.batch_in_epoch) == 0
+                and int(saved.step) == state.step - state.batch_in_epoch
+                and _same_leaves(saved.key, state.key)
+                and _same_leaves(saved.data_key, state.data_key))
+    except (checkpoint.CheckpointError, OSError, AttributeError, TypeError, ValueError):
+        return False
+
+
+def _same_leaves(a, b) -> bool:
+    """The same leaves, bit for bit (on the host)."""
+    la, lb = tree.leaves(device_put(a, "cpu")), tree.leaves(device_put(b, "cpu"))
+    return len(la) == len(lb) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.asarray(x).shape == np.asarray(y).shape
+        and np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb))
 
 
 def _mtime(path: Path) -> float:
@@ -112,11 +145,11 @@ def fit_folder(folder, state) -> tuple:
     ``fit`` would overwrite or cut).
 
     The folder is the run's own if one of its checkpoints holds exactly this state (see
-    ``_own_checkpoint``): then its checkpoints of later epochs count, and metrics.jsonl if it
+    ``_is_own``): then its checkpoints of later epochs count, and metrics.jsonl if it
     records any. Any other folder's run files are another run's: all of them count.
     """
     folder = Path(folder)
-    if _own_checkpoint(folder, state) is None:
+    if not _is_own(folder, state):
         return False, _run_files(folder)
     later, later_records = _after_epoch(folder, state.epoch)
     return True, later + ([folder / METRICS_FILE] if later_records else [])
