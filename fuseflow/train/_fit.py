@@ -184,6 +184,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
             _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
     else:
         step_fn = _first_checked(step_fn)
+        step_fn.takes_key = draws_random(model)  # else no key is derived per step
     saved, saved_epoch, final = None, state.epoch, None
     try:
         with interrupt_between_steps() as stop:
