@@ -39,8 +39,8 @@ __all__ = [
 
 def key(seed: int) -> np.ndarray:
     """A key from an integer seed: any 64-bit int (a negative seed is taken as its two's
-    complement, as JAX does: ``key(-1) == key(2**64 - 1)``). Larger seeds are refused rather
-    than wrapped onto smaller ones."""
+    complement, as JAX's 64-bit mode does for ``PRNGKey(-1)``: ``key(-1) == key(2**64 -
+    1)``). Larger seeds are refused rather than wrapped onto smaller ones."""
     seed = _int64("ff.random.key", "seed", seed, "ff.random.key(0)")
     return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], dtype=np.uint32)
 
@@ -126,7 +126,8 @@ def fold_in(k, data: int) -> np.ndarray:
 
 
 def normal(k, shape, dtype=np.float32) -> np.ndarray:
-    return generator(k).standard_normal(shape, dtype=np.float64).astype(dtype)
+    return generator(k, "ff.random.normal").standard_normal(shape, dtype=np.float64) \
+        .astype(dtype)
 
 
 def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.ndarray:
@@ -151,20 +152,37 @@ def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.nd
 
 
 def uniform(k, shape, minval=0.0, maxval=1.0, dtype=np.float32) -> np.ndarray:
-    return generator(k).uniform(minval, maxval, size=shape).astype(dtype)
+    """Uniform in [minval, maxval), as ``jax.random.uniform``: drawn in float64 and rounded
+    to ``dtype``. A draw that rounds up to ``maxval`` (float16: about 1 in 4,000 of [0, 1))
+    is the largest ``dtype`` value below it instead; every other value is the rounded draw."""
+    out = generator(k, "ff.random.uniform").uniform(minval, maxval, size=shape).astype(dtype)
+    if out.dtype.kind == "f":
+        over = out >= np.asarray(maxval, np.float64)  # compared in float64 (or wider)
+        if over.any():
+            below = np.nextafter(out, np.array(-np.inf, out.dtype))
+            over &= below >= np.asarray(minval, np.float64)  # unless [minval, maxval) is empty
+            out = np.where(over, below, out)
+    return out
 
 
 def bernoulli(k, p, shape) -> np.ndarray:
     """Boolean array, True with probability ``p``."""
-    return generator(k).random(size=shape) < p
+    return generator(k, "ff.random.bernoulli").random(size=shape) < p
 
 
-def permutation(k, n: int) -> np.ndarray:
-    return generator(k).permutation(n)
+def permutation(k, n) -> np.ndarray:
+    """A random order of ``range(n)`` (an int >= 0), or of an array's rows (a copy)."""
+    g = generator(k, "ff.random.permutation")
+    if np.ndim(n) == 0:
+        n = _as_int("ff.random.permutation", "n", n, "permutation(key, len(x))")
+        if n < 0:
+            raise ValueError(f"ff.random.permutation: n must be an int >= 0, got {n}. Fix: "
+                             "permutation(key, len(x)).")
+    return g.permutation(n)
 
 
 def randint(k, shape, low, high, dtype=np.int64) -> np.ndarray:
-    return generator(k).integers(low, high, size=shape, dtype=dtype)
+    return generator(k, "ff.random.randint").integers(low, high, size=shape, dtype=dtype)
 
 
 # ---- Philox4x32-10 (Salmon et al., SC 2011), the counter-based generator behind ``bits`` ----
@@ -199,7 +217,7 @@ def bits(k, shape, stream: int = 0) -> np.ndarray:
     ``KEY_STREAM`` does). The GPU backend computes the same bits on the device
     (``Backend.random_bits``)."""
     k = _check_key(k, "ff.random.bits")
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    shape = _shape("ff.random.bits", shape)
     n = math.prod(shape)
     blocks = np.arange(-(-n // 4), dtype=np.uint64)
     zeros = np.zeros(blocks.shape, dtype=np.uint32)
@@ -207,6 +225,24 @@ def bits(k, shape, stream: int = 0) -> np.ndarray:
     out = philox4x32([blocks.astype(np.uint32), (blocks >> np.uint64(32)).astype(np.uint32),
                       streams, zeros], k)
     return np.ascontiguousarray(out.T).reshape(-1)[:n].reshape(shape)
+
+
+def _shape(where, shape) -> tuple:
+    """``shape`` (an int or a sequence of them, not bools) as a tuple of ints >= 0;
+    a negative or non-integer size is refused (NumPy's and CuPy's arrays refuse them too)."""
+    if _integer(shape) is not None:
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    sizes = None if dims is None else [_integer(d) for d in dims]
+    if sizes is None or None in sizes:
+        raise TypeError(f"{where}: shape must be an int or a tuple of ints, got {shape!r}. "
+                        "Fix: a shape such as (64, 10).")
+    if min(sizes, default=0) < 0:
+        raise ValueError(f"{where}: shape {tuple(sizes)} has a negative size. Fix: sizes >= 0.")
+    return tuple(sizes)
 
 
 #: ``bits``' stream of the keys a model derives for its layers from the key it is given
@@ -217,15 +253,15 @@ KEY_STREAM = 0x6B657973  # "keys"
 def keep_threshold(rate: float) -> int:
     """The bound below which ``bits`` keep an element, for dropping with probability
     ``rate`` in [0, 1): floor((1 - rate) * 2**32), so P(keep) is 1 - rate to within 2**-32
-    (2**32 at rate 0: every element is kept)."""
-    return int((1.0 - rate) * 2 ** 32)
+    (2**32 at rate 0: every element is kept). Computed in float64 (a float32 rate too)."""
+    return int((1.0 - float(rate)) * 2 ** 32)
 
 
 def keep_factor(rate: float, dtype) -> np.generic:
     """What a kept element is multiplied by, for dropping with probability ``rate``:
     ``1 / (1 - rate)`` rounded once to ``dtype`` (inf where it overflows the dtype)."""
     with np.errstate(over="ignore"):
-        return np.dtype(dtype).type(1.0 / (1.0 - rate))
+        return np.dtype(dtype).type(1.0 / (1.0 - float(rate)))
 
 
 def check_stream(stream) -> int:

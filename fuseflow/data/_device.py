@@ -36,6 +36,8 @@ def device_batches(x, y, batch_size: int, *, key, drop_last: bool = True):
         key = key.get()
     key = random._check_key(key, _WHERE)
     xp = namespace(x)
+    # the key's low 63 bits seed the order (kept so: recorded runs' orders depend on it);
+    # keys from split/fold_in share them with odds of 2**-63
     seed = (int(key[0]) << 32 | int(key[1])) % (2 ** 63)
     total = num_batches(n, batch_size, drop_last)
     return _generate(x, y, xp, seed, n, total * batch_size, batch_size)
