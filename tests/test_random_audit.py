@@ -345,3 +345,13 @@ def test_keep_threshold_and_factor_take_a_float32_rate_as_its_value():
     assert R.keep_threshold(rate) == math.floor(exact * 2 ** 32) == R.keep_threshold(float(rate))
     assert R.keep_factor(rate, np.float64) == np.float64(1.0 / exact)
     assert R.keep_factor(np.float16(0.5), np.float32) == np.float32(2.0)
+
+
+@pytest.mark.parametrize("call", ["random_bits", "dropout_scale"])
+def test_the_backends_refuse_a_negative_shape_as_ff_random_does(call):
+    """Backend.random_bits and dropout_scale check the shape before either backend draws
+    (CuPy's own error would name neither the call nor the fix)."""
+    be = ff.backend.get("numpy")
+    args = (R.key(3), (4, -2)) + ((np.dtype(np.float32), 0.5) if call == "dropout_scale" else ())
+    with pytest.raises(ValueError, match=rf"{call}: shape \(4, -2\) has a negative size"):
+        getattr(be, call)(*args)

@@ -206,6 +206,7 @@ class Backend:
         """``ff.random.bits(key, shape, stream)`` as an array of this backend: uint32 bits
         that depend only on the key, the stream and the element's index (Philox4x32-10)."""
         self.calls["random_bits"] += 1
+        shape = random._shape("random_bits", shape)  # both backends refuse a bad shape alike
         return self._random(key, shape, None, 0.0, random.check_stream(stream))
 
     def layer_keys(self, key, n):
@@ -220,7 +221,7 @@ class Backend:
         rescales in one product, and the backward multiplies by the same array)."""
         dtype = self._check_rate(dtype, rate)
         self.calls["dropout_scale"] += 1
-        return self._random(key, shape, dtype, float(rate))
+        return self._random(key, random._shape("dropout_scale", shape), dtype, float(rate))
 
     def dropout(self, key, x, rate):
         """Dropout's forward: ``(x * scale, scale)`` with ``scale`` as ``dropout_scale(key,
