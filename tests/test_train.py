@@ -592,19 +592,19 @@ def _save_and_stop_in_epoch_2(path):
     return save_and_stop
 
 
-def test_a_mid_epoch_state_saved_in_the_folder_continues_there(tmp_path):
-    """A state saved from on_step in the middle of epoch 2, under its own name in the run's
-    folder, continues the run there: the folder's epoch-1 files and record are kept, and
-    the result is the uninterrupted run's, bit for bit."""
+def test_a_mid_epoch_state_saved_as_the_folders_last_continues_there(tmp_path):
+    """A state saved from on_step in the middle of epoch 2 as the run folder's
+    last.safetensors continues the run there: the folder's epoch-1 files and record are
+    kept, and the result is the uninterrupted run's, bit for bit."""
     train, test = _data()
     model, opt, state = _fresh()
     whole = _fit(model, opt, state, train, test, 2, tmp_path / "whole")
     out = tmp_path / "run"
     with pytest.raises(T.Interrupted):
         _fit(model, opt, state, train, test, 2, out,
-             on_step=_save_and_stop_in_epoch_2(out / "mid.safetensors"))
+             on_step=_save_and_stop_in_epoch_2(out / T.LAST))
     epoch1 = (out / "ckpt-epoch1.safetensors").read_bytes()
-    mid = T.load_state(out / "mid.safetensors", like=state)
+    mid = T.load_state(out / T.LAST, like=state)
     resumed = _fit(model, opt, mid, train, test, 2, out)
     _assert_trees_equal(resumed.state, whole.state)
     assert (out / "ckpt-epoch1.safetensors").read_bytes() == epoch1
@@ -615,9 +615,9 @@ def test_a_mid_epoch_state_saved_in_the_folder_continues_there(tmp_path):
 
 
 def test_a_mid_epoch_state_saved_elsewhere_is_refused_with_the_way_on(tmp_path):
-    """The same state saved outside the folder matches none of its checkpoints: fit refuses
-    before touching anything and says how to continue (save it into the folder, or a new
-    out_dir with history=)."""
+    """The same state saved outside the folder (or under another name in it) matches none of
+    its checkpoints: fit refuses before touching anything and says how to continue (save it
+    as the folder's last.safetensors, or a new out_dir with history=)."""
     train, test = _data()
     model, opt, state = _fresh()
     out = tmp_path / "run"
@@ -627,7 +627,8 @@ def test_a_mid_epoch_state_saved_elsewhere_is_refused_with_the_way_on(tmp_path):
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     mid = T.load_state(tmp_path / "mid.safetensors", like=state)
     with pytest.raises(FileExistsError, match=r"in the middle of epoch 2.*save_state\(.*"
-                                              r"history=ff\.train\.read_metrics"):
+                                              r"last\.safetensors.*history=ff\.train\."
+                                              r"read_metrics"):
         _fit(model, opt, mid, train, test, 2, out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 

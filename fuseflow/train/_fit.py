@@ -97,9 +97,9 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     ``state.epoch``, put at the top of metrics.jsonl when the run continues in a new
     ``out_dir`` (in its own folder, the records there are kept). A folder is a run's own
     when its checkpoint of ``state``'s epoch, or its last.safetensors, holds exactly
-    ``state``; a state saved there from ``on_step`` in the middle of an epoch (any name, e.g.
-    ``save_state(out_dir / "mid.safetensors", state)``) counts when the folder's checkpoint
-    of the epoch before is where it started (same keys and step).
+    ``state``: a state saved from ``on_step`` in the middle of an epoch continues in its
+    folder if it was saved there as last.safetensors (``save_state(out_dir / LAST,
+    state)``, the folder's latest state; the epoch's start stays in its ckpt-epoch file).
     ``on_step(state, metrics)`` runs after every step. ``log`` prints one summary line per
     epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
     SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,
@@ -424,9 +424,9 @@ def _conflict(out_dir: Path, state: TrainState, own: bool, replaced: list) -> st
                f"overwrite. Fix: out_dir=NEW_DIR, or {resume}overwrite=True to replace them.")
     if own or not state.batch_in_epoch:
         return message
-    return (f"{message} If this state continues the folder's run (saved from on_step), no "
-            f"checkpoint there holds it: save it into the folder first "
-            f"(ff.train.save_state({str(out_dir / 'mid.safetensors')!r}, state)) to continue "
+    return (f"{message} If this state continues the folder's run (saved from on_step), "
+            f"neither {LAST} nor a ckpt-epoch file there holds it: save it as the folder's "
+            f"latest state (ff.train.save_state({str(out_dir / LAST)!r}, state)) to continue "
             "there, or continue in a new out_dir with history=ff.train.read_metrics("
             f"{str(out_dir / METRICS_FILE)!r}).")
 

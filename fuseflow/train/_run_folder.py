@@ -13,10 +13,7 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-
-from fuseflow import checkpoint, tree
-from fuseflow.backend import device_put
+from fuseflow import checkpoint
 from fuseflow._files import fsync_dir
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
@@ -88,56 +85,16 @@ def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
 
 
 def _is_own(folder: Path, state) -> bool:
-    """Whether ``folder`` holds the run ``state`` continues: one of its checkpoints holds
-    exactly ``state`` (bit for bit), as one does when the state was resumed from it.
-
-    Looked for where ``fit`` saves (the epoch's checkpoint, last.safetensors); for a state
-    in the middle of an epoch (saved from ``on_step``), also in the folder's other
-    safetensors files, newest first. Such a file proves less (a copy of any run's state can
-    be put there), so the folder's checkpoint of the epoch the state is in must then be of
-    the same run: the same keys, and the step the state started that epoch at. Otherwise
-    the folder's earlier epochs, kept by a continuation, could be another run's."""
-    if not folder.is_dir():
-        return False
+    """Whether ``folder`` holds the run ``state`` continues: its checkpoint of the state's
+    epoch (for a state at an epoch's end) or its last.safetensors holds exactly ``state``,
+    as one does when the state was resumed from it (or, for a state saved in the middle of
+    an epoch, saved there as last.safetensors). Files under other names do not count: a
+    copy of any run's state can be put there, and nothing in a mid-epoch state tells which
+    run's earlier epochs it continues (two runs of one seed share their keys)."""
     at_epoch_end = state.epoch > 0 and state.batch_in_epoch == 0
-    first = [epoch_checkpoint(folder, state.epoch)] if at_epoch_end else []
-    first.append(folder / LAST)
-    if checkpoint.find_exact([p for p in first if p.is_file()], state) is not None:
-        return True
-    if not state.batch_in_epoch or (
-            state.epoch > 0 and not _epoch_start_of(epoch_checkpoint(folder, state.epoch), state)):
-        return False
-    others = sorted((p for p in folder.glob("*.safetensors") if p.is_file() and p not in first),
-                    key=_mtime, reverse=True)
-    return checkpoint.find_exact(others, state) is not None
-
-
-def _epoch_start_of(path: Path, state) -> bool:
-    """Whether the checkpoint at ``path`` is where ``state``'s epoch started in the same run:
-    the same epoch, layer key and data key, and ``batch_in_epoch`` steps before it."""
-    try:
-        saved = checkpoint.load(path)
-        return (int(saved.epoch) == state.epoch and int(saved.batch_in_epoch) == 0
-                and int(saved.step) == state.step - state.batch_in_epoch
-                and _same_leaves(saved.key, state.key)
-                and _same_leaves(saved.data_key, state.data_key))
-    except (checkpoint.CheckpointError, OSError, AttributeError, TypeError, ValueError):
-        return False
-
-
-def _same_leaves(a, b) -> bool:
-    """The same leaves, bit for bit (on the host)."""
-    la, lb = tree.leaves(device_put(a, "cpu")), tree.leaves(device_put(b, "cpu"))
-    return len(la) == len(lb) and all(
-        np.asarray(x).dtype == np.asarray(y).dtype and np.asarray(x).shape == np.asarray(y).shape
-        and np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(la, lb))
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    files = [epoch_checkpoint(folder, state.epoch)] if at_epoch_end else []
+    files.append(folder / LAST)
+    return checkpoint.find_exact([p for p in files if p.is_file()], state) is not None
 
 
 def fit_folder(folder, state) -> tuple:
