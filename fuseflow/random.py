@@ -153,11 +153,16 @@ def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.nd
 
 def uniform(k, shape, minval=0.0, maxval=1.0, dtype=np.float32) -> np.ndarray:
     """Uniform in [minval, maxval), as ``jax.random.uniform``: drawn in float64 and rounded
-    to ``dtype``. A draw that rounds up to ``maxval`` (float16: about 1 in 4,000 of [0, 1))
-    is the largest ``dtype`` value below it instead; every other value is the rounded draw."""
+    to ``dtype``. A draw that rounds up to ``maxval`` (float16: about 1 in 4,000 of [0, 1)),
+    or to ``maxval`` as ``dtype`` rounds it (float16's 0.1 is 0.09998: ``x < 0.1`` on a
+    float16 array compares with it), is the largest ``dtype`` value below it instead; every
+    other value is the rounded draw."""
     out = generator(k, "ff.random.uniform").uniform(minval, maxval, size=shape).astype(dtype)
     if out.dtype.kind == "f":
-        over = out >= np.asarray(maxval, np.float64)  # compared in float64 (or wider)
+        hi = np.asarray(maxval, np.float64)
+        with np.errstate(over="ignore"):  # a maxval beyond the dtype rounds to inf: hi stays
+            hi = np.minimum(hi, hi.astype(out.dtype))
+        over = out >= hi  # compared in float64 (or wider)
         if over.any():
             below = np.nextafter(out, np.array(-np.inf, out.dtype))
             over &= below >= np.asarray(minval, np.float64)  # unless [minval, maxval) is empty

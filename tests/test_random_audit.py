@@ -243,6 +243,14 @@ def test_uniform_stays_below_maxval(dtype, lo, hi):
         np.testing.assert_array_equal(got[~kept], np.nextafter(want[~kept], dtype(-np.inf)))
 
 
+@pytest.mark.parametrize("dtype,hi", [(np.float16, 0.1), (np.float16, 0.9), (np.float32, 0.7)])
+def test_uniform_stays_below_maxval_as_the_dtype_rounds_it(dtype, hi):
+    """float16(0.1) is 0.09998 < 0.1, and ``x < 0.1`` on a float16 array compares with it
+    (NumPy 2's Python scalars take the array's dtype): no draw may equal it either."""
+    got = R.uniform(R.key(1), 1 << 18 if dtype == np.float16 else 1 << 25, 0.0, hi, dtype)
+    assert (got < hi).all() and (got < dtype(hi)).all() and float(got.max()) < hi
+
+
 # ---- permutation ------------------------------------------------------------------------------
 def test_permutation_is_a_permutation_of_every_length():
     k = R.key(11)
