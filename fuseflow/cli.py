@@ -95,6 +95,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return value
+
+
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -187,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--classes", type=_positive(int), default=10)
     b.add_argument("--optimizer", choices=OPTIMIZERS, default=d["optimizer"])
     b.add_argument("--steps", type=_positive(int), default=100, help="timed steps (100)")
-    b.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
+    b.add_argument("--warmup", type=_non_negative_int, default=5,
+                   help="untimed steps first (5)")
     b.add_argument("--precision", "--dtype", choices=PRECISIONS, default="float32")
     _backend_option(b)
     return parser
@@ -557,7 +568,7 @@ def _bench(args) -> int:
     if device == "cuda":
         step = compile_step(step)  # as `fuseflow train` runs it: one CUDA graph per step
     params, opt_state = state.params, state.opt_state
-    for _ in range(max(0, args.warmup)):
+    for _ in range(args.warmup):
         params, opt_state, metrics = step(params, opt_state, x, y)
     if args.warmup > 0:
         float(metrics["loss"])  # wait for the warm-up to finish before the clock starts

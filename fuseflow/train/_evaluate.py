@@ -17,9 +17,9 @@ __all__ = ["evaluate", "EvalResult"]
 
 
 class EvalResult(NamedTuple):
-    loss: float      # mean loss over all examples
-    accuracy: float  # correct / count
-    correct: int
+    loss: float            # mean loss over all examples
+    accuracy: float | None  # correct / count; None when y are not class labels
+    correct: int | None
     count: int
 
 
@@ -27,8 +27,10 @@ def evaluate(model, params, x, y, batch_size: int = 1000, *, loss_fn=None) -> Ev
     """Mean loss and accuracy of ``model`` on ``(x, y)``, ``batch_size`` rows at a time.
 
     ``x`` and ``y`` must live on the params' device. ``loss_fn`` defaults to softmax
-    cross-entropy (labels are checked once, here, not per batch). Sums stay on the device;
-    the one read-back to the host is at the end.
+    cross-entropy (labels are checked once, here, not per batch). Accuracy (argmax against
+    the label) is counted only when ``y`` holds integer class labels, as ``make_step``
+    reports it; for other targets (one-hot, regression) ``accuracy`` and ``correct`` are
+    None. Sums stay on the device; the one read-back to the host is at the end.
     """
     if loss_fn is None:
         check_labels(model, params, x, y, "evaluate")
@@ -36,12 +38,19 @@ def evaluate(model, params, x, y, batch_size: int = 1000, *, loss_fn=None) -> Ev
     if not len(x):
         raise ValueError("evaluate: got 0 examples. Fix: pass a non-empty test set.")
     loss_sum = correct = 0
+    labels = getattr(y, "ndim", 0) == 1 and y.dtype.kind in "iu"  # as make_step decides
     for xb, yb in batches(x, y, batch_size, shuffle=False):
         out = model.apply(params, xb)
         loss, _ = loss_fn(out, yb)
         xp = namespace(out)
         loss_sum = loss_sum + loss.astype(xp.float64) * len(xb)
-        correct = correct + (out.argmax(axis=1) == yb).sum()
-    count, correct = len(x), int(correct)
+        labels = labels and getattr(out, "ndim", 0) == 2
+        if labels:
+            correct = correct + (out.argmax(axis=1) == yb).sum()
+    count = len(x)
+    if not labels:
+        return EvalResult(loss=float(loss_sum) / count, accuracy=None, correct=None,
+                          count=count)
+    correct = int(correct)
     return EvalResult(loss=float(loss_sum) / count, accuracy=correct / count, correct=correct,
                       count=count)

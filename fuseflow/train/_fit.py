@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -201,7 +202,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                         _save_epoch(out_dir, state, record, metadata, stale,
                                     rewrite=history if saved is None else None)
                         saved, saved_epoch, stale = out_dir / LAST, state.epoch, []
-                    plot_curves(history, out_dir / CURVES_FILE)
+                    _plot(history, out_dir / CURVES_FILE)
                 if log is not None:
                     log(_summary(record, epochs))
                 if comm is None:
@@ -429,6 +430,17 @@ def _conflict(out_dir: Path, state: TrainState, own: bool, replaced: list) -> st
             f"latest state (ff.train.save_state({str(out_dir / LAST)!r}, state)) to continue "
             "there, or continue in a new out_dir with history=ff.train.read_metrics("
             f"{str(out_dir / METRICS_FILE)!r}).")
+
+
+def _plot(history, path):
+    """curves.png, a picture of metrics.jsonl: a failure to write it (a full disk, a folder
+    in its place) is a warning, not the end of a run whose checkpoint is already saved."""
+    try:
+        plot_curves(history, path)
+    except OSError as e:
+        warnings.warn(f"fit: could not write {path} ({e}); training goes on, and "
+                      "metrics.jsonl has the same records. Fix: free the path (or the disk) "
+                      "for the next epoch's plot.", RuntimeWarning, stacklevel=3)
 
 
 def _save_epoch(out_dir, state, record, metadata, stale, rewrite=None):

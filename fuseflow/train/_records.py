@@ -44,7 +44,8 @@ def read_metrics(path) -> list[dict]:
         path = path / METRICS_FILE
     if not path.is_file():
         return []
-    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    # utf-8-sig: an editor that saves with a byte-order mark leaves the records readable
+    lines = path.read_bytes().decode("utf-8-sig", errors="replace").split("\n")
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -63,6 +64,12 @@ def read_metrics(path) -> list[dict]:
             raise ValueError(f"{path}:{n}: expected one JSON object per line, got {shown!r} "
                              f"({e}). Fix: delete or repair that line (the file is plain "
                              "text), or delete the file to start a new record.") from None
+        epoch = record.get("epoch", 0)
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            raise ValueError(f"read_metrics: {path}:{n}: expected \"epoch\" to be an integer "
+                             f"(the epoch the line records), got {epoch!r} in {shown!r}. Fix: "
+                             "write the epoch number there, or delete that line.")
         records.append(record)
     return records
 
@@ -110,6 +117,7 @@ def plot_curves(records: list[dict], path) -> None:
 
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
+    records = [r for r in records if isinstance(r.get("epoch"), (int, float))]  # plottable
     epochs = [r["epoch"] for r in records]
     for ax, what, label in ((fig.add_subplot(1, 2, 1), "loss", "loss"),
                             (fig.add_subplot(1, 2, 2), "acc", "accuracy")):
@@ -122,7 +130,8 @@ def plot_curves(records: list[dict], path) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_lines():  # a panel with nothing to draw (no accuracy) has no legend
+            ax.legend()
         if what == "loss":
             ax.set_yscale("log")
     fig.tight_layout()
