@@ -319,7 +319,12 @@ class Serial(Layer):
             need_dx = need_input_grad or s > 0
             if st.dense is None:
                 try:
-                    grads[i], dx = self.layers[i].backward(params[i], residuals[i], dy)
+                    layer = self.layers[i]
+                    # a nested Serial (any layer with skips_input_grad) at the bottom of a
+                    # backward that needs no input gradient skips its own first dx matmul
+                    skip = {} if need_dx or not getattr(layer, "skips_input_grad", False) \
+                        else {"need_input_grad": False}
+                    grads[i], dx = layer.backward(params[i], residuals[i], dy, **skip)
                 except LayerError as e:
                     raise self._wrap(i, e) from None
                 # it may have forked weight gradients and read its params after: an early
