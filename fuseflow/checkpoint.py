@@ -212,8 +212,8 @@ def find_exact(paths, tree):
                          for leaf in _leaf_specs(_json(path, _header(path, f), _TREE_KEY))}
                 if want is None:  # the host copies and checksums, once for all files
                     tensors = {}
-                    _encode(tree, (), tensors)
-                    want = {n: (zlib.crc32(a), a) for n, a in tensors.items()}
+                    want = {leaf["leaf"]: (leaf["crc32"], tensors[leaf["leaf"]])
+                            for leaf in _leaf_specs(_encode(tree, (), tensors))}
                 if saved.keys() != want.keys() or any(
                         saved[n] != crc for n, (crc, _) in want.items()):
                     continue
@@ -227,8 +227,7 @@ def find_exact(paths, tree):
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal to the bit (NaN included: a diverged run is still its own run)."""
-    return (a.dtype.newbyteorder("<") == b.dtype.newbyteorder("<") and a.shape == b.shape
-            and a.tobytes() == b.tobytes())
+    return _same_dtype(a.dtype, b.dtype) and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def _check_not_folder(path: Path, who: str) -> None:
