@@ -358,11 +358,11 @@ class CompiledStep:
                                    f"{i} (it is donated): {tree.structure(new)} vs "
                                    f"{tree.structure(old)}"
                                    + _class_difference(tree.structure(new), tree.structure(old)))
-            for path, n, o in zip(tree.paths(old), tree.leaves(new), tree.leaves(old)):
-                if is_array(o) and (not is_array(n) or n.shape != o.shape
-                                     or n.dtype != o.dtype):
-                    got = f"{n.shape} {n.dtype}" if is_array(n) else type(n).__name__
-                    raise CompileError(
-                        f"{self!r}: output {k} at {path!r} is {got} but the donated input "
-                        f"there is {o.shape} {o.dtype}. Fix: return the updated value with "
-                        f"the input's shape and dtype (cast it back if the step changed it)")
+            changed = tree.first_changed_leaf(old, new)
+            if changed is not None:
+                path, o, n = changed
+                got = f"{n.shape} {n.dtype}" if is_array(n) else type(n).__name__
+                raise CompileError(
+                    f"{self!r}: output {k} at {path!r} is {got} but the donated input "
+                    f"there is {o.shape} {o.dtype}. Fix: return the updated value with "
+                    f"the input's shape and dtype (cast it back if the step changed it)")

@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 import optree
 
-from fuseflow._namespace import namespace
+from fuseflow._namespace import is_array, namespace
 
 __all__ = [
     "add",
     "all_equal_structure",
     "astype",
+    "first_changed_leaf",
     "flatten",
     "full_like",
     "l2_norm",
@@ -129,6 +130,17 @@ def size(tree) -> int:
 
 def all_equal_structure(a, b) -> bool:
     return structure(a) == structure(b)
+
+
+def first_changed_leaf(old, new):
+    """``(path, old_leaf, new_leaf)`` of the first array leaf of ``old`` that ``new`` (of the
+    same structure) does not hold as an array of the same shape and dtype, or None: what a
+    step that must return its state in kind (donated buffers, checkpoints loaded with
+    ``like``) is checked with."""
+    for path, o, n in zip(paths(old), leaves(old), leaves(new)):
+        if is_array(o) and not (is_array(n) and n.shape == o.shape and n.dtype == o.dtype):
+            return path, o, n
+    return None
 
 
 def _is_scalar(x):

@@ -300,14 +300,15 @@ def _check_kept(what, old, new, who):
                         f"not {tree.structure(old)}: {who} changed it, and the run's "
                         "checkpoints would not load with like=. Fix: return the state in the "
                         "structure init() made.")
-    for path, o, n in zip(tree.paths(old), tree.leaves(old), tree.leaves(new)):
-        if is_array(o) and not (is_array(n) and n.shape == o.shape and n.dtype == o.dtype):
-            got = f"{n.dtype}{list(n.shape)}" if is_array(n) else type(n).__name__
-            raise TypeError(
-                f"fit: after one step {what} at {path!r} is {got}, not "
-                f"{o.dtype}{list(o.shape)}: {who} changed it, so the run's checkpoints would "
-                "not load with like=init_state(...). Fix: keep each leaf's shape and dtype "
-                "in the update (e.g. new.astype(old.dtype)).")
+    changed = tree.first_changed_leaf(old, new)
+    if changed is not None:
+        path, o, n = changed
+        got = f"{n.dtype}{list(n.shape)}" if is_array(n) else type(n).__name__
+        raise TypeError(
+            f"fit: after one step {what} at {path!r} is {got}, not "
+            f"{o.dtype}{list(o.shape)}: {who} changed it, so the run's checkpoints would "
+            "not load with like=init_state(...). Fix: keep each leaf's shape and dtype "
+            "in the update (e.g. new.astype(old.dtype)).")
 
 
 def draws_random(model) -> bool:
