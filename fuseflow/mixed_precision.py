@@ -46,8 +46,8 @@ from fuseflow import backend, tree
 from fuseflow._namespace import is_array, is_cupy, namespace
 from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import (_widens, check_like, check_number, check_state, own_attribute,
-                                  zero_count)
+from fuseflow.optim._base import (_is_float_array, _widens, check_like, check_number, check_state,
+                                  own_attribute, zero_count)
 from fuseflow.optim._fused import fused_update, update_and_apply
 
 __all__ = [
@@ -140,12 +140,11 @@ def _check_float_params(params, leaves):
     """Every params leaf is a floating-point array: the forward runs on a float cast of the
     params, so a layer never sees an integer param, and its gradient, cast back to the
     param's dtype, would silently be 0."""
-    if all(getattr(getattr(p, "dtype", None), "kind", None) == "f" for p in leaves):
+    if all(map(_is_float_array, leaves)):
         return
     for path, p in zip(tree.paths(params), leaves):
-        got = getattr(p, "dtype", None)
-        if getattr(got, "kind", None) != "f":
-            got = got if got is not None else type(p).__name__
+        if not _is_float_array(p):
+            got = p.dtype if hasattr(p, "dtype") else type(p).__name__
             raise TypeError(
                 f"mixed precision value_and_grad: the params at {path!r} are {got}, but only "
                 f"floating-point params can be trained (the gradient, cast back to {got}, "

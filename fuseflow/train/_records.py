@@ -55,7 +55,7 @@ def read_metrics(path) -> list[dict]:
             if not isinstance(record, dict):
                 raise ValueError(f"found a JSON {type(record).__name__}")
         except ValueError as e:
-            shown = line if len(line) <= 60 else line[:57] + "..."
+            shown = _shown(line)
             if n == len(lines):  # the last line, and no newline after it: a torn append
                 warnings.warn(f"{path}:{n}: the last line is cut short ({shown!r}), as a "
                               "write interrupted by a crash leaves it; it is ignored (a run "
@@ -66,12 +66,17 @@ def read_metrics(path) -> list[dict]:
                              "text), or delete the file to start a new record.") from None
         epoch = record.get("epoch", 0)
         if not isinstance(epoch, int) or isinstance(epoch, bool):
-            shown = line if len(line) <= 60 else line[:57] + "..."
             raise ValueError(f"read_metrics: {path}:{n}: expected \"epoch\" to be an integer "
-                             f"(the epoch the line records), got {epoch!r} in {shown!r}. Fix: "
-                             "write the epoch number there, or delete that line.")
+                             f"(the epoch the line records), got {epoch!r} in "
+                             f"{_shown(line)!r}. Fix: write the epoch number there, or delete "
+                             "that line.")
         records.append(record)
     return records
+
+
+def _shown(line: str) -> str:
+    """A line of metrics.jsonl as an error quotes it: 60 characters at most."""
+    return line if len(line) <= 60 else line[:57] + "..."
 
 
 def kept_metrics(out_dir, completed_epochs: int) -> list[dict]:
