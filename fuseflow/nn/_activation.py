@@ -7,20 +7,12 @@ writes the same relu_aux/gelu_aux format the fused epilog would.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from fuseflow import backend
 from fuseflow.backend.epilogs import AUX_KEYS
-from fuseflow.nn._layer import (Layer, as_shape, check_dtype, check_float, check_residuals,
-                                check_saved_shape)
-
-
-def _rows(a):
-    """``a`` as ``(batch, features)``; the width is spelled out, since ``reshape(n, -1)``
-    fails on an empty batch (a size-0 array leaves the -1 undetermined)."""
-    return a.reshape(a.shape[0], math.prod(a.shape[1:]))
+from fuseflow.nn._layer import (Layer, as_rows, as_shape, check_dtype, check_float,
+                                check_residuals, check_saved_shape)
 
 
 class _Activation(Layer):
@@ -37,7 +29,7 @@ class _Activation(Layer):
             raise self.error(f"expected input of shape (batch, features), got {tuple(x.shape)}. "
                              "Fix: keep the batch axis, x.reshape(1, -1) for one sample.")
         be = backend.of(x, where=repr(self))
-        y, aux = be.activation(_rows(x), self.activation, want_aux=train)
+        y, aux = be.activation(as_rows(x), self.activation, want_aux=train)
         if not train:
             return y.reshape(x.shape), {}
         return y.reshape(x.shape), {AUX_KEYS[self.activation]: aux, "shape": tuple(x.shape),
@@ -52,7 +44,7 @@ class _Activation(Layer):
                     "layer's input and output.")
         be = backend.of(dy, residuals[key], where=repr(self))
         try:
-            dx = be.activation_grad(_rows(dy), self.activation, residuals[key])
+            dx = be.activation_grad(as_rows(dy), self.activation, residuals[key])
         except backend.BackendError as e:
             if isinstance(e, MemoryError):  # out of GPU memory: not a residuals problem
                 raise

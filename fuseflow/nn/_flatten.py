@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 
-from fuseflow.nn._layer import Layer, as_shape, check_array, check_residuals, check_saved_shape
+from fuseflow.nn._layer import (Layer, as_rows, as_shape, check_array, check_residuals,
+                                check_saved_shape)
 
 
 class Flatten(Layer):
@@ -18,8 +19,7 @@ class Flatten(Layer):
         if x.ndim < 1:
             raise self.error("expected input of shape (batch, d1, d2, ...), got a 0-d array. "
                              "Fix: pass a batch, x[i:j] rather than x[i].")
-        # the width spelled out: reshape(n, -1) fails on an empty batch (size 0)
-        return x.reshape(x.shape[0], math.prod(x.shape[1:])), {"shape": tuple(x.shape)}
+        return as_rows(x), {"shape": tuple(x.shape)}
 
     def backward(self, params, residuals, dy):
         check_residuals(self, residuals, "shape", cause="they come from another layer")

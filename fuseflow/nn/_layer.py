@@ -16,6 +16,7 @@ may skip writing residuals that only backward needs (no relu_aux in inference).
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 
@@ -182,6 +183,12 @@ def check_saved_shape(layer, dy, shape, what="dy"):
         raise layer.error(f"{what} has shape {tuple(dy.shape)} but the residuals were saved for "
                           f"an output of shape {tuple(shape)}: residuals from another batch or "
                           "another layer. " + RESIDUALS_FIX)
+
+
+def as_rows(a):
+    """``a`` as ``(batch, features)``; the width is spelled out, since ``reshape(n, -1)``
+    fails on an empty batch (a size-0 array leaves the -1 undetermined)."""
+    return a.reshape(a.shape[0], math.prod(a.shape[1:]))
 
 
 def shape_tuple(value):
