@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Twenty-third session, call 112: stream priorities in compiled steps (the capture stream's
+# kernels at the device's highest priority, "main"; the side streams', "side"; one for all,
+# "off"). Tests of compile, overlap, the split update and the priorities, then the settings
+# side by side in compiled fp32 steps, then timelines of the medium steps under each
+# policy. Results: $OUT/results-s26a.tgz.
+set -uo pipefail
+TAG=s26a
+source "$(dirname "$0")/_device_lib.sh"
+TAILN=15 run tests_priority 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $(xdist load) \
+  tests/test_stream_priority.py tests/test_compile.py tests/test_split_update.py tests/test_overlap.py
+TAILN=40 run ab_priority 220 python3 benchmarks/settings_ab.py --out "$res" --name priority --rounds 5 \
+  --setting _cuda_overlap.PRIORITY=off --setting _cuda_overlap.PRIORITY=main \
+  --setting _cuda_overlap.PRIORITY=side \
+  --config 784-1024-1024-10:sgd:fp32 --config 784-1024-1024-10:adam:fp32 \
+  --config 784-30-10:sgd:fp32 --config 784-30-10:adam:fp32
+for p in off main side; do
+  FUSEFLOW_STREAM_PRIORITY=$p TAILN=3 run "profile_$p" 50 python3 benchmarks/profile_step.py \
+    --framework fuseflow --out "$res" --tag "${TAG}_$p" \
+    --configs 784-1024-1024-10:sgd:fp32,784-1024-1024-10:adam:fp32
+done
