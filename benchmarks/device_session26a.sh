@@ -2,7 +2,8 @@
 # Twenty-third session, call 112: stream priorities in compiled steps (the capture stream's
 # kernels at the device's highest priority, "main"; the side streams', "side"; one for all,
 # "off"). Tests of compile, overlap, the split update and the priorities, then the settings
-# side by side in compiled fp32 steps, then timelines of the medium steps under each
+# side by side in compiled fp32 steps, with and without the early update waiting only for
+# the input gradient's matmul (update_after_product), then timelines of the medium steps under each
 # policy. Results: $OUT/results-s26a.tgz.
 set -uo pipefail
 TAG=s26a
@@ -10,8 +11,11 @@ source "$(dirname "$0")/_device_lib.sh"
 TAILN=15 run tests_priority 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $(xdist load) \
   tests/test_stream_priority.py tests/test_compile.py tests/test_split_update.py tests/test_overlap.py
 TAILN=40 run ab_priority 220 python3 benchmarks/settings_ab.py --out "$res" --name priority --rounds 5 \
-  --setting _cuda_overlap.PRIORITY=off --setting _cuda_overlap.PRIORITY=main \
-  --setting _cuda_overlap.PRIORITY=side \
+  --setting _cuda_overlap.PRIORITY=off,update_after_product=False \
+  --setting _cuda_overlap.PRIORITY=off,update_after_product=True \
+  --setting _cuda_overlap.PRIORITY=main,update_after_product=True \
+  --setting _cuda_overlap.PRIORITY=side,update_after_product=True \
+  --setting _cuda_overlap.PRIORITY=main,update_after_product=False \
   --config 784-1024-1024-10:sgd:fp32 --config 784-1024-1024-10:adam:fp32 \
   --config 784-30-10:sgd:fp32 --config 784-30-10:adam:fp32
 for p in off main side; do
