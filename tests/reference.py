@@ -19,8 +19,11 @@ def gelu(x):
 
 
 def gelu_grad(x):
-    t = np.tanh(C * (x + 0.044715 * x**3))
-    return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * C * (1 + 3 * 0.044715 * x**2)
+    """d/dx gelu; its limits 1 (x -> +inf) and 0 (x -> -inf) where tanh has saturated."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = np.tanh(C * (x + 0.044715 * x**3))
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * C * (1 + 3 * 0.044715 * x**2)
+    return np.where(np.abs(t) == 1, 0.5 * (1 + t), d)
 
 
 ACT = {None: (lambda x: x, lambda x: np.ones_like(x)),

@@ -970,3 +970,21 @@ def test_stats_shape(cb):
         assert k in s
     assert s["backend"] == "cuda"
     assert "cuda" in fb.stats() or fb.get("cuda").name == "cuda"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_own_gelu_grad_beyond_the_largest_finite_square(cb, nb, dtype):
+    """The own GELU-gradient kernel where x * x overflows: the limits 1 and 0 (was NaN, 0 *
+    inf), as the NumPy reference gives them; ordinary values bit for bit as before."""
+    big = {np.float32: [2e19, 1e30, 3e38], np.float64: [2e154, 1e200, 1e308]}[dtype]
+    rng = np.random.default_rng(7)
+    x = np.array([big + [-b for b in big] + list(rng.uniform(-12, 12, 10))], dtype=dtype)
+    dy = (rng.random(x.shape) + 0.5).astype(dtype)
+    _, aux = cb.activation(dev(x), "gelu")
+    got = host(cb.activation_grad(dev(dy), "gelu", aux))
+    with np.errstate(over="ignore"):
+        _, naux = nb.activation(x, "gelu")
+        want = nb.activation_grad(dy, "gelu", naux)
+    np.testing.assert_array_equal(got[0, :6], dy[0, :6] * (x[0, :6] > 0))
+    assert np.isfinite(got).all()
+    check_close("gelu grad", got, want, dtype, 7)

@@ -327,3 +327,22 @@ def test_empty_batches_pass_through_every_layer(rng, layer, in_shape):
         with raises(LossError, "softmax_cross_entropy: got an empty batch", "Fix:"):
             ff.value_and_grad(layer, losses.softmax_cross_entropy)(
                 p, x, np.zeros(0, np.int64), key=key)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_gelu_grad_beyond_the_largest_finite_square_is_its_limit(rng, dtype):
+    """Was NaN: where x * x overflows, tanh has long saturated and the gradient's second term
+    is 0 * inf. Now 1 for large positive x and 0 for large negative x, standalone and
+    through DGELU (the NumPy reference of the GPU's epilog and own kernel)."""
+    big = {np.float32: [2e19, 1e30, 3e38], np.float64: [2e154, 1e200, 1e308]}[dtype]
+    x = np.array([big + [-b for b in big]], dtype=dtype)
+    dy = (rng.random(x.shape) + 0.5).astype(dtype)
+    want = dy * np.where(x > 0, 1, 0).astype(dtype)
+    with np.errstate(over="ignore"):
+        _, res = nn.GELU().forward({}, x)
+        _, dx = nn.GELU().backward({}, res, dy)
+        _, aux = be.linear(x, np.eye(x.shape[1], dtype=dtype), None, "GELU_AUX")
+        dxf, _ = be.linear_dgrad(dy, np.eye(x.shape[1], dtype=dtype), "DGELU", aux)
+    np.testing.assert_array_equal(dx, want)
+    np.testing.assert_array_equal(dxf, want)
+    np.testing.assert_array_equal(ref.gelu_grad(f64(x)), np.where(x > 0, 1.0, 0.0))

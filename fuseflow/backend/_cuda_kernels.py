@@ -34,8 +34,9 @@ template <typename A> __device__ __forceinline__ A ff_gelu_grad(A x) {
     const A k0 = (A)0.7978845608028654;
     const A k1 = (A)0.044715;
     A t = tanh(k0 * (x + k1 * x * x * x));
+    A u = (A)1 - t * t;  // 0 where tanh saturated: the term is 0 (not 0 * inf = NaN)
     return (A)0.5 * ((A)1 + t)
-         + (A)0.5 * x * ((A)1 - t * t) * k0 * ((A)1 + (A)3 * k1 * x * x);
+         + (u == (A)0 ? (A)0 : (A)0.5 * x * u * k0 * ((A)1 + (A)3 * k1 * x * x));
 }
 """
 

@@ -40,8 +40,13 @@ def gelu(x):
 
 
 def gelu_grad(x):
+    """Where tanh has saturated (1 - t^2 == 0) the second term is 0, written as such: for
+    |x| whose square overflows, 0 * inf would make it NaN (the limits are 1 and 0)."""
     t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_C * x * x * x))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * _GELU_C * x * x)
+    u = 1.0 - t * t
+    with np.errstate(over="ignore", invalid="ignore"):
+        slope = 0.5 * x * u * _SQRT_2_OVER_PI * (1.0 + 3 * _GELU_C * x * x)
+    return 0.5 * (1.0 + t) + np.where(u == 0, np.zeros_like(slope), slope)
 
 
 def _acc(dtype):
