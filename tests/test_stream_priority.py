@@ -83,8 +83,8 @@ def test_the_graph_records_its_streams_priorities(monkeypatch):
     """Under "main" the capture stream's kernels (the batch copy first of all) carry the
     device's highest priority and the side streams' the lowest; "side" the other way round;
     "off" one priority for all."""
-    cp = _cuda()
-    lowest, highest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    _cuda()
+    lowest, highest = _libcuda.stream_priority_range()
     assert highest < lowest  # else there is nothing to order
     runs = _runs(monkeypatch, ("off", "main", "side"), steps=1)
     be = ff.backend.get("cuda")

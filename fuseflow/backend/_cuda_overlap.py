@@ -64,7 +64,7 @@ def stream_priority(role: str):
     None for CuPy's default (the lowest)."""
     if PRIORITY != role:
         return None
-    return cupy.cuda.runtime.deviceGetStreamPriorityRange()[1]  # (lowest, highest)
+    return _libcuda.stream_priority_range()[1]
 
 
 _SIDE_STREAMS: dict = {}

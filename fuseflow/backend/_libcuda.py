@@ -120,6 +120,16 @@ def set_capture_deps(stream: int, nodes) -> bool:
     return update(*args) == 0
 
 
+def stream_priority_range():
+    """``(lowest, highest)`` stream priority of the current context (CuPy does not wrap
+    the query); ``(0, 0)`` where the driver cannot say."""
+    fn = entry("cuCtxGetStreamPriorityRange")
+    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+    if fn is None or fn(ctypes.byref(least), ctypes.byref(greatest)):
+        return 0, 0
+    return least.value, greatest.value
+
+
 #: cuGraphInstantiateWithFlags' flag: run kernel nodes at the priorities they were captured
 #: with (their streams'), not all at the launch stream's
 INSTANTIATE_USE_NODE_PRIORITY = 8
