@@ -136,10 +136,11 @@ INSTANTIATE_USE_NODE_PRIORITY = 8
 
 
 class GraphExec:
-    """An executable graph instantiated here with ``flags``, for a captured CuPy graph that
-    CuPy has not instantiated itself: ``launch``, ``upload``, ``graph`` and ``graphExec`` as
-    CuPy's ``Graph`` has them. ``make`` returns None where the driver lacks the calls, or
-    the graph is already instantiated (then the CuPy graph is used as it is)."""
+    """An executable graph instantiated here with ``flags``, from a captured CuPy graph
+    (CuPy instantiates its own without flags when capture ends; that one stays unused):
+    ``launch``, ``upload``, ``graph`` and ``graphExec`` as CuPy's ``Graph`` has them.
+    ``make`` returns None where the driver lacks the calls or the CuPy graph kept no
+    CUgraph (then the CuPy graph is used as it is)."""
 
     def __init__(self, graph, handle, launch, destroy):
         self._keep = graph  # owns the CUgraph, which the node queries read
@@ -152,7 +153,7 @@ class GraphExec:
     def make(cls, graph, flags: int):
         fns = entries(instantiate="cuGraphInstantiateWithFlags", launch="cuGraphLaunch",
                       upload="cuGraphUpload", destroy="cuGraphExecDestroy")
-        if fns is None or not graph.graph or graph.graphExec:
+        if fns is None or not graph.graph:
             return None
         handle = ctypes.c_void_p()
         err = fns["instantiate"](ctypes.byref(handle), ctypes.c_void_p(graph.graph),
