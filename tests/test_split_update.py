@@ -91,21 +91,6 @@ def test_split_update_equals_one_launch(name, order, streams, monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_update_after_the_product_equals_after_the_whole_input_gradient(name, monkeypatch):
-    """The side's update waiting for the input gradient's matmul only (not the own
-    ReLU-gradient pass after it, which does not read the params) gives the same numbers bit
-    for bit as waiting for the whole input gradient, and still splits in the capture."""
-    _cuda()
-    runs = compiled_runs_by_setting(monkeypatch, "update_after_product", OPTIMIZERS[name](),
-                                    20, stats=SPLIT_STATS)
-    eager, graphed, _, _, splits = runs[True]
-    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert splits == (2, 1) and runs[False][4] == (2, 1)
-    assert_runs_equal(runs)
-
-
-@gpu
 def test_no_split_after_work_on_the_main_stream(monkeypatch):
     """A step that launches work between the backward and the update (here it reads the
     params) is captured without the split (the join stays), and gives the same numbers.

@@ -6,10 +6,6 @@ runs once eagerly in that pool first (planning every matmul, compiling every ker
 leaving blocks of every size the step needs cached), so that the capture itself finds all
 its memory in the pool: cudaMalloc is not allowed while a stream captures.
 
-A graph runs its kernels at the priorities of the streams they were captured on (the
-capture stream's highest, ``_cuda_overlap.PRIORITY``): it is instantiated here with the
-node-priority flag rather than by CuPy.
-
 A compiled step's batch reaches the graph's input buffers through the graph's own first
 node where it can (``_cuda_graph_inputs``: ``capture(..., inputs=...)``); otherwise it is
 copied in before each launch (``copy_into``).
@@ -24,7 +20,7 @@ import cupy
 
 from fuseflow._namespace import set_host_sync_allowed
 from fuseflow.backend import _cuda_graph_inputs as inputs_
-from fuseflow.backend import _cuda_l2, _cuda_overlap, _libcuda
+from fuseflow.backend import _cuda_l2
 
 
 class GraphCaptureError(RuntimeError):
@@ -34,8 +30,7 @@ class GraphCaptureError(RuntimeError):
 class GraphCapture:
     def __init__(self):
         self.pool = cupy.cuda.MemoryPool()
-        self.stream = cupy.cuda.Stream(non_blocking=True,
-                                       priority=_cuda_overlap.stream_priority("main"))
+        self.stream = cupy.cuda.Stream(non_blocking=True)
         #: (pointer, bytes) of ``flat_copies``' buffer, which the capture marks persisting
         #: in L2 (``_cuda_l2``); None: no window
         self.persist = None
@@ -99,9 +94,6 @@ class GraphCapture:
         finally:
             if self.persist:
                 _cuda_l2.set_window(self.stream, 0, 0)
-        if _cuda_overlap.PRIORITY != "off":  # the side streams' nodes keep their priority
-            graph = _libcuda.GraphExec.make(
-                graph, _libcuda.INSTANTIATE_USE_NODE_PRIORITY) or graph
         copy = None
         if in_graph:
             graph.upload(self.stream)  # instantiates it: the copy node is found in the result

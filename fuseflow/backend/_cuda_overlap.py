@@ -46,37 +46,16 @@ import threading
 import cupy
 
 from fuseflow.backend import _libcuda
-from fuseflow.backend._env import env_choice
-
-#: Which streams of a compiled step run their kernels at the device's highest stream
-#: priority (FUSEFLOW_STREAM_PRIORITY): "main" (the capture stream, which carries the step's
-#: critical path: when both have blocks waiting, the block scheduler starts the main
-#: stream's first, and side work fills the SMs left over), "side" (the side streams), or
-#: "off" (one priority for the whole graph, as CuPy instantiates it). Priorities reach a
-#: graph's kernel nodes from the streams they were captured on, and count only in a graph
-#: instantiated with the node-priority flag (``_cuda_graph``).
-PRIORITY = env_choice("FUSEFLOW_STREAM_PRIORITY", {k: k for k in ("main", "side", "off")},
-                      "main")
-
-
-def stream_priority(role: str):
-    """The priority for a new stream of ``role`` ("main": a capture stream, "side"), or
-    None for CuPy's default (the lowest)."""
-    if PRIORITY != role:
-        return None
-    return _libcuda.stream_priority_range()[1]
-
 
 _SIDE_STREAMS: dict = {}
 
 
 def _side_stream(device: int, main, index: int = 0) -> cupy.cuda.Stream:
     # the key holds the calling thread: no other thread ever makes this entry (no lock)
-    priority = stream_priority("side")
-    key = (device, main.ptr, threading.get_ident(), index, priority)
+    key = (device, main.ptr, threading.get_ident(), index)
     side = _SIDE_STREAMS.get(key)
     if side is None:
-        side = _SIDE_STREAMS[key] = cupy.cuda.Stream(non_blocking=True, priority=priority)
+        side = _SIDE_STREAMS[key] = cupy.cuda.Stream(non_blocking=True)
     return side
 
 

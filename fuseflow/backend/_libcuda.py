@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import weakref
 
 
 @functools.cache
@@ -118,62 +117,3 @@ def set_capture_deps(stream: int, nodes) -> bool:
     args = [ctypes.c_void_p(stream), arr] + ([None] if v2 else []) + \
         [ctypes.c_size_t(len(nodes)), ctypes.c_uint(SET_CAPTURE_DEPENDENCIES)]
     return update(*args) == 0
-
-
-def stream_priority_range():
-    """``(lowest, highest)`` stream priority of the current context (CuPy does not wrap
-    the query); ``(0, 0)`` where the driver cannot say."""
-    fn = entry("cuCtxGetStreamPriorityRange")
-    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
-    if fn is None or fn(ctypes.byref(least), ctypes.byref(greatest)):
-        return 0, 0
-    return least.value, greatest.value
-
-
-#: cuGraphInstantiateWithFlags' flag: run kernel nodes at the priorities they were captured
-#: with (their streams'), not all at the launch stream's
-INSTANTIATE_USE_NODE_PRIORITY = 8
-
-
-class GraphExec:
-    """An executable graph instantiated here with ``flags``, from a captured CuPy graph
-    (CuPy instantiates its own without flags when capture ends; that one stays unused):
-    ``launch``, ``upload``, ``graph`` and ``graphExec`` as CuPy's ``Graph`` has them.
-    ``make`` returns None where the driver lacks the calls or the CuPy graph kept no
-    CUgraph (then the CuPy graph is used as it is)."""
-
-    def __init__(self, graph, handle, launch, destroy):
-        self._keep = graph  # owns the CUgraph, which the node queries read
-        self.graph = graph.graph
-        self._exec = ctypes.c_void_p(handle)
-        self._launch = launch
-        weakref.finalize(self, destroy, ctypes.c_void_p(handle))
-
-    @classmethod
-    def make(cls, graph, flags: int):
-        fns = entries(instantiate="cuGraphInstantiateWithFlags", launch="cuGraphLaunch",
-                      upload="cuGraphUpload", destroy="cuGraphExecDestroy")
-        if fns is None or not graph.graph:
-            return None
-        handle = ctypes.c_void_p()
-        err = fns["instantiate"](ctypes.byref(handle), ctypes.c_void_p(graph.graph),
-                                 ctypes.c_ulonglong(flags))
-        if err or not handle.value:
-            raise RuntimeError(f"cuGraphInstantiateWithFlags failed (CUresult {err})")
-        out = cls(graph, handle.value, fns["launch"], fns["destroy"])
-        out._upload = fns["upload"]
-        return out
-
-    @property
-    def graphExec(self) -> int:
-        return self._exec.value
-
-    def launch(self, stream):
-        err = self._launch(self._exec, ctypes.c_void_p(stream.ptr))
-        if err:
-            raise RuntimeError(f"cuGraphLaunch failed (CUresult {err})")
-
-    def upload(self, stream):
-        err = self._upload(self._exec, ctypes.c_void_p(stream.ptr))
-        if err:
-            raise RuntimeError(f"cuGraphUpload failed (CUresult {err})")
