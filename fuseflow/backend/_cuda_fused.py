@@ -234,9 +234,10 @@ def _aligned(arrays, width=4):
 BLOCKS_PER_SM = 2 ** 20
 
 
-def _launch(kern, quads, args):
+def _launch(kern, quads, args, blocks_per_sm=0):
     threads = 256
-    blocks = max(1, min(-(-quads // threads), 132 * BLOCKS_PER_SM))
+    cap = 132 * (blocks_per_sm or BLOCKS_PER_SM)
+    blocks = max(1, min(-(-quads // threads), cap))
     kern((blocks,), (threads,), (np.int64(quads), *args))
 
 
@@ -325,7 +326,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
                         decay=0.0, nesterov=False, in_place=False, finite=None,
                         grad_scale=None, new_count=None, sched_count=None,
                         new_sched_count=None, step_table=None, low=None,
-                        compile_only=False, bump_count=False):
+                        compile_only=False, bump_count=False, blocks_per_sm=0):
     """One launch that updates every tensor; returns ``(new_params, new_states)``, and
     ``new_low`` third when ``low`` is given.
 
@@ -343,7 +344,9 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     kernel also stores each new param cast to it (into ``low`` itself when ``in_place``).
     ``compile_only``: build (and load) the kernel for these tensors, launch nothing.
     ``bump_count``: use ``count + 1`` as ``new_count`` would, without storing it (the second
-    launch of a split update, whose partner stores the counters).
+    launch of a split update, whose partner stores the counters). ``blocks_per_sm``: cap
+    the grid at that many blocks of 256 threads per SM (0: ``BLOCKS_PER_SM``); the threads
+    stride over the vectors, so any grid gives the same numbers.
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -380,7 +383,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
             args += [group[k], new_group[k]]
         if new_low is not None:
             args.append(new_low[k])
-    _launch(kern, quads, args)
+    _launch(kern, quads, args, blocks_per_sm)
     return (new_params, new_states) if low is None else (new_params, new_states, new_low)
 
 
