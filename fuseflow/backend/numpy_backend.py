@@ -110,7 +110,10 @@ class NumpyBackend(Backend):
         return (dy.astype(pre.dtype) * gelu_grad(pre)).astype(dy.dtype)
 
     def _sum_rows(self, a):
-        return a.sum(axis=0, dtype=_acc(a.dtype)).astype(a.dtype)
+        """Column sums (bias gradients) in float64, rounded once: NumPy adds the rows of an
+        axis-0 sum one after another (no pairwise summation across rows), which in float32
+        drifted by 3e-5 (relative) over 2^21 rows."""
+        return a.sum(axis=0, dtype=np.float64).astype(a.dtype)
 
     # ---- placement -------------------------------------------------------------------------
     def asarray(self, x, dtype=None):
