@@ -91,40 +91,6 @@ def test_split_update_equals_one_launch(name, order, streams, monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_update_after_the_product_equals_after_the_whole_input_gradient(name, monkeypatch):
-    """The side's update waiting for the input gradient's matmul only (not the own
-    ReLU-gradient pass after it, which does not read the params) gives the same numbers bit
-    for bit as waiting for the whole input gradient, and still splits in the capture."""
-    _cuda()
-    runs = compiled_runs_by_setting(monkeypatch, "update_after_product", OPTIMIZERS[name](),
-                                    20, stats=SPLIT_STATS)
-    eager, graphed, _, _, splits = runs[True]
-    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert splits == (2, 1) and runs[False][4] == (2, 1)
-    assert_runs_equal(runs)
-
-
-@gpu
-@pytest.mark.parametrize("early_read", [False, True])
-def test_side_update_on_a_capped_grid_gives_the_same_numbers(early_read, monkeypatch):
-    """The side stream's launch of a split Adam update on one block per SM (its threads
-    striding over the vectors) gives the full grid's numbers bit for bit, also where it
-    starts right after the input gradient's matmul."""
-    _cuda()
-    be = ff.backend.get("cuda")
-    monkeypatch.setattr(be, "own_epilog_min", 2 ** 17)
-    monkeypatch.setattr(be, "update_after_product", early_read)
-    # False: the full grid (0 blocks per SM: uncapped); True: 1 block per SM
-    runs = compiled_runs_by_setting(monkeypatch, "side_update_blocks_per_sm",
-                                    OPTIMIZERS["adam"](), 20, stats=SPLIT_STATS)
-    eager, graphed, _, _, splits = runs[True]
-    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert splits == (2, 1) and runs[False][4] == (2, 1)
-    assert_runs_equal(runs)
-
-
-@gpu
 def test_no_split_after_work_on_the_main_stream(monkeypatch):
     """A step that launches work between the backward and the update (here it reads the
     params) is captured without the split (the join stays), and gives the same numbers.

@@ -256,8 +256,7 @@ def _split_update(split, early, kind, params, grads, states, grad_scale, low, hy
                                     low=low, compile_only=True, **hyper)
     get("cuda").release_update_split(split)
     side = {"new_count": None, "new_sched_count": None,
-            "bump_count": hyper.get("new_count") is not None,
-            "blocks_per_sm": get("cuda").side_update_blocks_per_sm}
+            "bump_count": hyper.get("new_count") is not None}
     for want, stream in ((True, split.side), (False, split.main)):
         with stream:
             _cuda_fused.multi_tensor_update(

@@ -234,10 +234,9 @@ def _aligned(arrays, width=4):
 BLOCKS_PER_SM = 2 ** 20
 
 
-def _launch(kern, quads, args, blocks_per_sm=0):
+def _launch(kern, quads, args):
     threads = 256
-    cap = 132 * (blocks_per_sm or BLOCKS_PER_SM)
-    blocks = max(1, min(-(-quads // threads), cap))
+    blocks = max(1, min(-(-quads // threads), 132 * BLOCKS_PER_SM))
     kern((blocks,), (threads,), (np.int64(quads), *args))
 
 
@@ -326,7 +325,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
                         decay=0.0, nesterov=False, in_place=False, finite=None,
                         grad_scale=None, new_count=None, sched_count=None,
                         new_sched_count=None, step_table=None, low=None,
-                        compile_only=False, bump_count=False, blocks_per_sm=0):
+                        compile_only=False, bump_count=False):
     """One launch that updates every tensor; returns ``(new_params, new_states)``, and
     ``new_low`` third when ``low`` is given.
 
@@ -344,9 +343,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     kernel also stores each new param cast to it (into ``low`` itself when ``in_place``).
     ``compile_only``: build (and load) the kernel for these tensors, launch nothing.
     ``bump_count``: use ``count + 1`` as ``new_count`` would, without storing it (the second
-    launch of a split update, whose partner stores the counters). ``blocks_per_sm``: cap
-    the grid at that many blocks of 256 threads per SM (0: ``BLOCKS_PER_SM``); the threads
-    stride over the vectors, so any grid gives the same numbers.
+    launch of a split update, whose partner stores the counters).
     """
     dtype = params[0].dtype
     wtype = "double" if dtype == np.float64 else "float"
@@ -383,7 +380,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
             args += [group[k], new_group[k]]
         if new_low is not None:
             args.append(new_low[k])
-    _launch(kern, quads, args, blocks_per_sm)
+    _launch(kern, quads, args)
     return (new_params, new_states) if low is None else (new_params, new_states, new_low)
 
 

@@ -247,16 +247,6 @@ class CudaBackend(Backend):
         #: Counted in ``stats()["split_update"]``.
         self.split_update = env_choice("FUSEFLOW_SPLIT_UPDATE", AUTOTUNE_MODES, "auto")
         self.split_update_min_elements = env_int("FUSEFLOW_SPLIT_UPDATE_MIN", 2 ** 18)
-        #: An early update of a layer's params waits for its input gradient's matmul, the
-        #: last read of them, not for the own ReLU-gradient pass after it (True); False
-        #: waits for the whole input gradient. Measured on the H200 (calls 112-113): with the
-        #: update's full grid, True made the medium Adam step 10% slower (its blocks filled
-        #: the SMs before the next weight gradient's).
-        self.update_after_product = False
-        #: Blocks per SM of the side stream's launch of a split update (0: one thread per
-        #: vector, as every other launch): a capped grid leaves SMs to the main stream's
-        #: matmul beside it and works through its leaves with fewer threads.
-        self.side_update_blocks_per_sm = 0
         self._local = threading.local()  # .overlap: this thread's open OverlapScope
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
@@ -720,18 +710,9 @@ class CudaBackend(Backend):
         return pre, None
 
     def _linear_dgrad(self, dy, w, spec, aux):
-        self._local.w_read = False
         out = self._linear_dgrad_impl(dy, w, spec, aux)
-        if not self._local.w_read:
-            self.params_read()  # the last read of w: an early update of w waits for it
+        self.params_read()  # the last read of w: an early update of w waits for it
         return out
-
-    def _product_read_w(self):
-        """An input gradient's matmul has read w and what follows (the own epilog pass)
-        does not: an early update of w need not wait for that pass."""
-        if self.update_after_product:
-            self.params_read()
-            self._local.w_read = True
 
     def _linear_dgrad_impl(self, dy, w, spec, aux):
         op = f"linear_dgrad/{spec.name}"
@@ -813,7 +794,6 @@ class CudaBackend(Backend):
             dx = cupy.empty(part.shape[1:], dtype=part.dtype)
         else:
             dx = self._plain_dgrad(dy, w)
-        self._product_read_w()
         if own and E.vectorizable(dx.shape[1], dx):
             self._counters["own_epilog"] += 1
             return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
