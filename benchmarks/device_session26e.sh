@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Twenty-third session, the lean form of calls 26c + 26d for a short device budget: the
-# side stream's update on a capped grid side by side (3 rounds, the medium Adam and SGD
-# steps), then every GPU test on the session's final code. Results: $OUT/results-s26e.tgz.
+# Twenty-third session, not run (no device was lent): the side stream's split update on a
+# capped grid (side_update_blocks_per_sm), with the update waiting for the whole input
+# gradient or only its matmul (update_after_product), side by side in the compiled medium
+# steps (3 rounds), then every GPU test. The settings exist only in commit 2747476 (backed
+# out of main): check that commit out first. Results: $OUT/results-s26e.tgz.
 set -uo pipefail
 TAG=s26e
 source "$(dirname "$0")/_device_lib.sh"
