@@ -97,7 +97,8 @@ def main():
                 us, loss = compiled_step_us(ff, cp, model, opt, prec, steps=steps, batches=2)
                 row = {"round": r, "model": model, "optimizer": opt, "precision": prec,
                        "arm": i, "setting": arm, "us": round(us, 2), "loss": loss,
-                       "overlapped_wgrad": be.stats()["overlapped_wgrad"]}
+                       "overlapped_wgrad": be.stats()["overlapped_wgrad"],
+                       "fused_skinny_grads": be.stats()["fused_skinny_grads"]}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for k, v in defaults.items():

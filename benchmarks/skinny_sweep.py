@@ -20,7 +20,8 @@ Swept, in the shapes of the benchmark steps (784-30-10 and 784-1024-1024-10 at b
 - the tensor-core forms (``_cuda_skinny_tc``) of the float16 output layer of
   784-4096-4096-10 at batch 8192 against the SIMT kernels' default launch and (forward)
   cuBLASLt: rows per chunk, warps per block and rows' k16 steps unrolled (loads in
-  flight) of the gradients; and the step's ReLU-gradient pass
+  flight) of the gradients, apart and in one pass (``grads``, as ``linear_grads`` runs
+  them); and the step's ReLU-gradient pass
   (``_cuda_epilogs.drelu``) with 1 and ``DRELU_UNROLL`` rows' loads in flight per thread
   (``--only tc`` runs just these).
 The default launch shape of each kernel is marked. JSON out.
@@ -165,13 +166,16 @@ def tc_rows(cp, S, TC):
     add("dgrad", "simt", lambda: S.dgrad(dy, w, aux, aux.shape[0], bgrad=True), default=False)
     shapes = [(r, TC.GRAD_WARPS, TC.GRAD_UNROLL) for r in (64, 128)]
     shapes += itertools.product((256, 512), (4, 8), (1, 2, 4))  # rows, warps, unrolled
-    for kernel in ("wgrad", "dgrad"):
+    for kernel in ("wgrad", "dgrad", "grads"):  # grads: both in one pass (linear_grads)
         for r, wp, u in shapes:
             if kernel == "wgrad":
                 fn = functools.partial(TC.wgrad, dy, x, bgrad=True, rows=r, warps=wp, unroll=u)
-            else:
+            elif kernel == "dgrad":
                 fn = functools.partial(TC.dgrad, dy, w, aux, aux.shape[0], bgrad=True, rows=r,
                                        warps=wp, unroll=u)
+            else:
+                fn = functools.partial(TC.grads, dy, x, w, aux, aux.shape[0], bgrad_w=True,
+                                       bgrad_x=True, rows=r, warps=wp, unroll=u)
             add(kernel, "tc", fn, rows_per_chunk=r, warps=wp, unroll=u,
                 default=(r, wp, u) == (TC.ROWS_PER_CHUNK, TC.GRAD_WARPS, TC.GRAD_UNROLL))
     from fuseflow.backend import _cuda_epilogs as E

@@ -556,11 +556,29 @@ def test_skinny_tc_kernels_are_exact_on_integers(nb, rng, shape):
         else:
             dx, dbx = TC.dgrad(dev(dy), dev(w), aux, aux.shape[0], bgrad=True, rows=rows,
                                warps=warps, unroll=unroll)
+        # both gradients from one pass (linear_grads' kernel)
+        gw, gb, gx, gbx = TC.grads(dev(dy), h, dev(w), aux, aux.shape[0], bgrad_w=True,
+                                   bgrad_x=True, rows=rows, warps=warps, unroll=unroll)
         for name, got, ref in (("dw", dw, dw_ref), ("db", db, db_ref), ("dx", dx, dx_ref),
-                               ("dbx", dbx, dbx_ref)):
+                               ("dbx", dbx, dbx_ref), ("grads dw", gw, dw_ref),
+                               ("grads db", gb, db_ref), ("grads dx", gx, dx_ref),
+                               ("grads dbx", gbx, dbx_ref)):
             np.testing.assert_array_equal(
                 host(got), ref, err_msg=f"{name} rows={rows} warps={warps} unroll={unroll} "
                                         f"(seed {rng.seed})")
+    # the one pass without the mask or either bias gradient, and on the unaligned mask
+    for bw, bx, mask in itertools.product((False, True), (False, True), (None, "odd")):
+        gw, gb, gx, gbx = TC.grads(dev(dy), h, dev(w), odd[:aux.shape[0]] if mask else None,
+                                   odd.shape[0] if mask else 0, bgrad_w=bw, bgrad_x=bx,
+                                   rows=48)
+        want_dx = dx_ref if mask else (dy32 @ w32).astype(f16)
+        np.testing.assert_array_equal(host(gw), dw_ref)
+        np.testing.assert_array_equal(host(gx), want_dx)
+        assert (gb is None) != bw and (gbx is None) != bx
+        if bw:
+            np.testing.assert_array_equal(host(gb), db_ref)
+        if bx:
+            np.testing.assert_array_equal(host(gbx), want_dx.astype(f32).sum(0).astype(f16))
     # without the mask and the bias gradients
     dw, db = TC.wgrad(dev(dy), h, bgrad=False, rows=64)
     dx, dbx = TC.dgrad(dev(dy), dev(w), None, 0, bgrad=False, rows=64)
@@ -608,6 +626,98 @@ def test_skinny_tc_kernels_run_where_supported(nb, rng):
     cb.skinny_tc = False
     cb.linear_wgrad(dev(dy), h, "BGRADB")
     assert cb.stats()["skinny_tc"] == n0 + 3
+
+
+def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb, rng):
+    """``linear_grads`` on the float16 output layer of a long batch is one ``tc_grads``
+    launch whose dw, dx and head bias gradient equal ``linear_wgrad`` + ``linear_dgrad``'s
+    bit for bit (dx's column sums to float16 rounding: added in another order), and both
+    agree with NumPy in float32. Where either kernel would not be the tensor-core one
+    (float32, 17 outputs, a GELU mask, FUSEFLOW_FUSED_SKINNY_GRADS off) it returns None
+    and counts nothing; a side stream that would take the weight gradient (overlap) also
+    keeps the two calls."""
+    cb = CudaBackend(tf32=False)
+    f16, f32 = np.float16, np.float32
+    h, aux = cb.activation(dev(normal(rng, (8192, 1024), f16)), "relu")
+    w = dev(normal(rng, (10, 1024), f16, 1024 ** -0.5))
+    dy = dev(normal(rng, (8192, 10), f16, 0.1))
+    calls, fused = cb.calls.copy(), cb.stats()["fused_skinny_grads"]
+    dw, db, dx, dbx = cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux)
+    assert cb.stats()["fused_skinny_grads"] == fused + 1
+    key = "linear_grads/BGRADB+DRELU_BGRAD"
+    assert cb.calls[key] == calls[key] + 1
+    assert cb.calls["linear_wgrad/BGRADB"] == calls["linear_wgrad/BGRADB"]
+    sw, sb = cb.linear_wgrad(dy, h, "BGRADB")
+    sx, sbx = cb.linear_dgrad(dy, w, "DRELU_BGRAD", aux)
+    for name, got, ref in (("dw", dw, sw), ("db", db, sb), ("dx", dx, sx)):
+        np.testing.assert_array_equal(host(got), host(ref), err_msg=f"{name} (seed {rng.seed})")
+    check_close("dbx", dbx, sbx, f16, rng.seed, tol={f16: 2e-3}, scale=host(sx).astype(f32))
+    hh, w32, dy32 = host(h).astype(f32), host(w).astype(f32), host(dy).astype(f32)
+    dw_ref, db_ref = nb.linear_wgrad(dy32, hh, "BGRADB")
+    dx_ref, dbx_ref = nb.linear_dgrad(dy32, w32, "DRELU_BGRAD", host(aux))
+    for name, got, ref in (("dw", dw, dw_ref), ("db", db, db_ref), ("dx", dx, dx_ref),
+                           ("dbx", dbx, dbx_ref)):
+        check_close(name, got, ref, f16, rng.seed, tol={f16: 3e-3})
+    # not the tensor-core kernels, or overlapped: None, nothing counted
+    h32 = h.astype(f32)
+    _, aux17 = cb.activation(dev(normal(rng, (8192, 1024), f16)), "relu")
+    gelu_x = dev(normal(rng, (8192, 1024), f16))
+    _, gaux = cb.activation(gelu_x, "gelu")
+    assert cb.linear_grads(dy.astype(f32), h32, w.astype(f32), "BGRADB", "DRELU_BGRAD",
+                           aux) is None
+    assert cb.linear_grads(dev(normal(rng, (8192, 17), f16)), h,
+                           dev(normal(rng, (17, 1024), f16)), "BGRADB", "DRELU_BGRAD",
+                           aux17) is None
+    assert cb.linear_grads(dy, gelu_x, w, "BGRADB", "DGELU_BGRAD", gaux) is None
+    cb.fused_skinny_grads = False
+    assert cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux) is None
+    cb.fused_skinny_grads = True
+    scope_before = cb.overlap_wgrad
+    cb.overlap_wgrad = True
+    with cb.overlapping_wgrad():
+        assert cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux, overlap=True) is None
+    cb.overlap_wgrad = scope_before
+    assert cb.stats()["fused_skinny_grads"] == fused + 1
+
+
+def test_dense_layers_take_the_one_pass_backward_and_match_the_two_calls(rng):
+    """``dense_backward`` and ``dense_softmax_xent`` (an output layer of 10 over a ReLU layer
+    of 512, float16, batch 8192) use ``linear_grads``' one pass and give the two separate
+    calls' gradients: dw, dx and the head's bias gradient bit for bit, the lower layer's
+    bias gradient to float16 rounding."""
+    from fuseflow.ops.dense import dense_backward, dense_softmax_xent
+
+    cb = fb.get("cuda")
+    f16 = np.float16
+    h, aux = cb.activation(dev(normal(rng, (8192, 512), f16)), "relu")
+    params = {"w": dev(normal(rng, (10, 512), f16, 512 ** -0.5)),
+              "b": dev(normal(rng, (10,), f16))}
+    labels = dev(rng.integers(0, 10, 8192).astype(np.int32))
+    dy = dev(normal(rng, (8192, 10), f16, 0.1))
+    runs = {}
+    for fused in (True, False):
+        cb.fused_skinny_grads = fused
+        try:
+            n0 = cb.stats()["fused_skinny_grads"]
+            grads, dx, idb = dense_backward(params, {"x": h}, dy, input_activation="relu",
+                                            input_aux=aux, input_has_bias=True)
+            loss, _, xgrads, xdx, xidb = dense_softmax_xent(
+                params, {"x": h}, labels, input_activation="relu", input_aux=aux,
+                input_has_bias=True, grad_scale=dev(np.float32(1024.0)), grad_dtype=f16)
+            assert cb.stats()["fused_skinny_grads"] == n0 + (2 if fused else 0)
+        finally:
+            cb.fused_skinny_grads = True
+        runs[fused] = [host(a) for a in (grads["w"], grads["b"], dx, idb, loss,
+                                         xgrads["w"], xgrads["b"], xdx, xidb)]
+    names = ["dw", "db", "dx", "input db", "loss", "xent dw", "xent db", "xent dx",
+             "xent input db"]
+    for name, got, ref in zip(names, runs[True], runs[False]):
+        if name.endswith("input db"):
+            np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32),
+                                       rtol=2e-3, atol=2e-3 * float(np.abs(ref).max()),
+                                       err_msg=f"{name} (seed {rng.seed})")
+        else:
+            np.testing.assert_array_equal(got, ref, err_msg=f"{name} (seed {rng.seed})")
 
 
 # ---- fused chains: forward aux straight into the backward ------------------------------------

@@ -140,8 +140,14 @@ def _generated_sources(monkeypatch):
             TC._kernel("tc_wgrad", n, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
             for d in (False, True):
                 TC._kernel("tc_dgrad", n, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS, RPC=rows)
+        for bw, bx, d, rows in itertools.product((False, True), (False, True), (False, True),
+                                                 (16, 48, TC.MAX_ROWS_PER_CHUNK)):
+            TC._kernel("tc_grads", n, BGRADB=bw, DRELU=d, BGRAD=bx, WARPS=TC.GRAD_WARPS,
+                       RPC=rows)
     # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
+        TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,
+                   RPC=TC.MAX_ROWS_PER_CHUNK)
         TC._kernel("tc_wgrad", 10, unroll, BGRADB=True, WARPS=warps,
                    RPC=TC.MAX_ROWS_PER_CHUNK)
         TC._kernel("tc_dgrad", 10, unroll, DRELU=True, BGRAD=True, WARPS=warps,

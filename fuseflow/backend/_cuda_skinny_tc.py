@@ -339,9 +339,191 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
 """
 
 
+# Both gradients of the output layer in one pass over the (rows, features) tiles that
+# tc_wgrad and tc_dgrad share: a warp loads its 16 x 64 tile of x for the weight gradient
+# and writes the same tile of dx, so x is read once and dx written once, by one launch
+# (the separate kernels each stream one 67 MB activation at 784-4096-4096-10's batch 8192).
+# The weight gradient's part is tc_wgrad's code. The input gradient's A operand (rows x
+# classes) comes from the same transposed dy in shared memory: its rows are permuted (the
+# fragment's rows g and g + 8 are the k16 step's rows 2g and 2g + 1), so one 4-byte load
+# gives a class's value at both rows; the output rows follow the same permutation. dx, dw
+# and the weight's bias gradient are tc_dgrad's and tc_wgrad's bit for bit (the same
+# products and sums); dx's column sums add the same values in another order.
+# Dynamic shared memory: dyT [16][RPC + 16] halves, then the mask bytes [RPC][WARPS * 8].
+_GRADS = r"""
+extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restrict__ x,
+        const T* __restrict__ w, const unsigned char* __restrict__ aux,
+        float* __restrict__ wpart, T* __restrict__ dw, T* __restrict__ db,
+        T* __restrict__ dx, float* __restrict__ xpart, T* __restrict__ dxb, long long B,
+        long long F, long long ld) {
+    static_assert(WARPS >= 4, "the bias sums below take 8 threads for each of 16 classes");
+    const int pitch = RPC + 16;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* dyT = reinterpret_cast<T*>(smem);
+    unsigned char* ms = smem + 16 * (RPC + 16) * sizeof(T);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const long long r0 = (long long)blockIdx.y * RPC;
+    const long long nrows = (B - r0 < RPC) ? B - r0 : RPC;
+    const long long FC = F + (BGRADB ? 1 : 0);
+    const long long fb0 = (long long)blockIdx.x * WARPS * 64;
+    #pragma unroll
+    for (int i = 0; i < 16 * RPC / (32 * WARPS); ++i) {
+        const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
+        dyT[c * pitch + r] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
+    }
+    if (DRELU) {  // the mask bytes of the block's features, 8 at a time (ld % 8 == 0)
+        const long long nb = (F - fb0) / 8 < WARPS * 8 ? (F - fb0) / 8 : WARPS * 8;
+        #pragma unroll
+        for (int k = 0; k < (RPC + 31) / 32; ++k) {
+            const int e = threadIdx.x + k * 32 * WARPS, r = e / WARPS, i = e - r * WARPS;
+            if (r >= RPC) break;
+            uint2 v = make_uint2(0u, 0u);
+            if (r < nrows && 8 * i < nb)
+                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * i);
+            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * i) = v;
+        }
+    }
+    __syncthreads();
+    if (BGRADB && blockIdx.x == 0 && threadIdx.x < 8 * 16) {
+        const int c = threadIdx.x >> 3, q = threadIdx.x & 7;
+        float s = 0.f;
+        for (long long r = q; r < nrows; r += 8) s += __half2float(dyT[c * pitch + r]);
+        #pragma unroll
+        for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (q == 0 && c < N) {
+            if (gridDim.y == 1) db[c] = __float2half_rn(s);
+            else wpart[((long long)blockIdx.y * N + c) * FC + F] = s;
+        }
+    }
+    const long long fb = fb0 + (long long)warp * 64;
+    if (fb >= F) return;  // whole warps; F % 64 == 0
+    // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
+    unsigned b[8][2];
+    {
+        const T* wp = w + fb + 32 * (g & 1) + 8 * (g >> 1);
+        unsigned c0[4], c1[4], c2[4], c3[4];
+        load16(c0, wp + (long long)(2 * t) * F, 2 * t < N);
+        load16(c1, wp + (long long)(2 * t + 1) * F, 2 * t + 1 < N);
+        load16(c2, wp + (long long)(2 * t + 8) * F, 2 * t + 8 < N);
+        load16(c3, wp + (long long)(2 * t + 9) * F, 2 * t + 9 < N);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
+    }
+    float acc[8][4], colsum[16];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    #pragma unroll
+    for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
+    const T* xp = x + fb + 8 * g;
+    const int mbyte = warp * 8 + t;
+    #pragma unroll UNROLL_ROWS
+    for (long long kb = 0; kb < nrows; kb += 16) {
+        // the weight gradient (tc_wgrad's step)
+        const long long r = kb + 4 * t;
+        unsigned v0[4], v1[4], v2[4], v3[4];
+        load16(v0, xp + (r0 + r) * F, r < nrows);
+        load16(v1, xp + (r0 + r + 1) * F, r + 1 < nrows);
+        load16(v2, xp + (r0 + r + 2) * F, r + 2 < nrows);
+        load16(v3, xp + (r0 + r + 3) * F, r + 3 < nrows);
+        const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * pitch + r);
+        const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * pitch + r);
+        const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
+        // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
+        const T* dc = dyT + kb + 2 * g;
+        const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * pitch);
+        const unsigned q1 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 1) * pitch);
+        const unsigned q2 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 8) * pitch);
+        const unsigned q3 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 9) * pitch);
+        const unsigned ad[4] = {__byte_perm(q0, q1, 0x5410), __byte_perm(q0, q1, 0x7632),
+                                __byte_perm(q2, q3, 0x5410), __byte_perm(q2, q3, 0x7632)};
+        float d[8][4];
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+            mma16816(d[j], ad, b[j][0], b[j][1]);
+        }
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long long rr = kb + 2 * g + h;
+            if (rr >= nrows) continue;
+            #pragma unroll
+            for (int s = 0; s < 2; ++s) {    // features fb + 8t + j, fb + 32 + 8t + j
+                const unsigned bits = DRELU ? ms[rr * (WARPS * 8) + mbyte + 4 * s] : 0xffu;
+                unsigned o[4];
+                #pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    __half vl = __float2half_rn(d[j][2 * h + s]);
+                    __half vh = __float2half_rn(d[j + 1][2 * h + s]);
+                    if (DRELU && !((bits >> j) & 1u)) vl = __float2half(0.f);
+                    if (DRELU && !((bits >> (j + 1)) & 1u)) vh = __float2half(0.f);
+                    if (BGRAD) {
+                        colsum[8 * s + j] += __half2float(vl);
+                        colsum[8 * s + j + 1] += __half2float(vh);
+                    }
+                    o[j / 2] = __byte_perm(__half_as_ushort(vl), __half_as_ushort(vh), 0x5410);
+                }
+                *reinterpret_cast<uint4*>(dx + (r0 + rr) * F + fb + 32 * s + 8 * t) =
+                    make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
+    }
+    // the weight gradient's results (tc_wgrad's)
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int c = g + 8 * h;
+        if (c >= N) continue;
+        const long long f = fb + 16 * t;
+        if (gridDim.y == 1) {
+            unsigned o[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                o[j / 2] = __byte_perm(__half_as_ushort(__float2half_rn(acc[j][2 * h])),
+                                       __half_as_ushort(__float2half_rn(acc[j + 1][2 * h])),
+                                       0x5410);
+                o[4 + j / 2] = __byte_perm(
+                    __half_as_ushort(__float2half_rn(acc[j][2 * h + 1])),
+                    __half_as_ushort(__float2half_rn(acc[j + 1][2 * h + 1])), 0x5410);
+            }
+            *reinterpret_cast<uint4*>(dw + c * F + f) = make_uint4(o[0], o[1], o[2], o[3]);
+            *reinterpret_cast<uint4*>(dw + c * F + f + 8) = make_uint4(o[4], o[5], o[6], o[7]);
+        } else {
+            float* p = wpart + ((long long)blockIdx.y * N + c) * FC + f;
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                p[j] = acc[j][2 * h];
+                p[8 + j] = acc[j][2 * h + 1];
+            }
+        }
+    }
+    // the input gradient's column sums (tc_dgrad's)
+    if (BGRAD) {
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float v = colsum[i];
+            #pragma unroll
+            for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            colsum[i] = v;
+        }
+        if (g == 0) {
+            #pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const long long f = fb + 32 * (i >> 3) + 8 * t + (i & 7);
+                if (gridDim.y == 1) dxb[f] = __float2half_rn(colsum[i]);
+                else xpart[(long long)blockIdx.y * F + f] = colsum[i];
+            }
+        }
+    }
+}
+"""
+
+
 @functools.cache
 def _kernel(name, n, unroll=GRAD_UNROLL, **flags):
-    src = {"tc_forward": _FORWARD, "tc_wgrad": _WGRAD, "tc_dgrad": _DGRAD}[name]
+    src = {"tc_forward": _FORWARD, "tc_wgrad": _WGRAD, "tc_dgrad": _DGRAD,
+           "tc_grads": _GRADS}[name]
     src = src.replace("UNROLL_ROWS", str(int(unroll)))  # a literal: #pragma unroll takes one
     head = _COMMON.replace("{N}", str(n))
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
@@ -466,3 +648,54 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=Non
     if part is not None:
         S.sum_chunks(part, db, None, 1, features, features)
     return dx, db
+
+
+def grads_shared_bytes(rows: int, warps: int) -> int:
+    """``tc_grads``' dynamic shared memory: dy transposed, then the block's mask bytes."""
+    return 16 * (rows + 16) * 2 + rows * warps * 8
+
+
+def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, warps=None,
+          unroll=None):
+    """``(dw, db, dx, dbx)``: ``wgrad(dy, x, bgrad=bgrad_w)`` and ``dgrad(dy, w, aux, ld,
+    bgrad=bgrad_x)`` from one launch that reads each tile of x once and writes the same
+    tile of dx (see ``_GRADS``); x and w have the same features. ``rows``, ``warps``,
+    ``unroll``: as ``wgrad``'s."""
+    batch, n = dy.shape
+    features = x.shape[1]
+    if w.shape[1] != features:
+        raise ValueError(f"tensor-core skinny grads: x has {features} features but w has "
+                         f"{w.shape[1]}")
+    warps, unroll = _launch_shape(warps, unroll)
+    fc = features + (1 if bgrad_w else 0)
+    dw = cupy.empty((n, features), dtype=dy.dtype)
+    db = cupy.empty(n, dtype=dy.dtype) if bgrad_w else None
+    dx = cupy.empty((batch, features), dtype=dy.dtype)
+    dbx = cupy.empty(features, dtype=dy.dtype) if bgrad_x else None
+    if not batch:
+        for a in (dw, db, dbx):
+            if a is not None:
+                a.fill(0)
+        return dw, db, dx, dbx
+    rows, chunks = _chunks(batch, rows)
+    if aux is not None and (ld % 8 or aux.data.ptr % 8):  # the kernel reads 8 bytes at a time
+        aux, ld = _aux_copy(aux, ld, batch)
+    wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
+    xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
+        else None
+    kern = _kernel("tc_grads", n, unroll, BGRADB=bgrad_w, DRELU=aux is not None,
+                   BGRAD=bgrad_x, WARPS=warps, RPC=rows)
+    smem = grads_shared_bytes(rows, warps)
+    if smem > S._SMEM_LIMIT and kern.max_dynamic_shared_size_bytes < smem:
+        kern.max_dynamic_shared_size_bytes = smem  # opt in beyond 48 KB (8 warps, 512 rows)
+    null = np.uintp(0)
+    kern((-(-features // (64 * warps)), chunks), (32 * warps,),
+         (dy, x, w, aux if aux is not None else null, wpart if wpart is not None else null,
+          dw, db if bgrad_w else null, dx, xpart if xpart is not None else null,
+          dbx if bgrad_x else null, np.int64(batch), np.int64(features), np.int64(ld)),
+         shared_mem=smem)
+    if wpart is not None:
+        S.sum_chunks(wpart, dw, db, n, features, fc)
+    if xpart is not None:
+        S.sum_chunks(xpart, dbx, None, 1, features, features)
+    return dw, db, dx, dbx

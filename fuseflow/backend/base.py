@@ -62,6 +62,12 @@ class Backend:
         the row sum of that result (the lower layer's bias gradient) comes back too.
         Returns ``(dx, dbias or None)``. cuBLASLt view: ``dx.T = W.T @ dy.T``.
         """
+        spec = self._check_dgrad(dy, w, epilog, aux)
+        self.calls["linear_dgrad/" + spec.name] += 1
+        return self._linear_dgrad(dy, w, spec, aux)
+
+    def _check_dgrad(self, dy, w, epilog, aux):
+        """``linear_dgrad``'s operand checks; returns the epilog's spec."""
         spec = lookup(DGRAD_EPILOGS, epilog, "input-gradient")
         self._check_2d("dy", dy), self._check_2d("w", w)
         self._check_same_dtype(dy=dy, w=w)
@@ -70,8 +76,7 @@ class Backend:
                                f"{w.shape[0]} outputs (dy {dy.shape}, w {w.shape})")
         if spec.aux:
             self._check_aux(spec.activation, aux, w.shape[1], dy.shape[0], dy.dtype)
-        self.calls["linear_dgrad/" + spec.name] += 1
-        return self._linear_dgrad(dy, w, spec, aux)
+        return spec
 
     def linear_wgrad(self, dy, x, epilog="DEFAULT", *, overlap=False):
         """Weight gradient ``dw = dy.T @ x`` ``(out, in)``; with BGRADB also ``dy.sum(0)``.
@@ -82,16 +87,43 @@ class Backend:
         ``overlap=True`` inside ``overlapping_wgrad()``: the backend may run it concurrently
         with the work issued after it; its results may be read only once that scope ended.
         """
+        spec = self._check_wgrad(dy, x, epilog)
+        self.calls["linear_wgrad/" + spec.name] += 1
+        if overlap:
+            return self._linear_wgrad_overlapped(dy, x, spec)
+        return self._linear_wgrad(dy, x, spec)
+
+    def _check_wgrad(self, dy, x, epilog):
+        """``linear_wgrad``'s operand checks; returns the epilog's spec."""
         spec = lookup(WGRAD_EPILOGS, epilog, "weight-gradient")
         self._check_2d("dy", dy), self._check_2d("x", x)
         self._check_same_dtype(dy=dy, x=x)
         if dy.shape[0] != x.shape[0]:
             raise BackendError(f"linear_wgrad: dy has batch {dy.shape[0]} but the saved input "
                                f"has batch {x.shape[0]}: residuals from another batch?")
-        self.calls["linear_wgrad/" + spec.name] += 1
-        if overlap:
-            return self._linear_wgrad_overlapped(dy, x, spec)
-        return self._linear_wgrad(dy, x, spec)
+        return spec
+
+    def linear_grads(self, dy, x, w, wgrad_epilog="DEFAULT", dgrad_epilog="DEFAULT",
+                     aux=None, *, overlap=False):
+        """Both gradients of a dense layer as one operation, where this backend has a fused
+        form for these operands; None where it has not (the caller then runs
+        ``linear_wgrad`` and ``linear_dgrad``).
+
+        Returns ``(dw, db, dx, dbias)``: ``(dw, db) = linear_wgrad(dy, x, wgrad_epilog)``
+        and ``(dx, dbias) = linear_dgrad(dy, w, dgrad_epilog, aux)``. On the GPU a skinny
+        float16 layer (the output layer of a classifier at long batches) takes both from
+        one pass that reads x once and writes dx once. ``overlap``: as ``linear_wgrad``'s;
+        where the backend would run that weight gradient beside the input gradient, None.
+        """
+        wspec = self._check_wgrad(dy, x, wgrad_epilog)
+        dspec = self._check_dgrad(dy, w, dgrad_epilog, aux)
+        if x.shape[1] != w.shape[1]:
+            raise BackendError(f"linear_grads: x has {x.shape[1]} features but w takes "
+                               f"{w.shape[1]} inputs (x {x.shape}, w {w.shape})")
+        out = self._linear_grads(dy, x, w, wspec, dspec, aux, overlap)
+        if out is not None:
+            self.calls[f"linear_grads/{wspec.name}+{dspec.name}"] += 1
+        return out
 
     def wgrad_after_dgrad(self, dy, x) -> bool:
         """An overlapped weight gradient of these operands is best issued after the layer's
@@ -328,6 +360,9 @@ class Backend:
 
     def _linear_wgrad_overlapped(self, dy, x, spec):
         return self._linear_wgrad(dy, x, spec)
+
+    def _linear_grads(self, dy, x, w, wspec, dspec, aux, overlap):
+        return None
 
     def _activation(self, x, activation, want_aux):
         raise NotImplementedError

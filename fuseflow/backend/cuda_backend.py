@@ -172,6 +172,11 @@ class CudaBackend(Backend):
         #: as one ``_cuda_head`` kernel where the separate ones would be the skinny SIMT
         #: kernels (short batches); FUSEFLOW_FUSED_HEAD=0 runs the three.
         self.fused_head = env_choice("FUSEFLOW_FUSED_HEAD", {"1": True, "0": False}, True)
+        #: Where both gradients of a layer would be the tensor-core skinny kernels, one
+        #: ``_cuda_skinny_tc.grads`` pass takes them (``linear_grads``: x read once, dx
+        #: written once); FUSEFLOW_FUSED_SKINNY_GRADS=0 runs the two kernels.
+        self.fused_skinny_grads = env_choice("FUSEFLOW_FUSED_SKINNY_GRADS",
+                                             {"1": True, "0": False}, True)
         #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
         #: fuseflow's in-place ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in full float32 from ``own_epilog_min`` batch x features on, where cuBLASLt
@@ -270,6 +275,7 @@ class CudaBackend(Backend):
             "skinny": self._counters["skinny"],
             "skinny_tc": self._counters["skinny_tc"],
             "fused_head": self._counters["fused_head"],
+            "fused_skinny_grads": self._counters["fused_skinny_grads"],
             "own_epilog": self._counters["own_epilog"],
             "k_split": self._counters["k_split"],
             "own_gemm": self._counters["own_gemm"],
@@ -799,6 +805,36 @@ class CudaBackend(Backend):
             return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
         dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
+
+    def _linear_grads(self, dy, x, w, wspec, dspec, aux, overlap):
+        """Both gradients from one tensor-core pass (``_cuda_skinny_tc.grads``) where each
+        would be its tensor-core skinny kernel and no side stream takes the weight
+        gradient; else None (see base)."""
+        op = f"linear_grads/{wspec.name}+{dspec.name}"
+        self._check_device(op, dy=dy, x=x, w=w, aux=aux)
+        self._check_dtype(op, dy.dtype)
+        dy, x, w = self._contig("dy", dy), self._contig("x", x), self._contig("w", w)
+        n, (batch, features) = w.shape[0], x.shape
+        if not (self.fused_skinny_grads and self.skinny_tc and 0 < n <= self.skinny_max
+                and {"wgrad", "dgrad"} <= set(self.skinny_ops)
+                and dspec.activation in (None, "relu")
+                and TC.grad_supported(dy, x) and TC.grad_supported(dy, w)
+                and not (overlap and self._wgrad_scope(dy, x) is not None)):
+            return None
+
+        def outputs():
+            o = [("dw", (n, features), dy.dtype), ("dx", (batch, features), dy.dtype)]
+            return o + ([("dbias", (features,), dy.dtype)] if dspec.bias else [])
+
+        def run():
+            aux_k, ld = self._relu_aux_for_kernels(aux, batch, dspec)
+            self._counters["skinny_tc"] += 2  # the two kernels' work, in one launch
+            self._counters["fused_skinny_grads"] += 1
+            return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias)
+
+        out = self._guard(op, run, {"dy": dy, "x": x, "w": w}, outputs)
+        self.params_read()  # the last read of w, as in _linear_dgrad
+        return out
 
     def _linear_wgrad(self, dy, x, spec, scope=None):
         """``scope``: an open OverlapScope to run on the side stream of (overlapped)."""

@@ -11,6 +11,9 @@ Backward, for a layer whose gradient w.r.t. its own pre-activation is ``dpre``:
   DGELU_BGRAD). That is the cross-layer fusion: the lower layer then receives its
   ``dpre`` and bias gradient ready-made and runs no mask or reduction step of its own.
 
+Where the backend has one pass for both gradients of a layer (``linear_grads``: on the
+GPU, a skinny float16 output layer at long batches), they are one call.
+
 An output layer with its softmax cross-entropy (``dense_softmax_xent``) goes one step
 further: forward, loss and input gradient are one backend call where the backend fuses
 them (``linear_softmax_xent``).
@@ -61,13 +64,17 @@ def dense_backward(params, residuals, dy=None, *, activation=None, pre_grad=None
         dpre, db = dy, None
 
     overlap_wgrad, late = _wgrad_order(be, overlap_wgrad, need_input_grad, dpre, x)
+    epilog = dgrad_epilog(input_activation, bgrad=input_has_bias) if need_input_grad else None
+    if epilog is not None:
+        both = _both_grads(be, dpre, x, w, has_bias, db, epilog, input_aux, overlap_wgrad)
+        if both is not None:
+            return both
     if not late:
         grads = _weight_grads(be, dpre, x, has_bias, db, overlap_wgrad)
         del x  # the input's last reader ran (with release_input, nothing else holds it now)
 
     dx = input_db = None
-    if need_input_grad:
-        epilog = dgrad_epilog(input_activation, bgrad=input_has_bias)
+    if epilog is not None:
         dx, input_db = be.linear_dgrad(dpre, w, epilog, input_aux)
     if late:
         grads = _weight_grads(be, dpre, x, has_bias, db, overlap_wgrad)
@@ -83,6 +90,18 @@ def _wgrad_order(be, overlap, need_input_grad, dy, x):
     if overlap and not need_input_grad and be.lowest_wgrad_on_main(dy, x):
         return False, False
     return overlap, overlap and be.wgrad_after_dgrad(dy, x)
+
+
+def _both_grads(be, dpre, x, w, has_bias, db, epilog, input_aux, overlap):
+    """``(grads, dx, input_bias_grad)`` from one backend call where the backend fuses the
+    weight and input gradients (``linear_grads``), else None."""
+    both = be.linear_grads(dpre, x, w, "BGRADB" if has_bias and db is None else "DEFAULT",
+                           epilog, input_aux, overlap=overlap)
+    if both is None:
+        return None
+    dw, wdb, dx, input_db = both
+    grads = {"w": dw, "b": wdb if db is None else db} if has_bias else {"w": dw}
+    return grads, dx, input_db
 
 
 def _weight_grads(be, dpre, x, has_bias, db, overlap):
@@ -121,6 +140,10 @@ def dense_softmax_xent(params, residuals, labels, *, input_activation=None, inpu
     y, _ = be.linear(x, w, b, forward_epilog(None, bias=b is not None, aux=True))
     loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
     overlap_wgrad, late = _wgrad_order(be, overlap_wgrad, need_input_grad, dy, x)
+    if epilog is not None:
+        both = _both_grads(be, dy, x, w, b is not None, None, epilog, input_aux, overlap_wgrad)
+        if both is not None:
+            return (loss, y, *both)
     if not late:
         grads = _weight_grads(be, dy, x, b is not None, None, overlap_wgrad)
         del x
