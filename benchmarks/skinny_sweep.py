@@ -177,7 +177,8 @@ def tc_rows(cp, S, TC):
                 fn = functools.partial(TC.grads, dy, x, w, aux, aux.shape[0], bgrad_w=True,
                                        bgrad_x=True, rows=r, warps=wp, unroll=u)
             add(kernel, "tc", fn, rows_per_chunk=r, warps=wp, unroll=u,
-                default=(r, wp, u) == (TC.ROWS_PER_CHUNK, TC.GRAD_WARPS, TC.GRAD_UNROLL))
+                default=(r, wp, u) == (TC.ROWS_PER_CHUNK, TC.GRAD_WARPS,
+                                       TC.GRADS_UNROLL if kernel == "grads" else TC.GRAD_UNROLL))
     from fuseflow.backend import _cuda_epilogs as E
 
     dx = cp.maximum(rng.standard_normal((batch, feat), dtype=np.float32), 0).astype(dtype)

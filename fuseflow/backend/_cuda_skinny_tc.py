@@ -51,6 +51,10 @@ FORWARD_WARPS = 8    # forward: warps per block, splitting the inputs
 GRAD_WARPS = 4       # wgrad/dgrad: warps per block, 64 features each
 #: wgrad/dgrad: k16 steps of rows unrolled, so that many steps' loads are in flight per thread
 GRAD_UNROLL = 2
+#: The same for ``grads`` (both in one pass). Measured on an H100 (graph replays,
+#: ``skinny_sweep.py --only tc``, call 116, 784-4096-4096-10's layer 3 at batch 8192): 78.8
+#: us at 2, 71.4 at 4 (4 warps, 512 rows), against 39.2 + 42.7 for the two kernels apart.
+GRADS_UNROLL = 4
 #: Rows of a wgrad/dgrad block (a multiple of 16). Measured on the H200 at batch 8192 x
 #: 4096 x 10 (graph replays, ``benchmarks/skinny_sweep.py --only tc``,
 #: ``session8_skinny_sweep_tc.json``): wgrad 78.2 / 50.8 / 37.5 / 35.6 us and dgrad 45.6 /
@@ -577,10 +581,10 @@ def _chunks(batch, rows):
     return rows, chunks
 
 
-def _launch_shape(warps, unroll):
+def _launch_shape(warps, unroll, default_unroll=None):
     """Warps per block and rows' k16 steps unrolled (defaults unless a benchmark sweeps)."""
     warps = GRAD_WARPS if warps is None else warps
-    unroll = GRAD_UNROLL if unroll is None else unroll
+    unroll = (default_unroll or GRAD_UNROLL) if unroll is None else unroll
     if type(warps) is not int or type(unroll) is not int or warps not in (4, 8) \
             or unroll not in (1, 2, 4):
         raise ValueError(f"tensor-core skinny kernels: warps must be 4 or 8 and unroll 1, 2 "
@@ -660,13 +664,13 @@ def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, wa
     """``(dw, db, dx, dbx)``: ``wgrad(dy, x, bgrad=bgrad_w)`` and ``dgrad(dy, w, aux, ld,
     bgrad=bgrad_x)`` from one launch that reads each tile of x once and writes the same
     tile of dx (see ``_GRADS``); x and w have the same features. ``rows``, ``warps``,
-    ``unroll``: as ``wgrad``'s."""
+    ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``)."""
     batch, n = dy.shape
     features = x.shape[1]
     if w.shape[1] != features:
         raise ValueError(f"tensor-core skinny grads: x has {features} features but w has "
                          f"{w.shape[1]}")
-    warps, unroll = _launch_shape(warps, unroll)
+    warps, unroll = _launch_shape(warps, unroll, GRADS_UNROLL)
     fc = features + (1 if bgrad_w else 0)
     dw = cupy.empty((n, features), dtype=dy.dtype)
     db = cupy.empty(n, dtype=dy.dtype) if bgrad_w else None
