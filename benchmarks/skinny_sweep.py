@@ -179,11 +179,6 @@ def tc_rows(cp, S, TC):
             add(kernel, "tc", fn, rows_per_chunk=r, warps=wp, unroll=u,
                 default=(r, wp, u) == (TC.ROWS_PER_CHUNK, TC.GRAD_WARPS,
                                        TC.GRADS_UNROLL if kernel == "grads" else TC.GRAD_UNROLL))
-    for wp, pipe in itertools.product((4, 8), (1, 2, 3, 4)):  # grads' register ring
-        fn = functools.partial(TC.grads, dy, x, w, aux, aux.shape[0], bgrad_w=True,
-                               bgrad_x=True, rows=512, warps=wp, pipe=pipe)
-        add("grads", "tc", fn, rows_per_chunk=512, warps=wp, unroll=TC.GRADS_UNROLL, pipe=pipe,
-            default=False)
     from fuseflow.backend import _cuda_epilogs as E
 
     dx = cp.maximum(rng.standard_normal((batch, feat), dtype=np.float32), 0).astype(dtype)

@@ -148,9 +148,6 @@ def _generated_sources(monkeypatch):
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
         TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,
                    RPC=TC.MAX_ROWS_PER_CHUNK)
-    for warps, pipe in itertools.product((4, 8), (1, 2, 3, 4)):  # the register ring
-        TC._kernel("tc_grads", 10, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,
-                   RPC=TC.MAX_ROWS_PER_CHUNK, PIPE=pipe)
         TC._kernel("tc_wgrad", 10, unroll, BGRADB=True, WARPS=warps,
                    RPC=TC.MAX_ROWS_PER_CHUNK)
         TC._kernel("tc_dgrad", 10, unroll, DRELU=True, BGRAD=True, WARPS=warps,

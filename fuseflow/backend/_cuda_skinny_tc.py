@@ -51,9 +51,6 @@ FORWARD_WARPS = 8    # forward: warps per block, splitting the inputs
 GRAD_WARPS = 4       # wgrad/dgrad: warps per block, 64 features each
 #: wgrad/dgrad: k16 steps of rows unrolled, so that many steps' loads are in flight per thread
 GRAD_UNROLL = 2
-#: ``grads``: k16 steps whose tiles of x are loaded ahead (a register ring), 0: none (the
-#: loop unrolled ``GRADS_UNROLL`` times instead).
-GRADS_PIPE = 0
 #: The same for ``grads`` (both in one pass). Measured on an H100 (graph replays,
 #: ``skinny_sweep.py --only tc``, call 116, 784-4096-4096-10's layer 3 at batch 8192): 78.8
 #: us at 2, 71.4 at 4 (4 warps, 512 rows), against 39.2 + 42.7 for the two kernels apart.
@@ -423,21 +420,21 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
     for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
     const T* xp = x + fb + 8 * g;
     const int mbyte = warp * 8 + t;
-    // the tile of x of the k16 step at row kb (zero past the chunk's rows)
-    auto load_x = [&](unsigned (&v)[4][4], long long kb) {
-        const long long r = kb + 4 * t;
-        #pragma unroll
-        for (int i = 0; i < 4; ++i) load16(v[i], xp + (r0 + r + i) * F, r + i < nrows);
-    };
-    auto step = [&](long long kb, const unsigned (&v)[4][4]) {
+    #pragma unroll UNROLL_ROWS
+    for (long long kb = 0; kb < nrows; kb += 16) {
         // the weight gradient (tc_wgrad's step)
         const long long r = kb + 4 * t;
+        unsigned v0[4], v1[4], v2[4], v3[4];
+        load16(v0, xp + (r0 + r) * F, r < nrows);
+        load16(v1, xp + (r0 + r + 1) * F, r + 1 < nrows);
+        load16(v2, xp + (r0 + r + 2) * F, r + 2 < nrows);
+        load16(v3, xp + (r0 + r + 3) * F, r + 3 < nrows);
         const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * pitch + r);
         const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * pitch + r);
         const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
         #pragma unroll
         for (int j = 0; j < 8; ++j)
-            mma16816(acc[j], a, pair(v[0], v[1], j), pair(v[2], v[3], j));
+            mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
         // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
         const T* dc = dyT + kb + 2 * g;
         const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * pitch);
@@ -476,28 +473,7 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
                     make_uint4(o[0], o[1], o[2], o[3]);
             }
         }
-    };
-#if PIPE
-    // software-pipelined: the tiles of the next PIPE steps are in flight while one is used
-    unsigned ring[PIPE][4][4];
-    #pragma unroll
-    for (int p = 0; p < PIPE; ++p) load_x(ring[p], 16 * p);
-    #pragma unroll 1
-    for (long long kb0 = 0; kb0 < nrows; kb0 += 16 * PIPE) {
-        #pragma unroll
-        for (int p = 0; p < PIPE; ++p) {
-            if (kb0 + 16 * p < nrows) step(kb0 + 16 * p, ring[p]);
-            load_x(ring[p], kb0 + 16 * (p + PIPE));
-        }
     }
-#else
-    #pragma unroll UNROLL_ROWS
-    for (long long kb = 0; kb < nrows; kb += 16) {
-        unsigned v[4][4];
-        load_x(v, kb);
-        step(kb, v);
-    }
-#endif
     // the weight gradient's results (tc_wgrad's)
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -684,12 +660,11 @@ def grads_shared_bytes(rows: int, warps: int) -> int:
 
 
 def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, warps=None,
-          unroll=None, pipe=None):
+          unroll=None):
     """``(dw, db, dx, dbx)``: ``wgrad(dy, x, bgrad=bgrad_w)`` and ``dgrad(dy, w, aux, ld,
     bgrad=bgrad_x)`` from one launch that reads each tile of x once and writes the same
     tile of dx (see ``_GRADS``); x and w have the same features. ``rows``, ``warps``,
-    ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``); ``pipe``: steps
-    loaded ahead (``GRADS_PIPE``; 1 to 4, 0 none)."""
+    ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``)."""
     batch, n = dy.shape
     features = x.shape[1]
     if w.shape[1] != features:
@@ -712,11 +687,8 @@ def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, wa
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
     xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
         else None
-    pipe = GRADS_PIPE if pipe is None else pipe
-    if type(pipe) is not int or not 0 <= pipe <= 4:
-        raise ValueError(f"tensor-core skinny grads: pipe must be 0 to 4, got {pipe!r}")
     kern = _kernel("tc_grads", n, unroll, BGRADB=bgrad_w, DRELU=aux is not None,
-                   BGRAD=bgrad_x, WARPS=warps, RPC=rows, PIPE=pipe)
+                   BGRAD=bgrad_x, WARPS=warps, RPC=rows)
     smem = grads_shared_bytes(rows, warps)
     if smem > S._SMEM_LIMIT and kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem  # opt in beyond 48 KB (8 warps, 512 rows)
