@@ -127,25 +127,35 @@ def test_backend_rejects_bad_operands():
 
 
 def test_linear_grads_checks_both_gradients_operands_and_has_no_fused_form_on_numpy():
-    """``linear_grads`` refuses what ``linear_wgrad`` or ``linear_dgrad`` would refuse, and
-    an input whose width is not the weight's; with valid operands NumPy returns None (the
-    caller then runs the two calls), counting nothing."""
+    """NumPy has no fused form: ``linear_grads`` returns None at once (the caller then runs
+    the two calls, which check the operands), counting nothing. A backend that may fuse
+    (here NumPy told so, its ``_linear_grads`` still None) first refuses what
+    ``linear_wgrad`` or ``linear_dgrad`` would refuse, and an input whose width is not the
+    weight's."""
     rng = np.random.default_rng(0)
     x, w, dy = rand(rng, 4, 5), rand(rng, 3, 5), rand(rng, 4, 3)
     _, aux = be.activation(x, "relu")
     before = be.calls.copy()
+    assert not be.fuses_grads
     assert be.linear_grads(dy, x, w, "BGRADB", "DRELU_BGRAD", aux) is None
+    assert be.linear_grads(dy, rand(rng, 6, 5), w) is None  # not looked at
     assert be.calls == before
+
+    class MayFuse(type(be)):
+        fuses_grads = True
+
+    fusing = MayFuse()
+    assert fusing.linear_grads(dy, x, w, "BGRADB", "DRELU_BGRAD", aux) is None
     with pytest.raises(BackendError, match="dy has batch 4 but the saved input has batch 6"):
-        be.linear_grads(dy, rand(rng, 6, 5), w)
+        fusing.linear_grads(dy, rand(rng, 6, 5), w)
     with pytest.raises(BackendError, match="dy has 3 features but w has 2 outputs"):
-        be.linear_grads(dy, x, rand(rng, 2, 5))
+        fusing.linear_grads(dy, x, rand(rng, 2, 5))
     with pytest.raises(BackendError, match="x has 7 features but w takes 5 inputs"):
-        be.linear_grads(dy, rand(rng, 4, 7), w)
+        fusing.linear_grads(dy, rand(rng, 4, 7), w)
     with pytest.raises(BackendError, match="relu_aux is required"):
-        be.linear_grads(dy, x, w, "DEFAULT", "DRELU")
+        fusing.linear_grads(dy, x, w, "DEFAULT", "DRELU")
     with pytest.raises(ValueError, match="unknown weight-gradient epilog"):
-        be.linear_grads(dy, x, w, "DRELU")
+        fusing.linear_grads(dy, x, w, "DRELU")
 
 
 def test_drelu_is_a_select_even_for_non_finite_gradients():

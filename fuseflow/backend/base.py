@@ -39,6 +39,9 @@ class Backend:
     device = "cpu"
     xp = None
     dtypes = ()
+    #: Whether ``linear_grads`` may have a fused form here at all (else it returns None at
+    #: once, and the caller's two calls check the operands).
+    fuses_grads = False
 
     def __init__(self):
         self.calls = Counter()
@@ -114,7 +117,11 @@ class Backend:
         float16 layer (the output layer of a classifier at long batches) takes both from
         one pass that reads x once and writes dx once. ``overlap``: as ``linear_wgrad``'s;
         where the backend would run that weight gradient beside the input gradient, None.
+        A backend without any fused form (``fuses_grads`` False) returns None without
+        looking at the operands: an eager step's backward pays nothing for asking.
         """
+        if not self.fuses_grads:
+            return None
         wspec = self._check_wgrad(dy, x, wgrad_epilog)
         dspec = self._check_dgrad(dy, w, dgrad_epilog, aux)
         if x.shape[1] != w.shape[1]:
