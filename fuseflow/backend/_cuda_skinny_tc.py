@@ -92,6 +92,130 @@ __device__ __forceinline__ unsigned pair(const unsigned* p, const unsigned* q, i
 }
 """
 
+# Pieces of kernel text that tc_wgrad, tc_dgrad and tc_grads share (``_fill`` puts them in
+# place of @NAME@ lines and names the kernel's own buffers for @WPART@, @DB@ and @XPART@).
+_PIECES = {
+    "STAGE_DYT": r"""
+    #pragma unroll
+    for (int i = 0; i < 16 * RPC / (32 * WARPS); ++i) {
+        const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
+        dyT[c * pitch + r] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
+    }
+""",
+    "BIAS_SUMS": r"""
+        const int c = threadIdx.x >> 3, q = threadIdx.x & 7;
+        float s = 0.f;
+        for (long long r = q; r < nrows; r += 8) s += __half2float(dyT[c * pitch + r]);
+        #pragma unroll
+        for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (q == 0 && c < N) {
+            if (gridDim.y == 1) db[c] = __float2half_rn(s);
+            else @WPART@[((long long)blockIdx.y * N + c) * FC + F] = s;
+        }
+""",
+    "WGRAD_STEP": r"""
+        const long long r = kb + 4 * t;
+        unsigned v0[4], v1[4], v2[4], v3[4];
+        load16(v0, xp + (r0 + r) * F, r < nrows);
+        load16(v1, xp + (r0 + r + 1) * F, r + 1 < nrows);
+        load16(v2, xp + (r0 + r + 2) * F, r + 2 < nrows);
+        load16(v3, xp + (r0 + r + 3) * F, r + 3 < nrows);
+        const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * pitch + r);
+        const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * pitch + r);
+        const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+            mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
+""",
+    "WGRAD_STORE": r"""
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int c = g + 8 * h;
+        if (c >= N) continue;
+        const long long f = fb + 16 * t;
+        if (gridDim.y == 1) {
+            unsigned o[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                o[j / 2] = __byte_perm(__half_as_ushort(__float2half_rn(acc[j][2 * h])),
+                                       __half_as_ushort(__float2half_rn(acc[j + 1][2 * h])),
+                                       0x5410);
+                o[4 + j / 2] = __byte_perm(
+                    __half_as_ushort(__float2half_rn(acc[j][2 * h + 1])),
+                    __half_as_ushort(__float2half_rn(acc[j + 1][2 * h + 1])), 0x5410);
+            }
+            *reinterpret_cast<uint4*>(dw + c * F + f) = make_uint4(o[0], o[1], o[2], o[3]);
+            *reinterpret_cast<uint4*>(dw + c * F + f + 8) = make_uint4(o[4], o[5], o[6], o[7]);
+        } else {
+            float* p = @WPART@ + ((long long)blockIdx.y * N + c) * FC + f;
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                p[j] = acc[j][2 * h];
+                p[8 + j] = acc[j][2 * h + 1];
+            }
+        }
+    }
+""",
+    "STAGE_MASK": r"""
+    if (DRELU) {  // the mask bytes of the block's features, 8 at a time (ld % 8 == 0)
+        const long long nb = (F - fb0) / 8 < WARPS * 8 ? (F - fb0) / 8 : WARPS * 8;
+        #pragma unroll
+        for (int k = 0; k < (RPC + 31) / 32; ++k) {
+            const int e = threadIdx.x + k * 32 * WARPS, r = e / WARPS, i = e - r * WARPS;
+            if (r >= RPC) break;
+            uint2 v = make_uint2(0u, 0u);
+            if (r < nrows && 8 * i < nb)
+                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * i);
+            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * i) = v;
+        }
+    }
+""",
+    "B_WORDS": r"""
+    unsigned b[8][2];
+    {
+        const T* wp = w + fb + 32 * (g & 1) + 8 * (g >> 1);
+        unsigned c0[4], c1[4], c2[4], c3[4];
+        load16(c0, wp + (long long)(2 * t) * F, 2 * t < N);
+        load16(c1, wp + (long long)(2 * t + 1) * F, 2 * t + 1 < N);
+        load16(c2, wp + (long long)(2 * t + 8) * F, 2 * t + 8 < N);
+        load16(c3, wp + (long long)(2 * t + 9) * F, 2 * t + 9 < N);
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
+    }
+""",
+    "COLSUMS": r"""
+    if (BGRAD) {
+        #pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            float v = colsum[i];
+            #pragma unroll
+            for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            colsum[i] = v;
+        }
+        if (g == 0) {
+            #pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const long long f = fb + 32 * (i >> 3) + 8 * t + (i & 7);
+                if (gridDim.y == 1) @DB@[f] = __float2half_rn(colsum[i]);
+                else @XPART@[(long long)blockIdx.y * F + f] = colsum[i];
+            }
+        }
+    }
+""",
+}
+
+
+def _fill(text, **names):
+    """``text`` with every @PIECE@ line replaced by that piece, then the buffer names."""
+    for name, piece in _PIECES.items():  # each piece starts and ends with a newline
+        text = text.replace(f"\n@{name}@\n", piece)
+    for name, value in names.items():
+        text = text.replace(f"@{name}@", value)
+    if "@" in text:
+        raise ValueError(f"kernel text: an unfilled marker at {text[text.index('@'):][:30]!r}")
+    return text
+
+
 # Block: FORWARD_WARPS warps, 16 rows r0..r0+15. Warp w takes the 32-input chunks w, w + W,
 # ...; thread (g, t) loads 8 adjacent inputs 8t..8t+7 of rows g and g + 8 and of w's rows
 # g and 8 + g; the first four are k16 step one (logical columns 2t, 2t+1, 2t+8, 2t+9), the
@@ -147,7 +271,7 @@ extern "C" __global__ void tc_forward(const T* __restrict__ x, const T* __restri
 # through shared memory transposed (dyT[class][row], classes >= N and rows >= B zero), so
 # a thread's A words (classes g, g + 8; rows 4t..4t+3 of the k16 step, logical columns 2t,
 # 2t+1, 2t+8, 2t+9) are two 8-byte loads. Column F of the result (BGRADB) is dy.sum(0).
-_WGRAD = r"""
+_WGRAD = _fill(r"""
 extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restrict__ x,
         float* __restrict__ part, T* __restrict__ dw, T* __restrict__ db, long long B,
         long long F) {
@@ -160,23 +284,11 @@ extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restric
     const long long nrows = (B - r0 < RPC) ? B - r0 : RPC;
     const long long FC = F + (BGRADB ? 1 : 0);
     // a fixed trip count, unrolled: every thread's loads are in flight at once
-    #pragma unroll
-    for (int i = 0; i < 16 * RPC / (32 * WARPS); ++i) {
-        const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
-        dyT[c * pitch + r] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
-    }
+@STAGE_DYT@
     __syncthreads();
     if (BGRADB && blockIdx.x == 0 && threadIdx.x < 8 * 16) {
         // 8 threads per class (16 classes), rows strided by 8, then a shuffle tree
-        const int c = threadIdx.x >> 3, q = threadIdx.x & 7;
-        float s = 0.f;
-        for (long long r = q; r < nrows; r += 8) s += __half2float(dyT[c * pitch + r]);
-        #pragma unroll
-        for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (q == 0 && c < N) {
-            if (gridDim.y == 1) db[c] = __float2half_rn(s);
-            else part[((long long)blockIdx.y * N + c) * FC + F] = s;
-        }
+@BIAS_SUMS@
     }
     const long long fb = ((long long)blockIdx.x * WARPS + warp) * 64;
     if (fb >= F) return;  // whole warps; F % 64 == 0
@@ -186,49 +298,12 @@ extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restric
     const T* xp = x + fb + 8 * g;
     #pragma unroll UNROLL_ROWS
     for (long long kb = 0; kb < nrows; kb += 16) {
-        const long long r = kb + 4 * t;
-        unsigned v0[4], v1[4], v2[4], v3[4];
-        load16(v0, xp + (r0 + r) * F, r < nrows);
-        load16(v1, xp + (r0 + r + 1) * F, r + 1 < nrows);
-        load16(v2, xp + (r0 + r + 2) * F, r + 2 < nrows);
-        load16(v3, xp + (r0 + r + 3) * F, r + 3 < nrows);
-        const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * pitch + r);
-        const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * pitch + r);
-        const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
-        #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
+@WGRAD_STEP@
     }
     // thread (g, t): classes g and g + 8 at features fb + 16t + j (c0) and fb + 16t + 8 + j
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int c = g + 8 * h;
-        if (c >= N) continue;
-        const long long f = fb + 16 * t;
-        if (gridDim.y == 1) {
-            unsigned o[8];
-            #pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                o[j / 2] = __byte_perm(__half_as_ushort(__float2half_rn(acc[j][2 * h])),
-                                       __half_as_ushort(__float2half_rn(acc[j + 1][2 * h])),
-                                       0x5410);
-                o[4 + j / 2] = __byte_perm(
-                    __half_as_ushort(__float2half_rn(acc[j][2 * h + 1])),
-                    __half_as_ushort(__float2half_rn(acc[j + 1][2 * h + 1])), 0x5410);
-            }
-            *reinterpret_cast<uint4*>(dw + c * F + f) = make_uint4(o[0], o[1], o[2], o[3]);
-            *reinterpret_cast<uint4*>(dw + c * F + f + 8) = make_uint4(o[4], o[5], o[6], o[7]);
-        } else {
-            float* p = part + ((long long)blockIdx.y * N + c) * FC + f;
-            #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                p[j] = acc[j][2 * h];
-                p[8 + j] = acc[j][2 * h + 1];
-            }
-        }
-    }
+@WGRAD_STORE@
 }
-"""
+""", WPART="part")
 
 # Block: GRAD_WARPS warps, warp v takes features fb = (blockIdx.x * GRAD_WARPS + v) * 64 ..
 # of rows r0..r1. Tile j's column n is feature fb + 32 (n & 1) + 8 (n >> 1) + j, so thread
@@ -236,7 +311,7 @@ extern "C" __global__ void tc_wgrad(const T* __restrict__ dy, const T* __restric
 # of rows g and g + 8: two 16-byte stores a row, four threads writing 128 adjacent bytes.
 # B (w at classes 2t, 2t+1, 2t+8, 2t+9) stays in registers; dy (padded to 16 classes) and
 # the chunk's relu_aux bytes of the block's features are staged in shared memory.
-_DGRAD = r"""
+_DGRAD = _fill(r"""
 extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restrict__ w,
         const unsigned char* __restrict__ aux, T* __restrict__ dx, float* __restrict__ part,
         T* __restrict__ db, long long B, long long F, long long ld) {
@@ -252,33 +327,12 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
         const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
         dys[e] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
     }
-    if (DRELU) {  // the mask bytes of the block's features, 8 at a time (ld % 8 == 0)
-        const long long nb = (F - fb0) / 8 < WARPS * 8 ? (F - fb0) / 8 : WARPS * 8;
-        #pragma unroll
-        for (int k = 0; k < (RPC + 31) / 32; ++k) {
-            const int e = threadIdx.x + k * 32 * WARPS, r = e / WARPS, i = e - r * WARPS;
-            if (r >= RPC) break;
-            uint2 v = make_uint2(0u, 0u);
-            if (r < nrows && 8 * i < nb)
-                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * i);
-            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * i) = v;
-        }
-    }
+@STAGE_MASK@
     __syncthreads();
     const long long fb = fb0 + (long long)warp * 64;
     if (fb >= F) return;  // whole warps; F % 64 == 0
     // B words: classes (2t, 2t+1) and (2t+8, 2t+9) at this thread's column g of each tile
-    unsigned b[8][2];
-    {
-        const T* wp = w + fb + 32 * (g & 1) + 8 * (g >> 1);
-        unsigned c0[4], c1[4], c2[4], c3[4];
-        load16(c0, wp + (long long)(2 * t) * F, 2 * t < N);
-        load16(c1, wp + (long long)(2 * t + 1) * F, 2 * t + 1 < N);
-        load16(c2, wp + (long long)(2 * t + 8) * F, 2 * t + 8 < N);
-        load16(c3, wp + (long long)(2 * t + 9) * F, 2 * t + 9 < N);
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
-    }
+@B_WORDS@
     float colsum[16];
     #pragma unroll
     for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
@@ -322,25 +376,9 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
             }
         }
     }
-    if (BGRAD) {
-        #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            float v = colsum[i];
-            #pragma unroll
-            for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            colsum[i] = v;
-        }
-        if (g == 0) {
-            #pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                const long long f = fb + 32 * (i >> 3) + 8 * t + (i & 7);
-                if (gridDim.y == 1) db[f] = __float2half_rn(colsum[i]);
-                else part[(long long)blockIdx.y * F + f] = colsum[i];
-            }
-        }
-    }
+@COLSUMS@
 }
-"""
+""", DB="db", XPART="part")
 
 
 # Both gradients of the output layer in one pass over the (rows, features) tiles that
@@ -354,7 +392,7 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
 # and the weight's bias gradient are tc_dgrad's and tc_wgrad's bit for bit (the same
 # products and sums); dx's column sums add the same values in another order.
 # Dynamic shared memory: dyT [16][RPC + 16] halves, then the mask bytes [RPC][WARPS * 8].
-_GRADS = r"""
+_GRADS = _fill(r"""
 extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restrict__ x,
         const T* __restrict__ w, const unsigned char* __restrict__ aux,
         float* __restrict__ wpart, T* __restrict__ dw, T* __restrict__ db,
@@ -370,49 +408,16 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
     const long long nrows = (B - r0 < RPC) ? B - r0 : RPC;
     const long long FC = F + (BGRADB ? 1 : 0);
     const long long fb0 = (long long)blockIdx.x * WARPS * 64;
-    #pragma unroll
-    for (int i = 0; i < 16 * RPC / (32 * WARPS); ++i) {
-        const int e = threadIdx.x + i * 32 * WARPS, r = e >> 4, c = e & 15;
-        dyT[c * pitch + r] = (c < N && r < nrows) ? dy[(r0 + r) * N + c] : __float2half(0.f);
-    }
-    if (DRELU) {  // the mask bytes of the block's features, 8 at a time (ld % 8 == 0)
-        const long long nb = (F - fb0) / 8 < WARPS * 8 ? (F - fb0) / 8 : WARPS * 8;
-        #pragma unroll
-        for (int k = 0; k < (RPC + 31) / 32; ++k) {
-            const int e = threadIdx.x + k * 32 * WARPS, r = e / WARPS, i = e - r * WARPS;
-            if (r >= RPC) break;
-            uint2 v = make_uint2(0u, 0u);
-            if (r < nrows && 8 * i < nb)
-                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * i);
-            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * i) = v;
-        }
-    }
+@STAGE_DYT@
+@STAGE_MASK@
     __syncthreads();
     if (BGRADB && blockIdx.x == 0 && threadIdx.x < 8 * 16) {
-        const int c = threadIdx.x >> 3, q = threadIdx.x & 7;
-        float s = 0.f;
-        for (long long r = q; r < nrows; r += 8) s += __half2float(dyT[c * pitch + r]);
-        #pragma unroll
-        for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (q == 0 && c < N) {
-            if (gridDim.y == 1) db[c] = __float2half_rn(s);
-            else wpart[((long long)blockIdx.y * N + c) * FC + F] = s;
-        }
+@BIAS_SUMS@
     }
     const long long fb = fb0 + (long long)warp * 64;
     if (fb >= F) return;  // whole warps; F % 64 == 0
     // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
-    unsigned b[8][2];
-    {
-        const T* wp = w + fb + 32 * (g & 1) + 8 * (g >> 1);
-        unsigned c0[4], c1[4], c2[4], c3[4];
-        load16(c0, wp + (long long)(2 * t) * F, 2 * t < N);
-        load16(c1, wp + (long long)(2 * t + 1) * F, 2 * t + 1 < N);
-        load16(c2, wp + (long long)(2 * t + 8) * F, 2 * t + 8 < N);
-        load16(c3, wp + (long long)(2 * t + 9) * F, 2 * t + 9 < N);
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
-    }
+@B_WORDS@
     float acc[8][4], colsum[16];
     #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -423,18 +428,7 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
     #pragma unroll UNROLL_ROWS
     for (long long kb = 0; kb < nrows; kb += 16) {
         // the weight gradient (tc_wgrad's step)
-        const long long r = kb + 4 * t;
-        unsigned v0[4], v1[4], v2[4], v3[4];
-        load16(v0, xp + (r0 + r) * F, r < nrows);
-        load16(v1, xp + (r0 + r + 1) * F, r + 1 < nrows);
-        load16(v2, xp + (r0 + r + 2) * F, r + 2 < nrows);
-        load16(v3, xp + (r0 + r + 3) * F, r + 3 < nrows);
-        const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * pitch + r);
-        const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * pitch + r);
-        const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
-        #pragma unroll
-        for (int j = 0; j < 8; ++j)
-            mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
+@WGRAD_STEP@
         // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
         const T* dc = dyT + kb + 2 * g;
         const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * pitch);
@@ -475,53 +469,11 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
         }
     }
     // the weight gradient's results (tc_wgrad's)
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int c = g + 8 * h;
-        if (c >= N) continue;
-        const long long f = fb + 16 * t;
-        if (gridDim.y == 1) {
-            unsigned o[8];
-            #pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                o[j / 2] = __byte_perm(__half_as_ushort(__float2half_rn(acc[j][2 * h])),
-                                       __half_as_ushort(__float2half_rn(acc[j + 1][2 * h])),
-                                       0x5410);
-                o[4 + j / 2] = __byte_perm(
-                    __half_as_ushort(__float2half_rn(acc[j][2 * h + 1])),
-                    __half_as_ushort(__float2half_rn(acc[j + 1][2 * h + 1])), 0x5410);
-            }
-            *reinterpret_cast<uint4*>(dw + c * F + f) = make_uint4(o[0], o[1], o[2], o[3]);
-            *reinterpret_cast<uint4*>(dw + c * F + f + 8) = make_uint4(o[4], o[5], o[6], o[7]);
-        } else {
-            float* p = wpart + ((long long)blockIdx.y * N + c) * FC + f;
-            #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                p[j] = acc[j][2 * h];
-                p[8 + j] = acc[j][2 * h + 1];
-            }
-        }
-    }
+@WGRAD_STORE@
     // the input gradient's column sums (tc_dgrad's)
-    if (BGRAD) {
-        #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            float v = colsum[i];
-            #pragma unroll
-            for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            colsum[i] = v;
-        }
-        if (g == 0) {
-            #pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                const long long f = fb + 32 * (i >> 3) + 8 * t + (i & 7);
-                if (gridDim.y == 1) dxb[f] = __float2half_rn(colsum[i]);
-                else xpart[(long long)blockIdx.y * F + f] = colsum[i];
-            }
-        }
-    }
+@COLSUMS@
 }
-"""
+""", WPART="wpart", DB="dxb", XPART="xpart")
 
 
 @functools.cache
