@@ -610,10 +610,15 @@ class CudaBackend(Backend):
             return True
         return False
 
+    def _takes_skinny_tc(self, op, n, supported=True) -> bool:
+        """Whether ``op`` with small side ``n`` runs its tensor-core skinny form (see
+        __init__), where ``supported``; counts nothing."""
+        return self.skinny_tc and 0 < n <= self.skinny_max and op in self.skinny_ops \
+            and supported
+
     def _skinny_tc(self, op, n, supported):
-        """The tensor-core skinny form of ``op`` with small side ``n`` (see __init__), where
-        ``supported``."""
-        if self.skinny_tc and 0 < n <= self.skinny_max and op in self.skinny_ops and supported:
+        """``_takes_skinny_tc``, counted in ``stats()["skinny_tc"]``."""
+        if self._takes_skinny_tc(op, n, supported):
             self._counters["skinny_tc"] += 1
             return True
         return False
@@ -819,8 +824,8 @@ class CudaBackend(Backend):
         would be its tensor-core skinny kernel and no side stream takes the weight
         gradient; else None (see base), having copied and counted nothing."""
         n = w.shape[0]
-        if not (0 < n <= self.skinny_max and {"wgrad", "dgrad"} <= set(self.skinny_ops)
-                and dspec.activation in (None, "relu") and dy.dtype == np.float16):
+        if not (dy.dtype == np.float16 and dspec.activation in (None, "relu")
+                and self._takes_skinny_tc("wgrad", n) and self._takes_skinny_tc("dgrad", n)):
             return None
         op = f"linear_grads/{wspec.name}+{dspec.name}"
         self._check_device(op, dy=dy, x=x, w=w, aux=aux)

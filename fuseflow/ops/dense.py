@@ -95,23 +95,29 @@ def _wgrad_order(be, overlap, need_input_grad, dy, x):
 def _both_grads(be, dpre, x, w, has_bias, db, epilog, input_aux, overlap):
     """``(grads, dx, input_bias_grad)`` from one backend call where the backend fuses the
     weight and input gradients (``linear_grads``), else None."""
-    both = be.linear_grads(dpre, x, w, "BGRADB" if has_bias and db is None else "DEFAULT",
-                           epilog, input_aux, overlap=overlap)
+    both = be.linear_grads(dpre, x, w, _wgrad_epilog(has_bias, db), epilog, input_aux,
+                           overlap=overlap)
     if both is None:
         return None
     dw, wdb, dx, input_db = both
-    grads = {"w": dw, "b": wdb if db is None else db} if has_bias else {"w": dw}
-    return grads, dx, input_db
+    return _layer_grads(dw, wdb, has_bias, db), dx, input_db
 
 
 def _weight_grads(be, dpre, x, has_bias, db, overlap):
-    """``{"w": dw, "b": db}``; the bias gradient from the same call (BGRADB) where ``db``
-    is not known yet."""
-    if has_bias and db is None:
-        dw, db = be.linear_wgrad(dpre, x, "BGRADB", overlap=overlap)
-    else:
-        dw, _ = be.linear_wgrad(dpre, x, "DEFAULT", overlap=overlap)
-    return {"w": dw, "b": db} if has_bias else {"w": dw}
+    """``{"w": dw, "b": db}`` from the weight-gradient call."""
+    dw, wdb = be.linear_wgrad(dpre, x, _wgrad_epilog(has_bias, db), overlap=overlap)
+    return _layer_grads(dw, wdb, has_bias, db)
+
+
+def _wgrad_epilog(has_bias, db):
+    """The bias gradient comes from the weight-gradient call (BGRADB) where ``db`` is not
+    known yet."""
+    return "BGRADB" if has_bias and db is None else "DEFAULT"
+
+
+def _layer_grads(dw, wdb, has_bias, db):
+    """The layer's grads: ``db`` where it was known, else the call's (``wdb``)."""
+    return {"w": dw, "b": wdb if db is None else db} if has_bias else {"w": dw}
 
 
 def dense_softmax_xent(params, residuals, labels, *, input_activation=None, input_aux=None,
