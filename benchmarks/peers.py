@@ -82,6 +82,14 @@ def matmul_flops(sizes, batch):
 
 
 # ---- fuseflow -----------------------------------------------------------------------------
+def fuseflow_casts(prec):
+    """``ff.compile``'s ``cast_args`` for ``fuseflow_step``'s step: in fp16 the float32 batch
+    is cast by the graph's copy of it, as ``fuseflow train`` does (JAX's step is handed the
+    same float32 batch and casts it inside jit). Its side-by-side without:
+    ``settings_ab.py --setting _cuda_graph_inputs.CAST_IN_COPY=0``."""
+    return {2: "float16"} if prec == "fp16" else None
+
+
 def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     """(model, params, opt_state, step, x, y): an MLP on the GPU and its pure step."""
     model = ff.nn.Serial(*[ff.nn.Dense(h, "relu") for h in sizes[1:-1]], ff.nn.Dense(sizes[-1]))
@@ -127,7 +135,7 @@ def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7,
     sizes, batch = MODELS[model]
     _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt_name, prec)
     data = [(x, y)] + [(x.copy(), y.copy()) for _ in range(batches - 1)]
-    compiled = ff.compile(step)
+    compiled = ff.compile(step, cast_args=fuseflow_casts(prec))
     st = {"p": params, "s": state, "loss": None, "k": 0}
 
     def call():
@@ -173,7 +181,7 @@ def worker_fuseflow(args):
 
         eager()
         eager_us = median_step_us(eager, sync, max(2, steps // 5), 3)
-        compiled = ff.compile(step)
+        compiled = ff.compile(step, cast_args=fuseflow_casts(prec))
         t0 = time.perf_counter()
         cs = {"p": st["p"], "s": st["s"]}
         cs["p"], cs["s"], loss = compiled(cs["p"], cs["s"], x, y)

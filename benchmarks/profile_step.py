@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from peers import JAX_PRECISION, MODELS, fuseflow_step, jax_step  # noqa: E402
+from peers import JAX_PRECISION, MODELS, fuseflow_casts, fuseflow_step, jax_step  # noqa: E402
 
 DEFAULT_CONFIGS = ("784-30-10:sgd:fp32,784-30-10:adam:fp32,784-1024-1024-10:sgd:fp32,"
                    "784-1024-1024-10:adam:fp32,784-4096-4096-10:adam:fp32,"
@@ -110,9 +110,9 @@ def profile_fuseflow(configs, steps):
     for model, opt, prec in configs:
         sizes, batch = MODELS[model]
         be.tf32 = prec == "tf32"
-        _, params, state, step, x, y = fuseflow_step(
-            ff, cp, sizes, batch, opt, "fp16" if prec == "16bit" else prec)
-        compiled = ff.compile(step)
+        fprec = "fp16" if prec == "16bit" else prec
+        _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt, fprec)
+        compiled = ff.compile(step, cast_args=fuseflow_casts(fprec))
         st = {"p": params, "s": state}
 
         def call():

@@ -18,6 +18,11 @@ again. A change of shapes, dtypes or tree structure compiles a new graph (cached
 signature). On NumPy arrays ``compile`` is a pass-through that returns new arrays (the inputs
 keep their values), so one script runs on both backends if it uses only the returned values,
 never the donated inputs, after a call; it checks the contract once per signature too.
+
+``cast_args`` casts batch arguments on their way in, for a step that would cast them first
+thing (mixed precision's float32 batch, used in float16): the step sees them cast, and on
+the GPU the graph's first node casts while it copies (one read of the batch, one write of
+the cast), instead of copying it and casting the copy.
 """
 
 from __future__ import annotations
@@ -46,14 +51,18 @@ class CompileError(ValueError):
     """The step's inputs/outputs do not fit the compile contract; the message says how."""
 
 
-def compile(step, *, donate_argnums=(0, 1), autotune=None):
+def compile(step, *, donate_argnums=(0, 1), autotune=None, cast_args=None):
     """Compile ``step`` (see the module docstring). ``donate_argnums`` name the arguments
     that the step returns updated, first and in the same order, e.g. params and opt_state.
     ``autotune`` times cuBLASLt's candidate algorithms for a matmul while compiling and keeps
     the fastest: ``"auto"`` (the default, or ``FUSEFLOW_AUTOTUNE=auto``) for float32 matmuls
     of at least 2^32 multiply-adds, where the heuristic's pick cost up to 1% of the step and a
     few seconds of timing pay off; ``True`` (``FUSEFLOW_AUTOTUNE=1``) for every matmul;
-    ``False`` (``FUSEFLOW_AUTOTUNE=0``) never. Measured on the H200: docs/benchmarks.md."""
+    ``False`` (``FUSEFLOW_AUTOTUNE=0``) never. Measured on the H200: docs/benchmarks.md.
+    ``cast_args`` (``{argument index: dtype}``, e.g. ``{2: "float16"}``): those arguments,
+    floating-point arrays that are not donated, reach the step cast to the dtype (float16,
+    float32 or float64), as ``step(..., x.astype(dtype), ...)`` would; on the GPU the cast
+    is the graph's copy of the batch itself."""
     if not callable(step):
         raise TypeError(f"compile: expected the step function, got {type(step).__name__}. "
                         "Fix: ff.compile(step), where step(params, opt_state, x, y) returns "
@@ -62,7 +71,8 @@ def compile(step, *, donate_argnums=(0, 1), autotune=None):
         autotune = env_choice("FUSEFLOW_AUTOTUNE", AUTOTUNE_MODES, "auto")
     if autotune not in AUTOTUNE_MODES.values():
         raise ValueError(f"compile: autotune must be True, False or 'auto', got {autotune!r}")
-    return CompiledStep(step, _donated(donate_argnums), autotune)
+    donate = _donated(donate_argnums)
+    return CompiledStep(step, donate, autotune, _casts(cast_args, donate))
 
 
 def _donated(donate_argnums):
@@ -80,6 +90,37 @@ def _donated(donate_argnums):
                         f"distinct ones, got {donate_argnums!r}. Fix: ff.compile(step, "
                         f"donate_argnums=(0, 1)) for step(params, opt_state, x, y)")
     return donate
+
+
+#: The dtypes ``cast_args`` casts to and from.
+CAST_DTYPES = tuple(map(np.dtype, (np.float16, np.float32, np.float64)))
+
+
+def _casts(cast_args, donate):
+    """``cast_args`` checked, as ``{index: np.dtype}``."""
+    fix = "Fix: ff.compile(step, cast_args={2: 'float16'}) for step(params, opt_state, x, y)"
+    if cast_args is None:
+        return {}
+    if not isinstance(cast_args, dict):
+        raise TypeError(f"compile: cast_args must be a dict {{argument index: dtype}}, got "
+                        f"{type(cast_args).__name__}. {fix}")
+    casts = {}
+    for i, dtype in cast_args.items():
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
+            raise TypeError(f"compile: cast_args keys must be argument indices, got {i!r}. {fix}")
+        if int(i) in donate:
+            raise ValueError(f"compile: cast_args names argument {i}, which is donated (the "
+                             "step returns it updated, in its own dtype). Fix: cast only "
+                             "batch arguments, or cast the donated value before the call")
+        try:  # None is not a dtype here (np.dtype(None) is float64)
+            dt = None if dtype is None else np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt is None or dt not in CAST_DTYPES:
+            raise ValueError(f"compile: cast_args[{i}] must be one of "
+                             f"{[d.name for d in CAST_DTYPES]}, got {dtype!r}. {fix}")
+        casts[int(i)] = dt
+    return casts
 
 
 def _private_copy(x):
@@ -122,7 +163,7 @@ class _Graph:
     """One captured graph: its static input buffers, outputs, and the capture that owns memory."""
 
     def __init__(self, capture, graph, static_args, outputs, compile_s, donate, plans=(),
-                 inputs=None):
+                 inputs=None, caller_dtypes=None):
         self.capture, self.graph = capture, graph
         #: the graph's copy of the batch into its input buffers (``InGraphCopy``), or None:
         #: then each call copies the batch in before the launch
@@ -132,6 +173,9 @@ class _Graph:
         self.static_leaves = [x for x in tree.leaves(static_args) if is_array(x)]
         self.compile_s = compile_s
         self.free = [i for i in range(len(static_args)) if i not in donate]  # the batch
+        #: the dtype callers pass for each free array argument (its buffer's, unless cast)
+        self.caller_dtypes = {i: getattr(static_args[i], "dtype", None) for i in self.free}
+        self.caller_dtypes.update(caller_dtypes or {})
         # Only plain-array free arguments qualify for the fast path.
         self.fast = all(is_array(static_args[i]) for i in self.free)
 
@@ -140,8 +184,9 @@ class CompiledStep:
     """What ``compile`` returns: called like the step. ``compiles`` (graphs captured),
     ``calls`` and ``compile_seconds`` tell what compiling cost, to report beside run times."""
 
-    def __init__(self, step, donate_argnums, autotune):
+    def __init__(self, step, donate_argnums, autotune, casts=None):
         self.step, self.donate, self.autotune = step, donate_argnums, autotune
+        self.casts = dict(casts or {})  # {argument index: the dtype the step sees}
         self._graphs = {}
         self._last = None  # the graph of the previous call: the fast path's candidate
         self.compiles = 0
@@ -203,15 +248,17 @@ class CompiledStep:
                 return False
         for i in g.free:
             a, s = args[i], g.static_args[i]
-            if not (is_cupy(a) and a.shape == s.shape and a.dtype == s.dtype
+            if not (is_cupy(a) and a.shape == s.shape and a.dtype == g.caller_dtypes[i]
                     and a.flags.c_contiguous):
                 return False
         return True
 
     def _call_slow(self, args):
+        self._check_casts(args)
         leaves, treedef = tree.flatten(args)
         sig = _signature(treedef, leaves)
         if not any(is_cupy(x) for x in leaves):  # NumPy: nothing to capture
+            args = self._cast(args)
             if sig in self._numpy_checked:
                 return self.step(*args)
             # the first call of each signature checks the contract, as a GPU compiles a
@@ -259,45 +306,78 @@ class CompiledStep:
                 "values as 0-d arrays (np.asarray(v, np.float32), on the params' device)",
                 RuntimeWarning, stacklevel=4)
 
+    def _check_casts(self, args):
+        """The arguments ``cast_args`` names are floating-point arrays (a cast of anything
+        else is not what the step would make of it)."""
+        for i in self.casts:
+            a = args[i] if i < len(args) else None
+            if not (is_array(a) and a.dtype in CAST_DTYPES):
+                got = f"a {a.dtype} array" if is_array(a) else \
+                    "missing" if i >= len(args) else f"a {type(a).__name__}"
+                raise CompileError(
+                    f"{self!r}: cast_args names argument {i}, which is {got}; it casts "
+                    f"float16, float32 or float64 arrays to {self.casts[i].name}. Fix: pass "
+                    f"a floating-point array there, or leave {i} out of cast_args")
+
+    def _cast(self, args):
+        """``args`` with ``cast_args``' arguments cast (a no-op copy-free where they already
+        are in that dtype); contiguous, as the graph's buffers are."""
+        if not self.casts:
+            return args
+        return tuple(a.astype(self.casts[i], order="C", copy=a.dtype != self.casts[i])
+                     if i in self.casts else a for i, a in enumerate(args))
+
     # ---- compilation -----------------------------------------------------------------------
     def _compile(self, args):
         t0 = time.perf_counter()
         self._check_donation(args)
         capture = graph_capture()
+        # cast_args: the graph's input buffers hold the cast batch, which its copy writes;
+        # or (CAST_IN_COPY off) the batch as given, cast at the start of the traced step
+        casts = self.casts if capture.casts_in_copy() else {}
         # Private, contiguous copies of every input: the graph reads and writes only these.
         # in argument order: _flat_static hands the copies out in that order
         donated = [x for i in sorted(self.donate) for x in tree.leaves(args[i]) if is_cupy(x)]
         if capture.l2_persistence(sum(x.nbytes for x in donated)):
-            static_args = self._flat_static(capture, args, donated)
+            static_args = self._flat_static(capture, args, donated, casts)
         else:
-            static_args = capture.run(lambda: tree.map(_private_copy, args))
+            static_args = capture.run(lambda: tuple(self._private(i, a, casts)
+                                                    for i, a in enumerate(args)))
+        late = {i: d for i, d in self.casts.items() if i not in casts}
         # Warm-up, exactly what will be captured: plans (and tunes) matmuls, compiles kernels,
         # fills the pool. (It updates the static params in place; every call copies its inputs
         # in.)
         with self._autotuning():
-            capture.run(lambda: self._traced(static_args))
+            capture.run(lambda: self._traced(static_args, late))
         # The capture under the warm-up's autotune setting: it must find every plan cached
         # as is (planning inside a stream capture would break it).
         with self._autotuning(), backend.get("cuda").recording_plans() as plans:
             batch = [static_args[i] for i in range(len(args)) if i not in self.donate]
             out, graph, inputs = capture.capture(
-                lambda: self._traced(static_args),
+                lambda: self._traced(static_args, late),
                 inputs=batch if all(is_cupy(b) for b in batch) else ())
         self.compiles += 1
         return _Graph(capture, graph, static_args, out, time.perf_counter() - t0, self.donate,
-                      plans, inputs)
+                      plans, inputs, {i: args[i].dtype for i in casts})
 
-    def _flat_static(self, capture, args, donated):
+    def _flat_static(self, capture, args, donated, casts):
         """The private copies, the ``donated`` CuPy arrays side by side in one buffer (for
         one L2 persistence window over them: ``_cuda_l2``)."""
         flat = iter(capture.flat_copies(donated))
 
         def copy_arg(i, a):
             if i not in self.donate:
-                return tree.map(_private_copy, a)
+                return self._private(i, a, casts)
             return tree.map(lambda x: next(flat) if is_cupy(x) else _private_copy(x), a)
 
         return capture.run(lambda: tuple(copy_arg(i, a) for i, a in enumerate(args)))
+
+    @staticmethod
+    def _private(i, a, casts):
+        """The graph's own copy of argument ``i`` (cast, where ``casts`` names it)."""
+        if i in casts:
+            return a.astype(casts[i], order="C")
+        return tree.map(_private_copy, a)
 
     @contextlib.contextmanager
     def _autotuning(self):
@@ -309,9 +389,12 @@ class CompiledStep:
         finally:
             be.autotune = previous
 
-    def _traced(self, static_args):
-        """The step, then its donated results copied into the donated input buffers."""
-        out = self.step(*static_args)
+    def _traced(self, static_args, late_casts):
+        """The step, then its donated results copied into the donated input buffers.
+        ``late_casts``: arguments cast here, before the step, rather than in their copy."""
+        out = self.step(*(backend.multi_tensor_cast([a], late_casts[i])[0]
+                          if i in late_casts and a.dtype != late_casts[i] else a
+                          for i, a in enumerate(static_args)))
         self._check_outputs(out, static_args)
         from fuseflow.backend._cuda_graph_inputs import copy_arrays
 

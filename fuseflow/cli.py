@@ -29,7 +29,7 @@ import numpy as np
 from fuseflow import __version__, backend, checkpoint, data, distributed, random
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import num_batches
-from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError,
+from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError, batch_casts,
                             evaluate, fit, init_state, load_dataset, load_state,
                             make_step, read_metrics)
 from fuseflow.train._fit import OutDirConflict
@@ -566,7 +566,8 @@ def _bench(args) -> int:
     step = make_step(model, unchecked_cross_entropy, optimizer,
                      compute_dtype=recipe.compute_dtype)
     if device == "cuda":
-        step = compile_step(step)  # as `fuseflow train` runs it: one CUDA graph per step
+        # as `fuseflow train` runs it: one CUDA graph per step, the batch cast on its way in
+        step = compile_step(step, cast_args=batch_casts(recipe.compute_dtype, x, 2))
     params, opt_state = state.params, state.opt_state
     for _ in range(args.warmup):
         params, opt_state, metrics = step(params, opt_state, x, y)

@@ -37,6 +37,12 @@ class GraphCapture:
         self.persist_hit_ratio = 0.0
 
     @staticmethod
+    def casts_in_copy() -> bool:
+        """Whether a compiled step's ``cast_args`` cast in the batch's copy (one pass over
+        the batch) rather than at the start of the graph (``_cuda_graph_inputs``)."""
+        return inputs_.CAST_IN_COPY
+
+    @staticmethod
     def l2_persistence(nbytes: int) -> bool:
         """Whether a step whose donated arrays take ``nbytes`` keeps them in L2
         (``_cuda_l2``)."""
@@ -127,5 +133,9 @@ class GraphCapture:
 
     @staticmethod
     def copy_into(dst, src):
-        """Device-to-device copy of equal-sized contiguous arrays on the current stream."""
+        """Device-to-device copy of equal-sized contiguous arrays on the current stream;
+        of another float dtype, cast (a compiled step's ``cast_args``)."""
+        if src.dtype != dst.dtype:
+            inputs_.copy_arrays([(dst, src)])
+            return
         dst.data.copy_from_device_async(src.data, src.nbytes, cupy.cuda.get_current_stream())

@@ -9,6 +9,11 @@ reading the input buffers themselves (a harmless self-copy), and before each lau
 ``InGraphCopy.set_sources`` points it at the call's arrays: cuGraphExecKernelNodeSetParams
 changes the kernel's arguments for the launches that follow, without stream work.
 
+The copy can also cast (float16, float32 and float64 to each other), for a step compiled
+with ``cast_args``: the graph then reads a float32 batch once and writes its float16 copy
+once, where copying it in and casting it inside the step read it twice and wrote it twice
+(the large model's batch: 14.9 + 8.0 us on the H200, docs/benchmarks.md).
+
 ``copy_arrays`` is also how a compiled step writes its donated results back into its
 input buffers inside the graph (kernel nodes rather than copy-engine memcpy nodes).
 """
@@ -25,18 +30,61 @@ from fuseflow.backend import _libcuda
 
 #: Arrays that one launch of the copy kernel copies.
 COPY_PAIRS = 4
+#: Values the copy kernel takes per pair: source, destination, count, conversion.
+_ARGS_PER_PAIR = 4
+
+#: The conversions the copy kernel makes (``conversion`` below), by element type.
+_TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3}
 
 _COPY_SRC = r"""
-// Block row p copies pair p: 16-byte words where both addresses allow, bytes otherwise.
+#include <cuda_fp16.h>
+template <typename X> struct alignas(8 * sizeof(X)) vec8 { X v[8]; };
+
+// n elements from S to D, each as (D)(s): the rounding of multi_tensor_cast's kernel.
+// 8 elements a step where both addresses allow, one at a time elsewhere.
+template <typename S, typename D>
+__device__ void convert(const char* s_, char* d_, long long n, long long first,
+                        long long step) {
+    const S* s = reinterpret_cast<const S*>(s_);
+    D* d = reinterpret_cast<D*>(d_);
+    long long done = 0;
+    if ((unsigned long long)s_ % sizeof(vec8<S>) == 0 &&
+            (unsigned long long)d_ % sizeof(vec8<D>) == 0) {
+        const long long vecs = n / 8;
+        for (long long i = first; i < vecs; i += step) {
+            const vec8<S> a = reinterpret_cast<const vec8<S>*>(s)[i];
+            vec8<D> b;
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) b.v[u] = (D)(a.v[u]);
+            reinterpret_cast<vec8<D>*>(d)[i] = b;
+        }
+        done = vecs * 8;
+    }
+    for (long long i = done + first; i < n; i += step) d[i] = (D)(s[i]);
+}
+
+// Block row p copies pair p. Conversion 0: n bytes, 16-byte words where both addresses
+// allow, bytes otherwise; 4 * from + to (1 __half, 2 float, 3 double): n elements, cast.
 extern "C" __global__ void copy_batch(
-        const char* s0, char* d0, long long n0, const char* s1, char* d1, long long n1,
-        const char* s2, char* d2, long long n2, const char* s3, char* d3, long long n3) {
+        const char* s0, char* d0, long long n0, int c0, const char* s1, char* d1,
+        long long n1, int c1, const char* s2, char* d2, long long n2, int c2,
+        const char* s3, char* d3, long long n3, int c3) {
     const int p = blockIdx.y;
     const char* s = p == 0 ? s0 : p == 1 ? s1 : p == 2 ? s2 : s3;
     char* d = p == 0 ? d0 : p == 1 ? d1 : p == 2 ? d2 : d3;
     const long long n = p == 0 ? n0 : p == 1 ? n1 : p == 2 ? n2 : n3;
+    const int c = p == 0 ? c0 : p == 1 ? c1 : p == 2 ? c2 : c3;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long step = (long long)gridDim.x * blockDim.x;
+    switch (c) {
+    case 4 * 1 + 2: convert<__half, float>(s, d, n, first, step); return;
+    case 4 * 1 + 3: convert<__half, double>(s, d, n, first, step); return;
+    case 4 * 2 + 1: convert<float, __half>(s, d, n, first, step); return;
+    case 4 * 2 + 3: convert<float, double>(s, d, n, first, step); return;
+    case 4 * 3 + 1: convert<double, __half>(s, d, n, first, step); return;
+    case 4 * 3 + 2: convert<double, float>(s, d, n, first, step); return;
+    default: break;
+    }
     long long done = 0;
     if ((((unsigned long long)s | (unsigned long long)d) & 15ull) == 0) {
         const long long words = n / 16;
@@ -54,8 +102,25 @@ def _copy_kernel():
     return cupy.RawKernel(_COPY_SRC, "copy_batch")
 
 
+def conversion(dst, src) -> tuple[int, int]:
+    """``(count, conversion)`` of the copy kernel for ``dst[...] = src``: bytes and 0 for
+    one dtype, elements and the cast's code for two floating dtypes (``ValueError`` for
+    sizes or dtypes it cannot copy)."""
+    if src.dtype == dst.dtype:
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"copy_arrays: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
+        return src.nbytes, 0
+    if src.dtype not in _TYPE_CODES or dst.dtype not in _TYPE_CODES:
+        raise ValueError(f"copy_arrays: cannot cast {src.dtype} to {dst.dtype} (float16, "
+                         "float32 and float64 convert to each other)")
+    if src.size != dst.size:
+        raise ValueError(f"copy_arrays: {src.size} elements into a {dst.size}-element buffer")
+    return src.size, 4 * _TYPE_CODES[src.dtype] + _TYPE_CODES[dst.dtype]
+
+
 def copy_arrays(pairs):
-    """``dst[...] = src`` for each ``(dst, src)`` of equal-sized C-contiguous arrays, on the
+    """``dst[...] = src`` for each ``(dst, src)`` of C-contiguous arrays of equal size (in
+    bytes, or in elements where a float16/32/64 source is cast to another of these), on the
     current stream, in one kernel launch per ``COPY_PAIRS`` pairs (no copy-engine work)."""
     for k in range(0, len(pairs), COPY_PAIRS):
         _copy_launch(pairs[k:k + COPY_PAIRS])
@@ -64,11 +129,10 @@ def copy_arrays(pairs):
 def _copy_launch(pairs):
     args, most = [], 0
     for dst, src in pairs:
-        if dst.nbytes != src.nbytes:
-            raise ValueError(f"copy_arrays: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
-        args += [src, dst, np.int64(src.nbytes)]
+        count, code = conversion(dst, src)
+        args += [src, dst, np.int64(count), np.int32(code)]
         most = max(most, src.nbytes)
-    args += [np.uintp(0), np.uintp(0), np.int64(0)] * (COPY_PAIRS - len(pairs))
+    args += [np.uintp(0), np.uintp(0), np.int64(0), np.int32(0)] * (COPY_PAIRS - len(pairs))
     if most:
         _copy_kernel()((_blocks(most), len(pairs)), (256,), tuple(args))
 
@@ -89,6 +153,9 @@ def _driver():
 #: False copies every compiled step's batch in before its launches (for benchmarks'
 #: comparisons); steps compiled while True keep their copy nodes.
 IN_GRAPH = True
+#: False: a step compiled with ``cast_args`` copies its batch in as given and casts it at
+#: the start of the graph, one more pass over it (the earlier form, for side-by-sides).
+CAST_IN_COPY = True
 
 
 def available() -> bool:
@@ -106,14 +173,15 @@ class InGraphCopy:
         self._exec = ctypes.c_void_p(graph.graphExec)
         self._node = node
         self._params = params
-        self._values = (ctypes.c_uint64 * (3 * COPY_PAIRS))()
-        self._pointers = (ctypes.c_void_p * (3 * COPY_PAIRS))(
-            *[ctypes.addressof(self._values) + 8 * i for i in range(3 * COPY_PAIRS)])
+        n = _ARGS_PER_PAIR * COPY_PAIRS
+        self._values = (ctypes.c_uint64 * n)()
+        self._pointers = (ctypes.c_void_p * n)(
+            *[ctypes.addressof(self._values) + 8 * i for i in range(n)])
         self._params.kernelParams = ctypes.cast(self._pointers, ctypes.c_void_p)
         self._params.extra = None
         self._dsts = list(dsts)
         for p, d in enumerate(self._dsts):
-            self._values[3 * p + 1], self._values[3 * p + 2] = d.data.ptr, d.nbytes
+            self._values[_ARGS_PER_PAIR * p + 1] = d.data.ptr
         self._current = None
 
     @classmethod
@@ -133,25 +201,28 @@ class InGraphCopy:
                     params.func != func or not params.kernelParams:
                 continue
             args = ctypes.cast(params.kernelParams, ctypes.POINTER(ctypes.c_void_p))
-            dst = [ctypes.cast(args[3 * p + 1], ctypes.POINTER(ctypes.c_uint64))[0]
-                   for p in range(len(dsts))]
+            dst = [ctypes.cast(args[_ARGS_PER_PAIR * p + 1],
+                               ctypes.POINTER(ctypes.c_uint64))[0] for p in range(len(dsts))]
             if dst == [d.data.ptr for d in dsts]:
                 return cls(graph, ctypes.c_void_p(node), params, dsts)
         return None
 
     def set_sources(self, srcs):
-        """Copy from ``srcs`` (C-contiguous, each of its input buffer's size) in the
-        launches that follow; a repeat of the previous sources costs nothing."""
-        ptrs = tuple(s.data.ptr for s in srcs)
-        if ptrs == self._current:
+        """Copy from ``srcs`` (C-contiguous, each of its input buffer's size, or of its
+        element count in another float dtype, which the copy casts) in the launches that
+        follow; a repeat of the previous sources costs nothing (a graph's callers pass one
+        dtype per source: the dtypes are part of the compiled step's signature)."""
+        key = tuple(s.data.ptr for s in srcs)
+        if key == self._current:
             return
         for p, (s, d) in enumerate(zip(srcs, self._dsts)):
-            if s.nbytes != d.nbytes:
-                raise ValueError(f"copy_arrays: {s.nbytes} bytes into a {d.nbytes}-byte buffer")
-            self._values[3 * p] = ptrs[p]
+            count, code = conversion(d, s)
+            base = _ARGS_PER_PAIR * p
+            self._values[base] = s.data.ptr
+            self._values[base + 2], self._values[base + 3] = count, code
         err = _driver()["set_params"](self._exec, self._node, ctypes.byref(self._params))
         if err:
             self._current = None
             raise RuntimeError(f"cuGraphExecKernelNodeSetParams failed (CUresult {err}): the "
                                "compiled step's batch could not be pointed at")
-        self._current = ptrs
+        self._current = key

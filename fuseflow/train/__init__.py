@@ -17,9 +17,9 @@ from fuseflow.train._fit import FitResult, Interrupted, fit
 from fuseflow.train._recipe import Recipe, RecipeError, mlp
 from fuseflow.train._records import CURVES_FILE, FIELDS, METRICS_FILE, read_metrics
 from fuseflow.train._state import TrainState, init_state
-from fuseflow.train._step import make_step
+from fuseflow.train._step import batch_casts, make_step
 
-__all__ = ["TrainState", "init_state", "make_step", "evaluate", "EvalResult", "fit",
+__all__ = ["TrainState", "init_state", "make_step", "batch_casts", "evaluate", "EvalResult", "fit",
            "FitResult", "Interrupted", "save_state", "load_state", "epoch_checkpoint", "LAST",
            "Recipe", "RecipeError", "mlp", "Dataset", "load_dataset", "load_split",
            "read_metrics", "FIELDS", "METRICS_FILE", "CURVES_FILE"]

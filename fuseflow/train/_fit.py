@@ -34,7 +34,7 @@ from fuseflow.train._records import (CURVES_FILE, METRICS_FILE, append_metrics, 
 from fuseflow.train._state import TrainState
 from fuseflow.train._run_folder import fit_folder, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
-from fuseflow.train._step import make_step
+from fuseflow.train._step import batch_casts, make_step
 
 __all__ = ["fit", "FitResult", "Interrupted"]
 
@@ -181,8 +181,9 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     step_fn = _summing(make_step(model, loss_fn, optimizer, compute_dtype=compute_dtype,
                                  comm=comm))
     if compiled:  # ff.compile checks the state's types itself
-        step_fn = _keyed(step_fn, put) if draws_random(model) else \
-            _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2)))
+        casts = batch_casts(compute_dtype, x, 3)  # (params, opt_state, sums, x, y)
+        step_fn = _keyed(step_fn, put, casts) if draws_random(model) else \
+            _keyless(compile_step(step_fn, donate_argnums=(0, 1, 2), cast_args=casts))
     else:
         step_fn = _first_checked(step_fn)
         step_fn.takes_key = draws_random(model)  # else no key is derived per step
@@ -316,11 +317,11 @@ def draws_random(model) -> bool:
     return bool(getattr(model, "draws_random", False))
 
 
-def _keyed(step_fn, put):
+def _keyed(step_fn, put, casts=None):
     """The step compiled with the layers' key as a sixth positional array, moved to the
     params' device each step (on the GPU the graph then copies it in, like the batch)."""
     compiled = compile_step(lambda p, s, sums, x, y, k: step_fn(p, s, sums, x, y, key=k),
-                            donate_argnums=(0, 1, 2))
+                            donate_argnums=(0, 1, 2), cast_args=casts)
 
     def step(params, opt_state, sums, x, y, key=None):
         return compiled(params, opt_state, sums, x, y, put(key))

@@ -15,7 +15,7 @@ from fuseflow import losses, mixed_precision, tree
 from fuseflow.grad import value_and_grad
 from fuseflow.optim import update_and_apply
 
-__all__ = ["make_step"]
+__all__ = ["batch_casts", "make_step"]
 
 
 def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
@@ -77,6 +77,17 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
         return params, opt_state, metrics
 
     return step
+
+
+def batch_casts(compute_dtype, x, argnum):
+    """``ff.compile``'s ``cast_args`` for a ``make_step`` step whose batch is argument
+    ``argnum``: with mixed precision the step casts a floating-point batch to the compute
+    dtype first thing, so the compiled graph's copy of the batch casts it instead (one pass
+    over the batch, not two). None where the step uses the batch as given."""
+    if compute_dtype is None or getattr(x, "dtype", None) is None or x.dtype.kind != "f":
+        return None
+    cd = mixed_precision._compute_dtype(compute_dtype)
+    return {argnum: cd} if cd != np.float32 else None
 
 
 def _check_parts(model, loss_fn, optimizer):
