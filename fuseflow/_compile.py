@@ -107,7 +107,8 @@ def _casts(cast_args, donate):
     casts = {}
     for i, dtype in cast_args.items():
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0:
-            raise TypeError(f"compile: cast_args keys must be argument indices, got {i!r}. {fix}")
+            raise TypeError(f"compile: cast_args keys must be argument indices (ints >= 0), got "
+                            f"{i!r}. {fix}")
         if int(i) in donate:
             raise ValueError(f"compile: cast_args names argument {i}, which is donated (the "
                              "step returns it updated, in its own dtype). Fix: cast only "
@@ -312,7 +313,7 @@ class CompiledStep:
         for i in self.casts:
             a = args[i] if i < len(args) else None
             if not (is_array(a) and a.dtype in CAST_DTYPES):
-                got = f"a {a.dtype} array" if is_array(a) else \
+                got = f"an array of dtype {a.dtype}" if is_array(a) else \
                     "missing" if i >= len(args) else f"a {type(a).__name__}"
                 raise CompileError(
                     f"{self!r}: cast_args names argument {i}, which is {got}; it casts "

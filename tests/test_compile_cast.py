@@ -71,7 +71,7 @@ def test_the_step_sees_the_cast_arguments_on_numpy():
 
 def test_mixed_precision_step_is_unchanged_by_casting_its_batch_on_numpy():
     """The step would cast the batch to float16 itself: casting it on the way in gives the
-    same losses and params, bit for bit."""
+    same losses and params, bit for bit (that the cast happens: the test above)."""
     params, state, step, xs, ys = mixed_problem(batch=16, sizes=(784, 32, 10))
     ref = run(ff.compile(step), params, state, xs, ys, 5)
     cast = run(ff.compile(step, cast_args={2: np.float16}), params, state, xs, ys, 5)
@@ -86,9 +86,9 @@ def test_mixed_precision_step_is_unchanged_by_casting_its_batch_on_numpy():
     ({2: "bfloat16"}, ValueError, "got 'bfloat16'"),
     ({2: None}, ValueError, "got None"),
     ([2], TypeError, "must be a dict"),
-    ({"x": "float16"}, TypeError, "keys must be argument indices, got 'x'"),
-    ({True: "float16"}, TypeError, "keys must be argument indices, got True"),
-    ({-1: "float16"}, TypeError, "keys must be argument indices, got -1"),
+    ({"x": "float16"}, TypeError, r"keys must be argument indices \(ints >= 0\), got 'x'"),
+    ({True: "float16"}, TypeError, "got True"),
+    ({-1: "float16"}, TypeError, "got -1"),
 ])
 def test_bad_cast_args_are_named_at_compile(cast_args, error, match):
     with pytest.raises(error, match=match):
@@ -96,7 +96,7 @@ def test_bad_cast_args_are_named_at_compile(cast_args, error, match):
 
 
 @pytest.mark.parametrize("x, got", [
-    (np.arange(6).reshape(2, 3), "a int64 array"),
+    (np.arange(6).reshape(2, 3), "an array of dtype int64"),
     ([1.0, 2.0], "a list"),
 ])
 def test_a_cast_argument_must_be_a_float_array(x, got):
@@ -137,6 +137,8 @@ def test_copy_kernel_casts_as_astype_does(src, dst):
     s = cp.asarray(host)
     pieces = [(0, len(host)), (1, 1_001), (3, 3 + 8 * 9 + 5), (8, 8), (16, 4_113)]
     pairs = [(cp.full(b - a, 7, dtype=dst), s[a:b]) for a, b in pieces]
+    wide = cp.full(len(host) + 1, 7, dtype=dst)
+    pairs.append((wide[1:], s))  # an aligned source into a misaligned destination
     assert len(pairs) > COPY_PAIRS  # two launches
     copy_arrays(pairs)
     bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dst).itemsize]
@@ -182,7 +184,7 @@ def test_compiled_mixed_precision_step_with_its_batch_cast_on_the_way_in(monkeyp
         g = compiled._last
         assert g.static_args[2].dtype == (cp.float16 if casts and in_copy else cp.float32)
         assert (g.inputs is not None) == in_graph
-        assert compiled.compiles == 1  # every call after the first took the fast path
+        assert compiled.compiles == 1 and compiled._last is g  # one graph, the fast path's
     assert runs[True][0] == runs[False][0]
     assert runs[True][0][-1] < runs[True][0][0]
     assert_trees_equal(runs[True][1:], runs[False][1:], cp.asnumpy)
@@ -262,6 +264,32 @@ def test_compiled_float16_fit_on_the_gpu_matches_the_eager_loop(monkeypatch):
     compiled, seen = _fit_float16(monkeypatch, True, "cuda")
     assert seen == [{3: np.dtype(np.float16)}]
     for a, b in zip(compiled.history, eager.history, strict=True):
-        for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
+        for key in ("train_loss", "test_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-5), key
+        for key in ("train_acc", "test_acc"):  # one prediction flipped by rounding: 1/1400
+            assert a[key] == pytest.approx(b[key], abs=1.5e-3), key
     assert compiled.history[1]["train_loss"] < compiled.history[0]["train_loss"]
+
+
+@gpu
+def test_cast_of_a_later_batch_argument_from_float64():
+    """A cast argument that is the batch copy's third pair (after y and a key-like array),
+    from float64: the step gets ``x.astype(float16)``, call after call."""
+    cp = _cuda()
+    seen = []
+
+    def step(p, s, y, k, x):
+        seen.append(x.dtype)
+        return p, s, {"sum": x.astype(cp.float32).sum() + y.sum() + k.sum()}
+
+    compiled = ff.compile(step, cast_args={4: "float16"})
+    p, s = {"w": cp.ones(3, cp.float32)}, {"t": cp.zeros((), cp.int32)}
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        x = cp.asarray(rng.standard_normal((64, 40)) * 100)  # float64
+        y, k = cp.arange(64) + i, cp.full(2, i, dtype=cp.uint32)
+        p, s, m = compiled(p, s, y, k, x)
+        want = x.astype(cp.float16).astype(cp.float32).sum() + y.sum() + k.sum()
+        assert float(m["sum"]) == float(want), f"call {i}"
+    assert seen == [cp.float16, cp.float16]  # the warm-up and the capture, then replays
+    assert compiled._last.inputs is not None

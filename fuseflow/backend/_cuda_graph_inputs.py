@@ -183,6 +183,7 @@ class InGraphCopy:
         for p, d in enumerate(self._dsts):
             self._values[_ARGS_PER_PAIR * p + 1] = d.data.ptr
         self._current = None
+        self._counts = None  # each pair's (count, conversion): one per graph, set once
 
     @classmethod
     def find(cls, graph, dsts):
@@ -215,8 +216,9 @@ class InGraphCopy:
         key = tuple(s.data.ptr for s in srcs)
         if key == self._current:
             return
-        for p, (s, d) in enumerate(zip(srcs, self._dsts)):
-            count, code = conversion(d, s)
+        if self._counts is None:
+            self._counts = [conversion(d, s) for s, d in zip(srcs, self._dsts)]
+        for p, (s, (count, code)) in enumerate(zip(srcs, self._counts)):
             base = _ARGS_PER_PAIR * p
             self._values[base] = s.data.ptr
             self._values[base + 2], self._values[base + 3] = count, code
