@@ -7,6 +7,9 @@
 #                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
 #                              in /tmp/r32, /tmp/r16; their metrics.jsonl copied to $res)
+#   ab NAME SECONDS ROUNDS ARM...  settings_ab.py: the compiled 16-bit large steps under
+#                              each ARM (a --setting value), ROUNDS alternating rounds
+#   all_gpu_tests SECONDS      every GPU test but the kernel sources' (4 xdist workers)
 #   xdist MODE                 "-n 4 --dist MODE" where pytest-xdist is importable (its
 #                              wheels in .whl: pip download pytest-xdist execnet --no-deps
 #                              -d .whl), else nothing: the tests then run in one process
@@ -26,6 +29,12 @@ peers() { local name=$1 limit=$2; shift 2
 gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
 xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n 4 --dist $1"; }
+ab() { local name=$1 limit=$2 rounds=$3 arm; shift 3; local arms=()
+  for arm in "$@"; do arms+=(--setting "$arm"); done
+  TAILN=6 run "ab_$name" "$limit" python3 benchmarks/settings_ab.py --out "$res" --name "$name" \
+    "${arms[@]}" --rounds "$rounds"; }
+all_gpu_tests() { TAILN=25 run pytest_gpu_all "$1" python3 -m pytest -m gpu -q -rfE \
+  -p no:cacheprovider $(xdist load) tests --ignore=tests/test_kernel_sources.py; }
 cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp32 "$limit" python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress

@@ -11,8 +11,6 @@ TAG=s28a
 source "$(dirname "$0")/_device_lib.sh"
 TAILN=10 run pytest_cast 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_compile_cast.py tests/test_compile.py -k "cast or batch or copies or copy"
-TAILN=6 run ab_cast_in_copy 240 python3 benchmarks/settings_ab.py --out "$res" \
-  --name cast_in_copy --setting _cuda_graph_inputs.CAST_IN_COPY=True \
-  --setting _cuda_graph_inputs.CAST_IN_COPY=False --rounds 6
+ab cast_in_copy 240 6 _cuda_graph_inputs.CAST_IN_COPY=True _cuda_graph_inputs.CAST_IN_COPY=False
 TAILN=3 run profile_16bit 90 python3 benchmarks/profile_step.py --framework fuseflow \
   --out "$res" --tag s28a --configs 784-4096-4096-10:adam:16bit
