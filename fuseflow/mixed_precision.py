@@ -338,15 +338,18 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         return (scale.astype(xp.float32, copy=False),
                 xp.where(grow, 0, good).astype(xp.int32, copy=False))
 
-    def keep_if_not(finite, new, old):
+    def keep_if_not(finite, new, old, kept=False):
         """``new`` where ``finite``, else ``old``, in ``old``'s structure: a state loaded
         without ``like`` has namedtuple classes of its own, which the inner update may not
-        return (the same names and fields: the same printed structure)."""
+        return (the same names and fields: the same printed structure). ``kept``: ``new``
+        already holds the old values where not finite (``fused_update``'s state)."""
         n_leaves, n_def = tree.flatten(new)
         o_leaves, o_def = tree.flatten(old)
         if n_def != o_def and str(n_def) != str(o_def):
             raise ValueError(f"dynamic_loss_scaling: the inner optimizer's update returned a "
                              f"state of structure {n_def}, not that of its input, {o_def}")
+        if kept:
+            return tree.unflatten(o_def, n_leaves)
         if not all(map(is_array, o_leaves)):  # where() would make it an array: a new type
             path, o = next((p, o) for p, o in zip(tree.paths(old), o_leaves) if not is_array(o))
             raise TypeError(
@@ -402,8 +405,9 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
             _, new_state, new_params = step(unscaled, state, params)
             return new_params, new_state
         new_params, inner, *low = out
+        # the fused step kept the old state itself where not finite (no where() here)
         return new_params, type(state)(*next_scale(state, finite()),
-                                       keep_if_not(finite(), inner, state.inner),
+                                       keep_if_not(finite(), inner, state.inner, kept=True),
                                        low[0] if low else None)
 
     update.fused_apply = fused_apply

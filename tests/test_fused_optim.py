@@ -101,6 +101,45 @@ def test_fused_dynamic_loss_scaling_matches_reference_through_an_overflow():
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("lr", ["constant", "tabulated", "step_by_step"])
+@pytest.mark.parametrize("opt_name", ["adam", "momentum"])
+def test_skipped_steps_keep_every_count_in_the_fused_step(opt_name, lr):
+    """Under dynamic loss scaling the fused step keeps the whole inner state on a skipped
+    step, counts included: the kernel stores the old Adam count and the old tabulated
+    schedule count itself; a schedule without a table (``step_decay_schedule``) advances
+    its count outside the kernel, selected there. Params, moments, counts and the scale
+    equal the reference's (update, then apply_updates); one update launch a step."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow import mixed_precision as mp
+
+    rate = {"constant": 1e-2, "tabulated": ff.optim.cosine_decay_schedule(1e-2, 12),
+            "step_by_step": ff.optim.step_decay_schedule(1e-2, 5, 0.5)}[lr]
+    make = {"adam": lambda: ff.optim.adam(rate),
+            "momentum": lambda: ff.optim.sgd(rate, momentum=0.9)}[opt_name]
+    runs = {}
+    for fused in (True, False):
+        params, target = problem(cupy)
+        opt = mp.dynamic_loss_scaling(make(), init_scale=8.0, growth_interval=4)
+        be = ff.backend.get("cuda")
+        be.reset_stats()
+        runs[fused] = run(opt, params, target, fused, steps=16,
+                          grad=lambda p, t: 2 * (p - t), overflow_at=(0, 3, 4, 11))
+        if fused:
+            assert sum(v for k, v in be.calls.items()
+                       if k.startswith("multi_tensor_update/")) == 16
+    a, b = runs[True], runs[False]
+    assert ff.tree.structure(a) == ff.tree.structure(b)
+    counts = [int(c) for c in ff.tree.leaves(a[1].inner) if c.ndim == 0 and c.dtype.kind == "i"]
+    # Adam's count and a schedule's: 16 steps, 4 skipped
+    assert counts == [12] * ((opt_name == "adam") + (lr != "constant"))
+    for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
+        np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
+
+
 SHORT_SCHEDULES = {  # horizons inside a 20-step run
     "cosine": lambda: ff.optim.cosine_decay_schedule(0.1, 8, alpha=0.1),
     "warmup_cosine": lambda: ff.optim.warmup_cosine_decay_schedule(0.0, 0.1, 3, 9, 0.01),

@@ -71,8 +71,10 @@ def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=Fal
     """The fused step of a named optimizer, or None when it has no fused form here.
 
     ``finite`` (a 0-d bool device array, or a function returning one that is called only if
-    the kernel runs) makes the kernel keep every tensor unchanged when False; the caller
-    then handles the step counts (see ``dynamic_loss_scaling``). ``grad_scale`` (a 0-d
+    the kernel runs) makes the step keep the params and the whole state, step counts
+    included, unchanged when False (the kernel stores the old values and counts; a count
+    it does not write is selected with ``where``): ``dynamic_loss_scaling``'s skipped
+    step, with no further launch for the state. ``grad_scale`` (a 0-d
     float32 device array): the gradients are ``grads.astype(float32) * grad_scale``, formed
     inside the kernel (mixed precision's scaled 16-bit gradients); GPU only. ``low``: a
     lower-precision copy of ``params`` (same structure) that the kernel rewrites from the
@@ -152,6 +154,12 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
                                           in_place=not host_sync_allowed(), **hyper)
     if res is None:
         return None
+    if finite is not None:  # the counts the kernel did not write keep their old values too
+        written = {id(hyper.get("new_count")), id(hyper.get("new_sched_count"))}
+        if kind == "adam" and id(count) not in written:
+            count = _kept(finite, count, first.count)
+        if id(new_sched.count) not in written:
+            new_sched = type(sched)(count=_kept(finite, new_sched.count, sched.count))
     new_p, new_groups = res[:2]
     new_params = tree.unflatten(treedef, new_p)
     if kind == "adam":
@@ -186,6 +194,14 @@ def lr_table(lr, leaf):
         counts = namespace(leaf).arange(horizon + 1, dtype=np.int32)
         tables[key] = scalar_like(-1.0 * lr(counts), leaf)
     return tables[key]
+
+
+def _kept(finite, new, old):
+    """``new`` where the step was finite, else ``old`` (a step count outside the kernel)."""
+    if new is old:
+        return new
+    ok = finite() if callable(finite) else finite
+    return namespace(ok).where(ok, new, old).astype(old.dtype, copy=False)
 
 
 def _new_count(count):
