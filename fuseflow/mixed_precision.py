@@ -18,8 +18,8 @@ step is skipped (params and the inner state unchanged) and the scale halves; aft
 
 A training step can leave the gradients scaled and in 16 bits (``unscaled=False``) and let
 ``update_and_apply_scaled`` divide them inside the finiteness check and the optimizer's
-kernel: on the GPU the float32 gradients are then never written (``ff.train.make_step``
-does this).
+kernel: on the GPU the float32 gradients are then never written, and the check's kernel
+forms ``1 / scale`` for the update (``ff.train.make_step`` does this).
 
 ``dynamic_loss_scaling(opt, compute_dtype="float16")`` also keeps the compute copy of the
 params in its state (``compute_params``, equal to ``params.astype(float16)`` after every
@@ -244,15 +244,14 @@ def update_and_apply_scaled(optimizer, grads, opt_state, params):
         raise TypeError("update_and_apply_scaled: the optimizer state has no loss scale "
                         f"(got a {type(opt_state).__name__}). Fix: wrap the optimizer, "
                         "ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
-    inv = _inverse(scale, scale)
     hook = own_attribute(optimizer.update, "fused_apply")  # not one a wrapper copied
     if _wider(grads, params):  # float64 compute on float32 params: unscale to their dtype
         hook = None           # first, so the optimizer's state never sees the wide grads
-    out = None if hook is None else hook(grads, opt_state, params, grad_scale=inv)
+    out = None if hook is None else hook(grads, opt_state, params, loss_scale=scale)
     if out is not None:
         return out
-    return update_and_apply(optimizer, _times(grads, params, inv), opt_state, params,
-                            donate_grads=True)
+    return update_and_apply(optimizer, _times(grads, params, _inverse(scale, scale)),
+                            opt_state, params, donate_grads=True)
 
 
 def _wider(grads, params) -> bool:
@@ -385,23 +384,32 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
         updates, new_state, _ = step(grads, state, params)
         return updates, new_state
 
-    def fused_apply(grads, state, params, grad_scale=None):
+    def fused_apply(grads, state, params, loss_scale=None):
         """``update_and_apply``'s one-kernel path: the inner optimizer's fused kernel with a
         device-side skip flag (None when the inner optimizer has no fused form and the
         state keeps no compute copy: the caller then runs update + apply_updates; with a
         copy the reference step runs here, adding the updates once for both).
-        ``grad_scale``: the gradients are ``grads.astype(float32) * grad_scale``."""
+        ``loss_scale``: the gradients are ``grads.astype(float32) * (1 / loss_scale)``; the
+        finiteness check forms that factor for the update kernel (no launch of its own)."""
+        inverse = None
+        if loss_scale is not None:  # float32 as the kernels read it (a no-op for the state's)
+            xp = namespace(loss_scale)
+            loss_scale = xp.asarray(loss_scale, dtype=xp.float32)
+            inverse = xp.empty((), dtype=xp.float32)  # the check's kernel stores 1 / scale
+
         @functools.cache
         def finite():  # launched only if the fused kernel runs, and once
-            return backend.all_finite(tree.leaves(grads), scale=grad_scale)
+            return backend.all_finite(tree.leaves(grads), scale=loss_scale,
+                                      inverse_into=inverse)
 
         check_state("dynamic_loss_scaling.update", state, DynamicScaleState)
         out = fused_update(optimizer, grads, state.inner, params, finite=finite,
-                           grad_scale=grad_scale, low=state.compute_params)
-        if out is None:
+                           grad_scale=inverse, low=state.compute_params)
+        if out is None:  # finite() has not run: the factor is not formed
             if state.compute_params is None:
                 return None
-            unscaled = grads if grad_scale is None else _times(grads, params, grad_scale)
+            unscaled = grads if loss_scale is None else \
+                _times(grads, params, _inverse(loss_scale, loss_scale))
             _, new_state, new_params = step(unscaled, state, params)
             return new_params, new_state
         new_params, inner, *low = out

@@ -382,6 +382,48 @@ def test_scaled_all_finite_checks_the_unscaled_product():
         assert bool(ff.backend.all_finite(leaves, scale=cupy.asarray(scale))) == want, value
 
 
+def test_all_finite_forms_the_inverse_scale_on_numpy():
+    """``inverse_into``: the check's factor is ``1 / scale``, stored there (on NumPy by the
+    reference operations); it needs a scale and a 0-d float32 array."""
+    leaves = [np.array([1.0, -2.0], np.float16), np.array([[3e4]], np.float16)]
+    inv = np.empty((), np.float32)
+    for value, want in ((3.0, True), (1e-36, False)):  # 3e4 * 1e36 overflows float32
+        with np.errstate(over="ignore"):
+            assert bool(ff.backend.all_finite(leaves, scale=np.float32(value),
+                                              inverse_into=inv)) == want
+        assert inv == np.float32(1) / np.float32(value)
+    with pytest.raises(ValueError, match="inverse_into needs a scale and a 0-d float32"):
+        ff.backend.all_finite(leaves, inverse_into=inv)
+    with pytest.raises(ValueError, match="inverse_into needs a scale and a 0-d float32"):
+        ff.backend.all_finite(leaves, scale=np.float32(2), inverse_into=np.empty(1, np.float32))
+
+
+@pytest.mark.gpu
+def test_all_finite_kernel_stores_the_inverse_scale_bit_for_bit():
+    """On the GPU the finiteness kernel divides 1 by the scale itself and stores it for the
+    update kernel (mixed precision's unscaling factor, formerly a launch of its own): the
+    bits of CuPy's ``1 / scale``, and the check made with it; leaves without elements still
+    get it stored."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    rng = np.random.default_rng(4)
+    leaves = [cupy.asarray((rng.standard_normal(s) * 1000).astype(np.float16))
+              for s in [(7, 5), (1000, 33)]]
+    for value in (1.0, 3.0, 1 / 3, 2.0 ** 15, 1e-3, 6.1e30, 7e-36):
+        scale = cupy.asarray(np.float32(value))
+        want_inv = 1.0 / scale
+        inv = cupy.full((), np.nan, dtype=cupy.float32)
+        ok = ff.backend.all_finite(leaves, scale=scale, inverse_into=inv)
+        assert cupy.asnumpy(inv).view(np.uint32) == cupy.asnumpy(want_inv).view(np.uint32)
+        assert bool(ok) == bool(ff.backend.all_finite(leaves, scale=want_inv)), value
+    inv = cupy.full((), np.nan, dtype=cupy.float32)
+    assert bool(ff.backend.all_finite([cupy.zeros((0, 3), cupy.float16)],
+                                      scale=cupy.asarray(np.float32(3)), inverse_into=inv))
+    assert float(inv) == float(np.float32(1) / np.float32(3))
+
+
 @pytest.mark.gpu
 def test_loss_scale_kernel_matches_the_numpy_rule():
     """The one-launch loss-scale update (GPU) gives exactly the NumPy rule's scale and count:

@@ -169,18 +169,30 @@ def multi_tensor_cast(leaves, dtype, scale=None):
     return [a.astype(dtype) * scale.astype(dtype) for a in leaves]
 
 
-def all_finite(leaves, scale=None):
+def all_finite(leaves, scale=None, inverse_into=None):
     """A 0-d bool array: every element of every leaf is finite (one launch on the GPU).
 
     ``scale`` (a 0-d float32 array): check ``leaf.astype(float32) * scale`` instead, the
-    unscaled gradients of mixed precision, without materializing them.
+    unscaled gradients of mixed precision, without materializing them. ``inverse_into`` (a
+    0-d float32 array, with ``scale``): the factor is ``1 / scale``, stored there too (on
+    the GPU by the same kernel: mixed precision's unscaling factor without a launch).
     """
     leaves = list(leaves)
-    if fusable(leaves) and (scale is None or is_cupy(scale)):
+    if inverse_into is not None:
+        if scale is None or inverse_into.shape != () or inverse_into.dtype != np.float32:
+            raise ValueError("all_finite: inverse_into needs a scale and a 0-d float32 array, "
+                             f"got scale={scale!r}, inverse_into of shape "
+                             f"{inverse_into.shape} and dtype {inverse_into.dtype}")
+    if fusable(leaves) and (scale is None or is_cupy(scale)) and \
+            (inverse_into is None or is_cupy(inverse_into)):
         from fuseflow.backend import _cuda_fused
 
         get("cuda").calls["all_finite"] += 1
-        return _cuda_fused.multi_tensor_all_finite(leaves, scale)
+        return _cuda_fused.multi_tensor_all_finite(leaves, scale, inverse_into)
+    if inverse_into is not None:
+        xp = namespace(inverse_into)
+        inverse_into[...] = 1.0 / xp.asarray(scale, dtype=xp.float32)
+        scale = inverse_into
     xp = namespace(leaves[0])
     ok = xp.asarray(True)
     for g in leaves:  # element by element, as the fused kernel checks

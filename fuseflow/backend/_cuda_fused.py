@@ -460,27 +460,39 @@ def multi_tensor_cast(leaves, dtype, scale=None):
 
 @functools.cache
 def _finite_kernel(ctype, sizes, aligned, scaled=False, width=4):
-    args = ["long long total", "bool* ok", "const float* scale_ptr"] + \
+    args = ["long long total", "bool* ok", "const float* scale_ptr", "float* inv_out"] + \
         [f"const T* s{k}" for k in range(len(sizes))]
-    # scaled: the float32 product of the unscaling (as the update kernel forms it)
+    # scaled: the float32 product of the unscaling (as the update kernel forms it). With
+    # inv_out the factor is 1 / scale_ptr[0] (correctly rounded, as 1 / scale is), which
+    # the first thread also stores there for the update kernel that follows.
     wtype = "double" if ctype == "double" and not scaled else "float"
     value = "(W)s{k}[j] * sc" if scaled else "(W)s{k}[j]"
     return _quad_kernel("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args,
                         lambda k: [(f"s{k}", "T", False)],
                         lambda k: f"if (!isfinite({value.format(k=k)})) ok[0] = false;",
                         {"sizes": sizes, "aligned": aligned, "width": width},
-                        "  const W sc = scale_ptr ? (W)scale_ptr[0] : (W)1;\n")
+                        "  const float given = scale_ptr ? scale_ptr[0] : 1.0f;\n"
+                        "  const float factor = inv_out ? 1.0f / given : given;\n"
+                        "  if (inv_out && blockIdx.x == 0 && threadIdx.x == 0)\n"
+                        "    inv_out[0] = factor;\n"
+                        "  const W sc = scale_ptr ? (W)factor : (W)1;\n")
 
 
-def multi_tensor_all_finite(leaves, scale=None):
+def multi_tensor_all_finite(leaves, scale=None, inverse_into=None):
     """A 0-d bool device array: every element of every leaf (times ``scale``, a 0-d float32
     device array, in float32, where given) is finite. One launch; the threads that see an
-    inf/nan all write the same False."""
+    inf/nan all write the same False. ``inverse_into`` (a 0-d float32 device array, with
+    ``scale``): the factor is ``1 / scale`` instead, which the kernel also stores there
+    (mixed precision's unscaling factor, formed without a launch of its own)."""
     ok = cupy.ones((), dtype=cupy.bool_)
     sizes = tuple(int(a.size) for a in leaves)
+    if inverse_into is not None and not sum(sizes):
+        cupy.divide(1.0, scale, out=inverse_into)  # no kernel below to store it
     if sum(sizes):
         width = vector_width(leaves[0].dtype)
         kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves, width),
                                      scale is not None, width)
-        _launch(kern, quads, [ok, scale if scale is not None else np.uintp(0), *leaves])
+        _launch(kern, quads, [ok, scale if scale is not None else np.uintp(0),
+                              inverse_into if inverse_into is not None else np.uintp(0),
+                              *leaves])
     return ok
