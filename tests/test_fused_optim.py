@@ -101,6 +101,52 @@ def test_fused_dynamic_loss_scaling_matches_reference_through_an_overflow():
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("lr", ["constant", "tabulated", "step_by_step"])
+@pytest.mark.parametrize("opt_name", ["adam", "momentum", "sgd"])
+def test_fused_path_keeps_the_counts_of_a_skipped_step(monkeypatch, opt_name, lr):
+    """The state bookkeeping of the GPU's fused path under loss scaling, on the CPU: the
+    arrays count as device arrays and the kernel's part is played by a stand-in that
+    stores the counts as the update kernel does (old ones where the flag is False). The
+    counts the kernel writes and those advanced outside it (a schedule without a table)
+    both stay put on a skipped step and advance on a finite one; a constant step size has
+    no count (its state is empty). The GPU test below runs the real kernel."""
+    import fuseflow.optim._fused as fused_module
+    from fuseflow.optim._schedules import horizon_of
+
+    monkeypatch.setattr(fused_module, "is_cupy", lambda a: isinstance(a, np.ndarray))
+    launches = []
+
+    def kernel(kind, params, grads, groups, *, finite, count=None, new_count=None,
+               sched_count=None, new_sched_count=None, **hyper):
+        ok = bool(finite() if callable(finite) else finite)
+        launches.append(ok)
+        if new_count is not None:
+            new_count[...] = count + 1 if ok else count
+        if new_sched_count is not None:
+            new_sched_count[...] = sched_count + 1 if ok else sched_count
+        return params, groups
+
+    monkeypatch.setattr(fused_module.backend, "multi_tensor_update", kernel)
+    monkeypatch.setattr(fused_module, "lr_table", lambda lr, leaf: (  # no device to key on
+        None if horizon_of(lr) is None else -lr(np.arange(horizon_of(lr) + 1, dtype=np.int32))))
+    rate = {"constant": 1e-2, "tabulated": ff.optim.cosine_decay_schedule(1e-2, 12),
+            "step_by_step": ff.optim.step_decay_schedule(1e-2, 5, 0.5)}[lr]
+    opt = {"adam": lambda: ff.optim.adam(rate), "sgd": lambda: ff.optim.sgd(rate),
+           "momentum": lambda: ff.optim.sgd(rate, momentum=0.9)}[opt_name]()
+    params, _ = problem()
+    state = opt.init(params)
+    want = 0
+    for ok in (True, False, True, True, False):
+        out = fused_module.fused_update(opt, params, state, params,
+                                        finite=lambda ok=ok: np.asarray(ok))
+        assert out is not None
+        state = out[1]
+        want += ok
+        counts = [int(c) for c in ff.tree.leaves(state) if c.ndim == 0 and c.dtype.kind == "i"]
+        assert counts == [want] * ((opt_name == "adam") + (lr != "constant"))
+    assert launches == [True, False, True, True, False]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lr", ["constant", "tabulated", "step_by_step"])
 @pytest.mark.parametrize("opt_name", ["adam", "momentum"])

@@ -158,7 +158,7 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         written = {id(hyper.get("new_count")), id(hyper.get("new_sched_count"))}
         if kind == "adam" and id(count) not in written:
             count = _kept(finite, count, first.count)
-        if id(new_sched.count) not in written:
+        if new_sched is not sched and id(new_sched.count) not in written:  # a schedule's
             new_sched = type(sched)(count=_kept(finite, new_sched.count, sched.count))
     new_p, new_groups = res[:2]
     new_params = tree.unflatten(treedef, new_p)
