@@ -85,3 +85,37 @@ def test_no_fused_form_without_an_input_gradient(fused):
     grads, dx, _ = dense_backward(params, {"x": x}, rng.standard_normal((16, 10)),
                                   need_input_grad=False)
     assert fused == [] and dx is None and set(grads) == {"w", "b"}
+
+
+# ---- the output layer's forward and loss as one call (``linear_xent``) -------------------------
+@pytest.mark.parametrize("scaled", [False, True])
+def test_dense_softmax_xent_through_a_fused_forward_and_loss_equals_the_two_calls(
+        scaled, monkeypatch):
+    """A backend's fused forward-and-loss (``linear_xent``, here the NumPy backend's own
+    ``linear`` then ``softmax_cross_entropy``, told it has one) is asked with the layer's
+    operands, the labels and the loss scale, and ``dense_softmax_xent`` gives what the two
+    calls give, the gradients after it included (the one-pass gradients too)."""
+    be = get("numpy")
+    seen = []
+
+    def linear_xent(x, w, bias, labels, grad_scale, grad_dtype):
+        seen.append((x.shape, w.shape, bias is not None, labels.shape, grad_scale, grad_dtype))
+        y, _ = be.linear(x, w, bias, "BIAS" if bias is not None else "DEFAULT")
+        loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
+        return loss, y, dy
+
+    rng = np.random.default_rng(5)
+    params, x, aux = _layer(rng, bias=True)
+    labels = rng.integers(0, 10, 16)
+    scale = np.float32(8.0) if scaled else None
+    kwargs = dict(input_activation="relu", input_aux=aux, input_has_bias=True,
+                  grad_scale=scale, grad_dtype=None)
+    want = dense_softmax_xent(params, {"x": x}, labels, **kwargs)
+    monkeypatch.setattr(be, "fuses_xent", True, raising=False)
+    monkeypatch.setattr(be, "_linear_xent", linear_xent)
+    got = dense_softmax_xent(params, {"x": x}, labels, **kwargs)
+    assert seen == [((16, 24), (10, 24), True, (16,), scale, kwargs["grad_dtype"])]
+    _equal(got, want)
+    seen.clear()
+    monkeypatch.setattr(be, "_linear_xent", lambda *a: None)  # no form for these operands
+    _equal(dense_softmax_xent(params, {"x": x}, labels, **kwargs), want)

@@ -73,7 +73,7 @@ def _generated_sources(monkeypatch):
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
     caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, H._sum_kernel,
               F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
-              F._next_loss_scale_kernel, GI._copy_kernel, R._kernel)
+              F._next_loss_scale_kernel, GI._copy_kernel, R._kernel, TC._xent_kernel)
     for cache in caches:
         cache.cache_clear()
     for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
@@ -136,6 +136,8 @@ def _generated_sources(monkeypatch):
     for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
         for hb in (False, True):
             TC._kernel("tc_forward", n, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)
+            for labels in (np.int64, np.int32, np.uint8):  # the forward with the loss
+                TC._xent_kernel(n, hb, np.dtype(labels))
         for b, rows in itertools.product((False, True), (16, 48, TC.MAX_ROWS_PER_CHUNK)):
             TC._kernel("tc_wgrad", n, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
             for d in (False, True):

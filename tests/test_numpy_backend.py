@@ -158,6 +158,27 @@ def test_linear_grads_checks_both_gradients_operands_and_has_no_fused_form_on_nu
         fusing.linear_grads(dy, x, w, "DRELU")
 
 
+def test_linear_xent_has_no_fused_form_on_numpy_but_checks_where_one_may_exist():
+    """``linear_xent`` (an output layer's forward and loss as one call): None at once on
+    NumPy, counting nothing and checking nothing; a backend that may fuse (NumPy told so,
+    its ``_linear_xent`` still None) first refuses what ``linear`` would refuse."""
+    rng = np.random.default_rng(1)
+    x, w, labels = rand(rng, 4, 5), rand(rng, 3, 5), np.array([0, 2, 1, 2])
+    before = be.calls.copy()
+    assert not be.fuses_xent
+    assert be.linear_xent(x, w, None, labels) is None
+    assert be.linear_xent(x, rand(rng, 3, 7), None, labels) is None  # not looked at
+    assert be.calls == before
+
+    class MayFuse(type(be)):
+        fuses_xent = True
+
+    fusing = MayFuse()
+    assert fusing.linear_xent(x, w, rand(rng, 3), labels) is None
+    with pytest.raises(BackendError, match="linear_xent"):
+        fusing.linear_xent(x, rand(rng, 3, 7), None, labels)
+
+
 def test_drelu_is_a_select_even_for_non_finite_gradients():
     """mask ? dx : 0 (cuBLASLt), not dx * mask: an inf where the mask is clear gives 0."""
     pre = np.array([[-1.0, 2.0, -3.0]])

@@ -42,6 +42,54 @@ THREADS = S.FORWARD_THREADS
 #: The largest class count: the row's logits live in registers, one per lane.
 MAX_CLASSES = min(S.MAX_N, MAX_STATIC_CLASSES)
 
+#: A warp's row of the loss (shared with ``_cuda_skinny_tc``'s forward): lane j < N holds
+#: the row's logit j as the float sum ``v`` (``active``); stores the rounded logit in y,
+#: runs the xent kernel's arithmetic on the whole row in every lane, sets the row's loss
+#: ``rl`` and leaves lane j's loss gradient, scaled and rounded, in ``gt``.
+ROW_XENT_SRC = r"""            const T yt = (T)v;
+            if (active) y[row * N + lane] = yt;
+            const A z = (A)yt;  // what the loss kernel reads back
+            A e[N];
+            #pragma unroll
+            for (int j = 0; j < N; ++j) e[j] = __shfl_sync(FULL, z, j);
+            const int label = (int)labels[row];
+            A m = e[0];
+            #pragma unroll
+            for (int j = 1; j < N; ++j) m = max(m, e[j]);
+            A s = 0, zy = 0;
+            #pragma unroll
+            for (int j = 0; j < N; ++j) {
+                if (j == label) zy = e[j];
+                e[j] = exp(e[j] - m);
+                s += e[j];
+            }
+            rl = log(s) - (zy - m);
+            const A r = (A)1 / s;
+            const A inv_n = (A)1 / (A)B;
+            A g = (A)0;
+            #pragma unroll
+            for (int j = 0; j < N; ++j)
+                if (j == lane) g = (e[j] * r - (j == label ? (A)1 : (A)0)) * inv_n;
+            const T gt = (T)(gscale ? mul_rn(g, (A)gscale[0]) : g);
+"""
+
+#: The mean loss from the rows' losses ``rowloss[SPB]``: block partials, added in block
+#: order by the block that arrives last (``_cuda_tickets``).
+LOSS_TAIL_SRC = r"""    if (threadIdx.x == 0) {
+        A t = (A)0;
+        #pragma unroll
+        for (int s = 0; s < SPB; ++s) t += rowloss[s];
+        losspart[blockIdx.x] = t;
+    }
+    if (last_arrival(ticket, gridDim.x) && warp == 0) {
+        A t = (A)0;
+        for (long long b = lane; b < gridDim.x; b += 32) t += __ldcg(losspart + b);
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL, t, o);
+        if (lane == 0) loss[0] = t / (A)B;
+    }
+"""
+
 _HEAD = MUL_RN_SRC + r"""
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
         const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
@@ -76,32 +124,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
                 for (int g = 0; g < FWD_THREADS / 32; ++g) v += part[g][warp][lane];
                 if (HAS_BIAS) v += (A)bias[lane];
             }
-            const T yt = (T)v;
-            if (active) y[row * N + lane] = yt;
-            const A z = (A)yt;  // what the loss kernel reads back
-            A e[N];
-            #pragma unroll
-            for (int j = 0; j < N; ++j) e[j] = __shfl_sync(FULL, z, j);
-            const int label = (int)labels[row];
-            A m = e[0];
-            #pragma unroll
-            for (int j = 1; j < N; ++j) m = max(m, e[j]);
-            A s = 0, zy = 0;
-            #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                if (j == label) zy = e[j];
-                e[j] = exp(e[j] - m);
-                s += e[j];
-            }
-            rl = log(s) - (zy - m);
-            const A r = (A)1 / s;
-            const A inv_n = (A)1 / (A)B;
-            A g = (A)0;
-            #pragma unroll
-            for (int j = 0; j < N; ++j)
-                if (j == lane) g = (e[j] * r - (j == label ? (A)1 : (A)0)) * inv_n;
-            const T gt = (T)(gscale ? mul_rn(g, (A)gscale[0]) : g);
-            if (active) {
+""" + ROW_XENT_SRC + r"""            if (active) {
                 dy[row * N + lane] = gt;
 #if DGRAD
                 dls[warp][lane] = (A)gt;
@@ -139,20 +162,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
 #endif
 
     // 4. the mean loss: block partials, added in block order by the last block to arrive
-    if (threadIdx.x == 0) {
-        A t = (A)0;
-        #pragma unroll
-        for (int s = 0; s < SPB; ++s) t += rowloss[s];
-        losspart[blockIdx.x] = t;
-    }
-    if (last_arrival(ticket, gridDim.x) && warp == 0) {
-        A t = (A)0;
-        for (long long b = lane; b < gridDim.x; b += 32) t += __ldcg(losspart + b);
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL, t, o);
-        if (lane == 0) loss[0] = t / (A)B;
-    }
-}
+""" + LOSS_TAIL_SRC + r"""}
 """
 
 

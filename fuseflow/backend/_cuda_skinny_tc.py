@@ -41,7 +41,10 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_skinny as S
+from fuseflow.backend import _cuda_tickets as tickets
+from fuseflow.backend._cuda_fused import _LABEL_CTYPES, MUL_RN_SRC
 
 MAX_N = 16           # the small side, padded to one m16/k16 tile
 #: From this many batch x features elements on (like ``_cuda_skinny.VECTOR_MIN_ELEMENTS``):
@@ -265,6 +268,49 @@ extern "C" __global__ void tc_forward(const T* __restrict__ x, const T* __restri
     }
 }
 """
+
+
+def _replaced(text, old, new):
+    """``text`` with its one ``old`` replaced (a kernel variant made from another's text)."""
+    if text.count(old) != 1:
+        raise ValueError(f"kernel text: {old[:40]!r} is not there exactly once")
+    return text.replace(old, new)
+
+
+# tc_forward_xent: tc_forward whose blocks then take their 16 rows through the softmax
+# cross-entropy (``linear_xent``): warp v sums rows v, v + WARPS of the block's partials
+# in tc_forward's order (the same logits), then runs ``_cuda_head``'s row of the loss (the
+# xent kernel's arithmetic: the same loss gradient); the rows' losses are added by the
+# block that arrives last, as ``_cuda_head`` does.
+_FORWARD_XENT = _replaced(_replaced(_replaced(
+    _FORWARD,
+    "void tc_forward(", "void tc_forward_xent("),
+    "T* __restrict__ y, long long B, long long K) {",
+    "T* __restrict__ y, long long B, long long K,\n"
+    "        const L* __restrict__ labels, const float* __restrict__ gscale,\n"
+    "        T* __restrict__ dy, A* __restrict__ losspart, A* __restrict__ loss,\n"
+    "        unsigned int* __restrict__ ticket) {"),
+    _FORWARD[_FORWARD.index("    __syncthreads();\n    for (int i = threadIdx.x; i < 16 * 16;"):],
+    """    __shared__ A rowloss[SPB];
+    __syncthreads();
+    for (int rw = warp; rw < SPB; rw += WARPS) {
+        const long long row = r0 + rw;
+        A rl = (A)0;
+        if (row < B) {  // whole warps
+            const bool active = lane < N;
+            A v = (A)0;
+            if (active) {
+                #pragma unroll
+                for (int u = 0; u < WARPS; ++u) v += red[u][rw][lane];
+                if (HAS_BIAS) v += __half2float(bias[lane]);
+            }
+""" + H.ROW_XENT_SRC + """            if (active) dy[row * N + lane] = gt;
+        }
+        if (lane == 0) rowloss[rw] = rl;
+    }
+    __syncthreads();
+""" + H.LOSS_TAIL_SRC + """}
+""")
 
 # Block: GRAD_WARPS warps, warp v takes features fb = (blockIdx.x * GRAD_WARPS + v) * 64 ..
 # fb + 63 of rows r0..r1 (a chunk). Tile j's column n is feature fb + 8n + j. dy goes
@@ -518,6 +564,42 @@ def forward(x, w, bias):
              (x, w, bias if bias is not None else np.uintp(0), y, np.int64(batch),
               np.int64(k)))
     return y, None
+
+
+@functools.cache
+def _xent_kernel(n, has_bias, label_dtype):
+    head = _COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
+    head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
+    defines = {"HAS_BIAS": int(has_bias), "WARPS": FORWARD_WARPS, "SPB": 16}
+    head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    return cupy.RawKernel(head + _FORWARD_XENT, "tc_forward_xent")
+
+
+def xent_supported(labels) -> bool:
+    """``forward_xent``'s labels: 1-D, of an integer dtype the kernel reads."""
+    return labels.ndim == 1 and np.dtype(labels.dtype) in _LABEL_CTYPES
+
+
+def forward_xent(x, w, bias, labels, grad_scale):
+    """``(loss, y, dy)`` in one launch: ``y = forward(x, w, bias)``, its mean softmax
+    cross-entropy ``loss`` (float32) and gradient ``dy`` (float16, times ``grad_scale``, a
+    0-d float32 device array, where given) for C-contiguous x (B, K), B > 0, and labels
+    (B,). y and dy are bit for bit ``forward``'s and the xent kernel's; the loss adds the
+    rows in another fixed order (blocks of 16, then the blocks in order)."""
+    batch, k = x.shape
+    n = w.shape[0]
+    y = cupy.empty((batch, n), dtype=x.dtype)
+    dy = cupy.empty((batch, n), dtype=x.dtype)
+    blocks = -(-batch // 16)
+    losspart = cupy.empty(blocks, dtype=cupy.float32)
+    loss = cupy.empty((), dtype=cupy.float32)
+    null = np.uintp(0)
+    _xent_kernel(n, bias is not None, np.dtype(labels.dtype))(
+        (blocks,), (32 * FORWARD_WARPS,),
+        (x, w, bias if bias is not None else null, y, np.int64(batch), np.int64(k), labels,
+         grad_scale if grad_scale is not None else null, dy, losspart, loss,
+         tickets.counters(1)))
+    return loss, y, dy
 
 
 def _chunks(batch, rows):

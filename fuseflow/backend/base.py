@@ -42,6 +42,9 @@ class Backend:
     #: Whether ``linear_grads`` may have a fused form here at all (else it returns None at
     #: once, and the caller's two calls check the operands).
     fuses_grads = False
+    #: Whether ``linear_xent`` may have a fused form here at all (else it returns None at
+    #: once, and the caller's ``linear`` and ``softmax_cross_entropy`` check the operands).
+    fuses_xent = False
 
     def __init__(self):
         self.calls = Counter()
@@ -238,6 +241,27 @@ class Backend:
         return out
 
     def _linear_softmax_xent(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype):
+        return None
+
+    def linear_xent(self, x, w, bias, labels, grad_scale=None, grad_dtype=None):
+        """A classifier's output layer and its loss as one operation, where this backend has
+        a fused form for these operands; None where it has not (the caller then runs
+        ``linear`` and ``softmax_cross_entropy``). Returns ``(loss, y, dy)``: ``y = x @ w.T
+        + bias`` and ``(loss, dy) = softmax_cross_entropy(y, labels, grad_scale,
+        grad_dtype)``. On the GPU a float16 layer with at most 16 classes at long batches
+        (where ``linear_softmax_xent`` has no form) runs its tensor-core forward with the
+        loss in the same kernel. Labels are assumed valid (``fuseflow.losses`` checks them).
+        """
+        if not self.fuses_xent:
+            return None
+        spec = lookup(EPILOGS, "BIAS" if bias is not None else "DEFAULT", "forward")
+        self._check_linear("linear_xent", spec, x, w, bias)
+        out = self._linear_xent(x, w, bias, labels, grad_scale, grad_dtype)
+        if out is not None:
+            self.calls["linear_xent"] += 1
+        return out
+
+    def _linear_xent(self, x, w, bias, labels, grad_scale, grad_dtype):
         return None
 
     # ---- random numbers (counter-based: the same bits on every backend) ---------------------

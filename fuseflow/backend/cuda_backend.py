@@ -180,6 +180,10 @@ class CudaBackend(Backend):
         #: steps on the H100 beyond their rounds' spread, and the H200's A/B is not run yet.
         self.fused_skinny_grads = env_choice("FUSEFLOW_FUSED_SKINNY_GRADS",
                                              {"1": True, "0": False}, False)
+        #: Where a classifier's output layer takes its tensor-core forward (float16, long
+        #: batches), its softmax cross-entropy runs in the same kernel (``linear_xent``:
+        #: two launches fewer); FUSEFLOW_FUSED_TC_XENT=0 runs the forward and the loss apart.
+        self.fused_tc_xent = env_choice("FUSEFLOW_FUSED_TC_XENT", {"1": True, "0": False}, True)
         #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
         #: fuseflow's in-place ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in full float32 from ``own_epilog_min`` batch x features on, where cuBLASLt
@@ -279,6 +283,7 @@ class CudaBackend(Backend):
             "skinny_tc": self._counters["skinny_tc"],
             "fused_head": self._counters["fused_head"],
             "fused_skinny_grads": self._counters["fused_skinny_grads"],
+            "fused_tc_xent": self._counters["fused_tc_xent"],
             "own_epilog": self._counters["own_epilog"],
             "k_split": self._counters["k_split"],
             "own_gemm": self._counters["own_gemm"],
@@ -604,11 +609,20 @@ class CudaBackend(Backend):
         return self._guard(op, lambda: self._linear_impl(x, w, bias, spec),
                            {"x": x, "w": w, "bias": bias}, outputs)
 
+    def _takes_skinny(self, op, n, activation) -> bool:
+        """Whether ``op`` with small side ``n`` may run its SIMT skinny kernel; counts nothing."""
+        return 0 < n <= self.skinny_max and activation in (None, "relu") and op in self.skinny_ops
+
     def _skinny(self, op, n, activation):
-        if 0 < n <= self.skinny_max and activation in (None, "relu") and op in self.skinny_ops:
+        if self._takes_skinny(op, n, activation):
             self._counters["skinny"] += 1
             return True
         return False
+
+    def _takes_skinny_forward(self, x, n, activation) -> bool:
+        """The forward's SIMT skinny kernel (short batches, see ``_linear_impl``)."""
+        return x.shape[0] * x.shape[1] * n <= S.FORWARD_MAX_MACS and \
+            self._takes_skinny("forward", n, activation)
 
     def _takes_skinny_tc(self, op, n, supported=True) -> bool:
         """Whether ``op`` with small side ``n`` runs its tensor-core skinny form (see
@@ -640,8 +654,8 @@ class CudaBackend(Backend):
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
-        if x.shape[0] * x.shape[1] * out <= S.FORWARD_MAX_MACS and \
-                self._skinny("forward", out, spec.activation):
+        if self._takes_skinny_forward(x, out, spec.activation):
+            self._counters["skinny"] += 1
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
                              relu=spec.activation == "relu",
                              aux_rows=relu_aux_rows(out) if spec.aux else None)
@@ -1052,6 +1066,43 @@ class CudaBackend(Backend):
                         scope.made(db)
             self._counters["fused_head"] += 1
             return loss, y, dy, dx, db
+
+        return self._guard(op, run, {"x": x, "w": w, "bias": bias}, outputs)
+
+    @property
+    def fuses_xent(self) -> bool:
+        """``linear_xent`` may take the tensor-core forward with the loss (``fused_tc_xent``)."""
+        return self.fused_tc_xent and self.skinny_tc
+
+    def _linear_xent(self, x, w, bias, labels, grad_scale, grad_dtype):
+        """The tensor-core forward with the loss in one kernel (``_cuda_skinny_tc.
+        forward_xent``) where the forward would be the tensor-core kernel, else None (see
+        base). The loss gradient comes out in float16 (the logits' dtype): with a loss
+        scale ``grad_dtype`` must say float16, as ``linear_softmax_xent`` asks."""
+        op = "linear_xent"
+        self._check_device(op, x=x, w=w, bias=bias, labels=labels)
+        self._check_dtype(op, x.dtype)
+        scale_ok = grad_scale is None or (isinstance(grad_scale, cupy.ndarray)
+                                          and grad_scale.dtype == np.float32
+                                          and grad_scale.ndim == 0)
+        default = x.dtype if grad_scale is None else np.float32  # softmax_cross_entropy's
+        if not (scale_ok and np.dtype(grad_dtype or default) == x.dtype
+                and TC.xent_supported(labels) and x.flags.c_contiguous and w.flags.c_contiguous
+                and not self._takes_skinny_forward(x, w.shape[0], None)  # as linear would
+                and self._takes_skinny_tc("forward", w.shape[0],
+                                          TC.forward_supported(x, w, bias, None))):
+            return None
+        labels = self._contig("labels", labels)
+        batch, n = x.shape[0], w.shape[0]
+
+        def outputs():
+            return [("y", (batch, n), x.dtype), ("dy", (batch, n), x.dtype)]
+
+        def run():
+            self._counters["skinny_tc"] += 1
+            self._counters["fused_tc_xent"] += 1
+            return TC.forward_xent(x, w, self._prep_bias(bias) if bias is not None else None,
+                                   labels, grad_scale)
 
         return self._guard(op, run, {"x": x, "w": w, "bias": bias}, outputs)
 

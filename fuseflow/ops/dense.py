@@ -131,7 +131,9 @@ def dense_softmax_xent(params, residuals, labels, *, input_activation=None, inpu
     ``dense_backward`` (see there for the ``input_*``, ``release_input`` and
     ``overlap_wgrad`` options), but where the backend fuses them (``linear_softmax_xent``:
     on the GPU, one kernel for short batches) the logits, the loss and the input gradient
-    come from one call. Then only the weight gradient is left, issued after them.
+    come from one call. Then only the weight gradient is left, issued after them. Elsewhere
+    the logits and the loss may still come from one call (``linear_xent``: on the GPU the
+    float16 tensor-core forward at long batches), and the gradients follow as usual.
     """
     w, b = params["w"], params.get("b")
     x = residuals.pop("x") if release_input else residuals["x"]
@@ -143,8 +145,12 @@ def dense_softmax_xent(params, residuals, labels, *, input_activation=None, inpu
         loss, y, dy, dx, input_db = fused
         return loss, y, _weight_grads(be, dy, x, b is not None, None, overlap_wgrad), dx, \
             input_db
-    y, _ = be.linear(x, w, b, forward_epilog(None, bias=b is not None, aux=True))
-    loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
+    head = be.linear_xent(x, w, b, labels, grad_scale, grad_dtype)  # forward and loss as one
+    if head is not None:
+        loss, y, dy = head
+    else:
+        y, _ = be.linear(x, w, b, forward_epilog(None, bias=b is not None, aux=True))
+        loss, dy = be.softmax_cross_entropy(y, labels, grad_scale, grad_dtype)
     overlap_wgrad, late = _wgrad_order(be, overlap_wgrad, need_input_grad, dy, x)
     if epilog is not None:
         both = _both_grads(be, dy, x, w, b is not None, None, epilog, input_aux, overlap_wgrad)
