@@ -98,7 +98,8 @@ def main():
                 row = {"round": r, "model": model, "optimizer": opt, "precision": prec,
                        "arm": i, "setting": arm, "us": round(us, 2), "loss": loss,
                        "overlapped_wgrad": be.stats()["overlapped_wgrad"],
-                       "fused_skinny_grads": be.stats()["fused_skinny_grads"]}
+                       "fused_skinny_grads": be.stats()["fused_skinny_grads"],
+                       "fused_tc_xent": be.stats()["fused_tc_xent"]}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for k, v in defaults.items():
