@@ -356,9 +356,10 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                 f"{type(o).__name__} at {path!r}, but a skipped step keeps the old state "
                 "leaf by leaf with where(), on arrays. Fix: make it a 0-d array in the "
                 "transform's init and update, e.g. xp.asarray(0, xp.int32).")
-        xp = namespace(finite)
-        return tree.unflatten(o_def, [n if n is o else xp.where(finite, n, o).astype(
-            o.dtype, copy=False) for n, o in zip(n_leaves, o_leaves)])
+        xp = namespace(finite)  # (a count kept on the host beside GPU params moves there)
+        return tree.unflatten(o_def, [n if n is o else xp.where(
+            finite, xp.asarray(n), xp.asarray(o)).astype(o.dtype, copy=False)
+            for n, o in zip(n_leaves, o_leaves)])
 
     def step(grads, state, params):
         """``(updates, new state, new params or None)``: the reference step. With a compute

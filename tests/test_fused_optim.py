@@ -270,6 +270,39 @@ def test_host_step_counts_with_gpu_params_take_the_old_path(opt_name):
         np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+def test_host_step_counts_with_gpu_params_under_loss_scaling(fused):
+    """The same under dynamic loss scaling, through overflows: a skipped step keeps the
+    host counts too (selected on the flag's device, where they then live), fused or not."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow import mixed_precision as mp
+
+    host_params, target = problem()
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(SHORT_SCHEDULES["cosine"]()), init_scale=8.0)
+    params = ff.device_put(host_params, "cuda")
+    target = ff.device_put(target, "cuda")
+    host_counts = opt.init  # the counts on the host, the rest on the GPU
+
+    def init(params):
+        state = host_counts(params)
+        return state._replace(inner=ff.tree.map(
+            lambda a: cupy.asnumpy(a) if a.dtype == np.int32 else a, state.inner))
+
+    opt_host = ff.optim.GradientTransformation(init, opt.update)
+    kw = dict(steps=12, grad=lambda p, t: 2 * (p - t), overflow_at=(2, 7))
+    p, s = run(opt_host, params, target, fused, **kw)
+    ref_p, ref_s = run(opt, params, target, False, **kw)  # device counts, the reference
+    counts = [int(c) for c in ff.tree.leaves(s.inner) if c.dtype == np.int32]
+    assert counts == [int(c) for c in ff.tree.leaves(ref_s.inner) if c.dtype == np.int32]
+    assert counts == [10, 10]  # Adam's and the schedule's: 12 steps, 2 skipped
+    for x, y in zip(ff.tree.leaves(p), ff.tree.leaves(ref_p)):
+        np.testing.assert_allclose(cupy.asnumpy(x), cupy.asnumpy(y), rtol=2e-5, atol=1e-6)
+
+
 def test_donated_grads_give_the_same_params():
     params, target = problem()
     opt = ff.optim.sgd(0.1)
@@ -457,7 +490,8 @@ def test_all_finite_kernel_stores_the_inverse_scale_bit_for_bit():
     rng = np.random.default_rng(4)
     leaves = [cupy.asarray((rng.standard_normal(s) * 1000).astype(np.float16))
               for s in [(7, 5), (1000, 33)]]
-    for value in (1.0, 3.0, 1 / 3, 2.0 ** 15, 1e-3, 6.1e30, 7e-36):
+    # 2**127: its inverse is subnormal, flushed to 0 by both GPU paths
+    for value in (1.0, 3.0, 1 / 3, 2.0 ** 15, 1e-3, 6.1e30, 7e-36, 2.0 ** 127):
         scale = cupy.asarray(np.float32(value))
         want_inv = 1.0 / scale
         inv = cupy.full((), np.nan, dtype=cupy.float32)

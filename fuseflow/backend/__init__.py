@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fuseflow._namespace import device_of, is_cupy, namespace
+from fuseflow._namespace import device_of, is_array, is_cupy, namespace
 from fuseflow import tree as _tree
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
@@ -179,10 +179,12 @@ def all_finite(leaves, scale=None, inverse_into=None):
     """
     leaves = list(leaves)
     if inverse_into is not None:
-        if scale is None or inverse_into.shape != () or inverse_into.dtype != np.float32:
+        if scale is None or not is_array(inverse_into) or inverse_into.shape != () \
+                or inverse_into.dtype != np.float32:
             raise ValueError("all_finite: inverse_into needs a scale and a 0-d float32 array, "
-                             f"got scale={scale!r}, inverse_into of shape "
-                             f"{inverse_into.shape} and dtype {inverse_into.dtype}")
+                             f"got scale={scale!r}, inverse_into={type(inverse_into).__name__}"
+                             f" of shape {getattr(inverse_into, 'shape', None)} and dtype "
+                             f"{getattr(inverse_into, 'dtype', None)}")
     if fusable(leaves) and (scale is None or is_cupy(scale)) and \
             (inverse_into is None or is_cupy(inverse_into)):
         from fuseflow.backend import _cuda_fused

@@ -340,7 +340,8 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     ``new_count`` (a 0-d int32 device array): ``count`` is the count before this step, and
     the kernel writes the incremented one there (and uses it). ``step_table``: the step
     sizes of a schedule for counts 0..len-1 (the last one holds from then on), indexed by
-    ``sched_count``; the kernel writes ``sched_count + 1`` to ``new_sched_count``.
+    ``sched_count``; the kernel writes ``sched_count + 1`` to ``new_sched_count``. Where
+    ``finite`` is False the kernel writes the old counts to both instead (a skipped step).
     ``low``: a lower-precision copy of every param (mixed precision's compute params); the
     kernel also stores each new param cast to it (into ``low`` itself when ``in_place``).
     ``compile_only``: build (and load) the kernel for these tensors, launch nothing.

@@ -197,11 +197,13 @@ def lr_table(lr, leaf):
 
 
 def _kept(finite, new, old):
-    """``new`` where the step was finite, else ``old`` (a step count outside the kernel)."""
+    """``new`` where the step was finite, else ``old`` (a step count outside the kernel),
+    on the flag's device (a count kept on the host beside GPU params moves there)."""
     if new is old:
         return new
     ok = finite() if callable(finite) else finite
-    return namespace(ok).where(ok, new, old).astype(old.dtype, copy=False)
+    xp = namespace(ok)
+    return xp.where(ok, xp.asarray(new), xp.asarray(old)).astype(old.dtype, copy=False)
 
 
 def _new_count(count):
