@@ -7,7 +7,8 @@ places tried, when none holds the files; they never download.
 
 ``rng``: a NumPy Generator with a fresh seed per test (``FUSEFLOW_TEST_SEED`` repeats one),
 printed and kept as ``rng.seed`` for failure messages. ``cli``: runs ``fuseflow ARGS`` in
-this process and returns its exit code, stdout and stderr.
+this process and returns its exit code, stdout and stderr. ``cp``: the CuPy module, for GPU
+tests (skipped without a usable GPU).
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ def pytest_addoption(parser):
 
 def _holds_mnist(folder: Path) -> bool:
     return any((folder / n).is_file() for n in (_MARKER, _MARKER + ".gz"))
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import fuseflow as ff
+
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    return cupy
 
 
 @pytest.fixture(scope="session")

@@ -19,15 +19,6 @@ pytestmark = pytest.mark.gpu
 RTOL = {np.float16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}
 
 
-@pytest.fixture(scope="module")
-def cp():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
-
-
 @pytest.fixture
 def be(cp, monkeypatch):
     be = ff.backend.get("cuda")

@@ -11,15 +11,6 @@ from fuseflow import nn
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cp():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
-
-
 LAYERS = [nn.Dense(37, "relu"), nn.Dense(13, "gelu"), nn.Dense(9), nn.Dense(1, "relu"),
           nn.ReLU(), nn.GELU(), nn.LayerNorm(), nn.Dropout(0.25),
           nn.Serial(nn.Dense(29, "relu"), nn.Dense(17), nn.GELU(), nn.Dense(5)),

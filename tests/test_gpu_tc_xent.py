@@ -12,15 +12,6 @@ from fuseflow import nn
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def cp():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
-
-
 def _bits(a):
     a = np.ascontiguousarray(a)
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
