@@ -48,7 +48,7 @@ from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_
 from fuseflow.optim import GradientTransformation, apply_updates
 from fuseflow.optim._base import (_is_float_array, _widens, check_like, check_number, check_state,
                                   own_attribute, zero_count)
-from fuseflow.optim._fused import fused_update, update_and_apply
+from fuseflow.optim._fused import fused_update, kept_unless_finite, update_and_apply
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -356,10 +356,8 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
                 f"{type(o).__name__} at {path!r}, but a skipped step keeps the old state "
                 "leaf by leaf with where(), on arrays. Fix: make it a 0-d array in the "
                 "transform's init and update, e.g. xp.asarray(0, xp.int32).")
-        xp = namespace(finite)  # (a count kept on the host beside GPU params moves there)
-        return tree.unflatten(o_def, [n if n is o else xp.where(
-            finite, xp.asarray(n), xp.asarray(o)).astype(o.dtype, copy=False)
-            for n, o in zip(n_leaves, o_leaves)])
+        return tree.unflatten(o_def, [kept_unless_finite(finite, n, o)
+                                      for n, o in zip(n_leaves, o_leaves)])
 
     def step(grads, state, params):
         """``(updates, new state, new params or None)``: the reference step. With a compute

@@ -29,7 +29,7 @@ from fuseflow.optim._base import (
 )
 from fuseflow.optim._schedules import horizon_of
 
-__all__ = ["update_and_apply", "fused_spec", "fused_update"]
+__all__ = ["update_and_apply", "fused_spec", "fused_update", "kept_unless_finite"]
 
 
 def fused_spec(transformation, **spec):
@@ -155,11 +155,11 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
     if res is None:
         return None
     if finite is not None:  # the counts the kernel did not write keep their old values too
-        written = {id(hyper.get("new_count")), id(hyper.get("new_sched_count"))}
-        if kind == "adam" and id(count) not in written:
-            count = _kept(finite, count, first.count)
-        if new_sched is not sched and id(new_sched.count) not in written:  # a schedule's
-            new_sched = type(sched)(count=_kept(finite, new_sched.count, sched.count))
+        if kind == "adam" and "new_count" not in hyper:
+            count = kept_unless_finite(finite, count, first.count)
+        if new_sched is not sched and "new_sched_count" not in hyper:  # a schedule's
+            new_sched = type(sched)(count=kept_unless_finite(finite, new_sched.count,
+                                                             sched.count))
     new_p, new_groups = res[:2]
     new_params = tree.unflatten(treedef, new_p)
     if kind == "adam":
@@ -196,9 +196,10 @@ def lr_table(lr, leaf):
     return tables[key]
 
 
-def _kept(finite, new, old):
-    """``new`` where the step was finite, else ``old`` (a step count outside the kernel),
-    on the flag's device (a count kept on the host beside GPU params moves there)."""
+def kept_unless_finite(finite, new, old):
+    """``new`` where the step was finite, else ``old``, in ``old``'s dtype, on the flag's
+    device (a count kept on the host beside GPU params moves there). ``finite``: a 0-d bool
+    array or a function returning one."""
     if new is old:
         return new
     ok = finite() if callable(finite) else finite
