@@ -130,6 +130,19 @@ def _is_oom(e: BaseException) -> bool:
         or "CUDA_ERROR_OUT_OF_MEMORY" in msg or "ALLOC_FAILED" in msg
 
 
+
+def _grad_in_logits_dtype(dtype, grad_scale, grad_dtype) -> bool:
+    """The fused loss kernels write the loss gradient in the logits' ``dtype``: whether
+    ``softmax_cross_entropy(..., grad_scale, grad_dtype)`` asks for that, with a scale a
+    kernel reads (a 0-d float32 device array; float16 logits get float32 gradients by
+    default there, and float64 logits are not scaled in a kernel)."""
+    if grad_scale is None:
+        return grad_dtype is None or np.dtype(grad_dtype) == dtype
+    return (dtype != np.float64 and isinstance(grad_scale, cupy.ndarray)
+            and grad_scale.dtype == np.float32 and grad_scale.ndim == 0
+            and np.dtype(grad_dtype or np.float32) == dtype)
+
+
 class CudaBackend(Backend):
     name = "cuda"
     device = "cuda"
@@ -1035,13 +1048,8 @@ class CudaBackend(Backend):
         self._check_dtype(op, x.dtype)
         n = w.shape[0]
         dtype = np.dtype(x.dtype)
-        if grad_scale is None:
-            grad_ok = grad_dtype is None or np.dtype(grad_dtype) == dtype
-        else:  # as _softmax_cross_entropy: float16 logits get float32 gradients by default
-            grad_ok = (dtype != np.float64 and isinstance(grad_scale, cupy.ndarray)
-                       and grad_scale.dtype == np.float32 and grad_scale.ndim == 0
-                       and np.dtype(grad_dtype or np.float32) == dtype)
-        if not (self.fused_head and grad_ok and n <= self.skinny_max
+        if not (self.fused_head and _grad_in_logits_dtype(dtype, grad_scale, grad_dtype)
+                and n <= self.skinny_max
                 and (dspec is None or dspec.activation in (None, "relu"))
                 and {"forward", "dgrad"} <= self.skinny_ops and H.supported(x, w, labels)):
             return None
@@ -1077,16 +1085,11 @@ class CudaBackend(Backend):
     def _linear_xent(self, x, w, bias, labels, grad_scale, grad_dtype):
         """The tensor-core forward with the loss in one kernel (``_cuda_skinny_tc.
         forward_xent``) where the forward would be the tensor-core kernel, else None (see
-        base). The loss gradient comes out in float16 (the logits' dtype): with a loss
-        scale ``grad_dtype`` must say float16, as ``linear_softmax_xent`` asks."""
+        base). The loss gradient comes out in float16 (the logits' dtype)."""
         op = "linear_xent"
         self._check_device(op, x=x, w=w, bias=bias, labels=labels)
         self._check_dtype(op, x.dtype)
-        scale_ok = grad_scale is None or (isinstance(grad_scale, cupy.ndarray)
-                                          and grad_scale.dtype == np.float32
-                                          and grad_scale.ndim == 0)
-        default = x.dtype if grad_scale is None else np.float32  # softmax_cross_entropy's
-        if not (scale_ok and np.dtype(grad_dtype or default) == x.dtype
+        if not (_grad_in_logits_dtype(np.dtype(x.dtype), grad_scale, grad_dtype)
                 and TC.xent_supported(labels) and x.flags.c_contiguous and w.flags.c_contiguous
                 and not self._takes_skinny_forward(x, w.shape[0], None)  # as linear would
                 and self._takes_skinny_tc("forward", w.shape[0],
