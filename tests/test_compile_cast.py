@@ -14,14 +14,6 @@ from fuseflow import nn
 gpu = pytest.mark.gpu
 
 
-def _cuda():
-    if not ff.backend.cuda_available():
-        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
-    import cupy
-
-    return cupy
-
-
 def mixed_problem(seed=1, batch=64, sizes=(784, 256, 128, 10)):
     """A float16 make_step (Adam under dynamic loss scaling, with the compute copy) and
     fresh float32 batches: the step casts each batch to float16 first thing."""
@@ -123,11 +115,10 @@ def test_batch_casts_names_the_batch_of_a_mixed_precision_step():
 @gpu
 @pytest.mark.parametrize("src, dst", [(a, b) for a in ("float16", "float32", "float64")
                                       for b in ("float16", "float32", "float64") if a != b])
-def test_copy_kernel_casts_as_astype_does(src, dst):
+def test_copy_kernel_casts_as_astype_does(cp, src, dst):
     """Every conversion, 8 elements a step where both addresses allow and one at a time
     elsewhere (odd offsets and lengths), bit for bit what CuPy's astype gives, including
     values that overflow float16, its subnormals, signed zeros, infinities and NaN."""
-    cp = _cuda()
     from fuseflow.backend._cuda_graph_inputs import COPY_PAIRS, copy_arrays
 
     rng = np.random.default_rng(7)
@@ -148,8 +139,7 @@ def test_copy_kernel_casts_as_astype_does(src, dst):
 
 
 @gpu
-def test_copy_kernel_names_what_it_cannot_copy():
-    cp = _cuda()
+def test_copy_kernel_names_what_it_cannot_copy(cp):
     from fuseflow.backend._cuda_graph_inputs import copy_arrays
 
     with pytest.raises(ValueError, match="10 elements into a 9-element buffer"):
@@ -160,14 +150,13 @@ def test_copy_kernel_names_what_it_cannot_copy():
 
 @gpu
 @pytest.mark.parametrize("in_graph, in_copy", [(True, True), (False, True), (True, False)])
-def test_compiled_mixed_precision_step_with_its_batch_cast_on_the_way_in(monkeypatch,
+def test_compiled_mixed_precision_step_with_its_batch_cast_on_the_way_in(cp, monkeypatch,
                                                                          in_graph, in_copy):
     """The float16 make_step compiled with ``cast_args={2: float16}`` gives the losses and
     params of the same step compiled without it (which casts inside the graph), bit for bit,
     over new float32 batches each call. The graph keeps only a float16 batch buffer, which
     its first node casts into where the driver allows (``IN_GRAPH``; otherwise each call
     casts it in); with ``CAST_IN_COPY`` off it keeps the float32 batch and casts it itself."""
-    cp = _cuda()
     from fuseflow.backend import _cuda_graph_inputs
 
     monkeypatch.setattr(_cuda_graph_inputs, "IN_GRAPH", in_graph)
@@ -191,11 +180,10 @@ def test_compiled_mixed_precision_step_with_its_batch_cast_on_the_way_in(monkeyp
 
 
 @gpu
-def test_cast_batch_follows_each_calls_array():
+def test_cast_batch_follows_each_calls_array(cp):
     """The cast copy is repointed at each call's batch (new arrays, one array refilled in
     place, a strided view), and a batch already in the cast dtype compiles a graph of its
     own that copies it as it is: the losses follow the eager step given the cast batch."""
-    cp = _cuda()
     params, state, step, xs, ys = mixed_problem(batch=32)
     p, s = ff.device_put((params, state), "cuda")
     compiled = ff.compile(step, cast_args={2: "float16"})
@@ -258,8 +246,7 @@ def test_compiled_float16_fit_casts_the_batch_and_matches_the_plain_loop(monkeyp
 
 
 @gpu
-def test_compiled_float16_fit_on_the_gpu_matches_the_eager_loop(monkeypatch):
-    _cuda()
+def test_compiled_float16_fit_on_the_gpu_matches_the_eager_loop(cp, monkeypatch):
     eager, _ = _fit_float16(monkeypatch, False, "cuda")
     compiled, seen = _fit_float16(monkeypatch, True, "cuda")
     assert seen == [{3: np.dtype(np.float16)}]
@@ -272,10 +259,9 @@ def test_compiled_float16_fit_on_the_gpu_matches_the_eager_loop(monkeypatch):
 
 
 @gpu
-def test_cast_of_a_later_batch_argument_from_float64():
+def test_cast_of_a_later_batch_argument_from_float64(cp):
     """A cast argument that is the batch copy's third pair (after y and a key-like array),
     from float64: the step gets ``x.astype(float16)``, call after call."""
-    cp = _cuda()
     seen = []
 
     def step(p, s, y, k, x):
