@@ -96,7 +96,8 @@ __device__ __forceinline__ unsigned pair(const unsigned* p, const unsigned* q, i
 """
 
 # Pieces of kernel text that tc_wgrad, tc_dgrad and tc_grads share (``_fill`` puts them in
-# place of @NAME@ lines and names the kernel's own buffers for @WPART@, @DB@ and @XPART@).
+# place of @NAME@ lines and names the kernel's own buffers for @WPART@, @DB@ and @XPART@,
+# and the input gradient's accumulators @DACC@ and the rows its fragment rows are, @DROW@).
 _PIECES = {
     "STAGE_DYT": r"""
     #pragma unroll
@@ -185,6 +186,32 @@ _PIECES = {
         #pragma unroll
         for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
     }
+""",
+    "DX_STORE": r"""
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {        // fragment rows g and g + 8: rows @DROW@
+            const long long r = kb + @DROW@;
+            if (r >= nrows) continue;
+            #pragma unroll
+            for (int s = 0; s < 2; ++s) {    // features fb + 8t + j, fb + 32 + 8t + j
+                const unsigned bits = DRELU ? ms[r * (WARPS * 8) + mbyte + 4 * s] : 0xffu;
+                unsigned o[4];
+                #pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    __half lo = __float2half_rn(@DACC@[j][2 * h + s]);
+                    __half hi = __float2half_rn(@DACC@[j + 1][2 * h + s]);
+                    if (DRELU && !((bits >> j) & 1u)) lo = __float2half(0.f);
+                    if (DRELU && !((bits >> (j + 1)) & 1u)) hi = __float2half(0.f);
+                    if (BGRAD) {
+                        colsum[8 * s + j] += __half2float(lo);
+                        colsum[8 * s + j + 1] += __half2float(hi);
+                    }
+                    o[j / 2] = __byte_perm(__half_as_ushort(lo), __half_as_ushort(hi), 0x5410);
+                }
+                *reinterpret_cast<uint4*>(dx + (r0 + r) * F + fb + 32 * s + 8 * t) =
+                    make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
 """,
     "COLSUMS": r"""
     if (BGRAD) {
@@ -398,34 +425,11 @@ extern "C" __global__ void tc_dgrad(const T* __restrict__ dy, const T* __restric
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
             mma16816(acc[j], a, b[j][0], b[j][1]);
         }
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {        // rows g and g + 8
-            const long long r = kb + g + 8 * h;
-            if (r >= nrows) continue;
-            #pragma unroll
-            for (int s = 0; s < 2; ++s) {    // features fb + 8t + j, fb + 32 + 8t + j
-                const unsigned bits = DRELU ? ms[r * (WARPS * 8) + mbyte + 4 * s] : 0xffu;
-                unsigned o[4];
-                #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    __half lo = __float2half_rn(acc[j][2 * h + s]);
-                    __half hi = __float2half_rn(acc[j + 1][2 * h + s]);
-                    if (DRELU && !((bits >> j) & 1u)) lo = __float2half(0.f);
-                    if (DRELU && !((bits >> (j + 1)) & 1u)) hi = __float2half(0.f);
-                    if (BGRAD) {
-                        colsum[8 * s + j] += __half2float(lo);
-                        colsum[8 * s + j + 1] += __half2float(hi);
-                    }
-                    o[j / 2] = __byte_perm(__half_as_ushort(lo), __half_as_ushort(hi), 0x5410);
-                }
-                *reinterpret_cast<uint4*>(dx + (r0 + r) * F + fb + 32 * s + 8 * t) =
-                    make_uint4(o[0], o[1], o[2], o[3]);
-            }
-        }
+@DX_STORE@
     }
 @COLSUMS@
 }
-""", DB="db", XPART="part")
+""", DB="db", XPART="part", DACC="acc", DROW="g + 8 * h")
 
 
 # Both gradients of the output layer in one pass over the (rows, features) tiles that
@@ -490,37 +494,14 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
             d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
             mma16816(d[j], ad, b[j][0], b[j][1]);
         }
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const long long rr = kb + 2 * g + h;
-            if (rr >= nrows) continue;
-            #pragma unroll
-            for (int s = 0; s < 2; ++s) {    // features fb + 8t + j, fb + 32 + 8t + j
-                const unsigned bits = DRELU ? ms[rr * (WARPS * 8) + mbyte + 4 * s] : 0xffu;
-                unsigned o[4];
-                #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    __half vl = __float2half_rn(d[j][2 * h + s]);
-                    __half vh = __float2half_rn(d[j + 1][2 * h + s]);
-                    if (DRELU && !((bits >> j) & 1u)) vl = __float2half(0.f);
-                    if (DRELU && !((bits >> (j + 1)) & 1u)) vh = __float2half(0.f);
-                    if (BGRAD) {
-                        colsum[8 * s + j] += __half2float(vl);
-                        colsum[8 * s + j + 1] += __half2float(vh);
-                    }
-                    o[j / 2] = __byte_perm(__half_as_ushort(vl), __half_as_ushort(vh), 0x5410);
-                }
-                *reinterpret_cast<uint4*>(dx + (r0 + rr) * F + fb + 32 * s + 8 * t) =
-                    make_uint4(o[0], o[1], o[2], o[3]);
-            }
-        }
+@DX_STORE@
     }
     // the weight gradient's results (tc_wgrad's)
 @WGRAD_STORE@
     // the input gradient's column sums (tc_dgrad's)
 @COLSUMS@
 }
-""", WPART="wpart", DB="dxb", XPART="xpart")
+""", WPART="wpart", DB="dxb", XPART="xpart", DACC="d", DROW="2 * g + h")
 
 
 @functools.cache
