@@ -6,7 +6,7 @@
 # the input gradient's matmul (update_after_product), then timelines of the medium steps under each
 # policy. Results: $OUT/results-s26a.tgz (call 113 ran it as s26b, after the fix that really
 # instantiates with node priorities). Measured no faster; the code it ran is commit c34c244,
-# reverted after it (docs/benchmarks.md, "The twenty-third session").
+# reverted after it (docs/benchmarks-log.md, "The twenty-third session").
 set -uo pipefail
 TAG=s26a
 source "$(dirname "$0")/_device_lib.sh"

@@ -12,7 +12,7 @@ changes the kernel's arguments for the launches that follow, without stream work
 The copy can also cast (float16, float32 and float64 to each other), for a step compiled
 with ``cast_args``: the graph then reads a float32 batch once and writes its float16 copy
 once, where copying it in and casting it inside the step read it twice and wrote it twice
-(the large model's batch: 14.9 + 8.0 us on the H200, docs/benchmarks.md).
+(the large model's batch: 14.9 + 8.0 us on the H200, docs/benchmarks-log.md).
 
 ``copy_arrays`` is also how a compiled step writes its donated results back into its
 input buffers inside the graph (kernel nodes rather than copy-engine memcpy nodes).

@@ -10,7 +10,7 @@ one buffer (``GraphCapture.flat_copies``) captures with a window over that buffe
 
 ``FUSEFLOW_L2_PERSIST``: 0 (the default) never; "auto" where the donated arrays fit in the
 L2 the GPU lets be set aside (the whole window persists: MNIST-scale models); 1 always (a
-larger window persists in part). Measured on the H200 (docs/benchmarks.md, calls 83-84):
+larger window persists in part). Measured on the H200 (docs/benchmarks-log.md, calls 83-84):
 MNIST epochs of the medium Adam step 2.4-3.8% faster with it, steps on a fixed batch no
 faster; off by default until its effect on the work that follows it in a process (the
 set-aside stays reserved) has been measured.

@@ -30,7 +30,7 @@ column g), D (rows g, g + 8, columns 2t, 2t + 1). Two freedoms make every global
 
 Sums run in float32 in a fixed order: results are deterministic, but their last bits
 differ from the SIMT kernels' (the tensor cores add in their own order). Measured on the
-H200 at that shape (graph replays, docs/benchmarks.md "The fifth session"): forward 20.3
+H200 at that shape (graph replays, docs/benchmarks-log.md "The fifth session"): forward 20.3
 us, weight gradient 35.6, input gradient 37.8.
 """
 

@@ -18,7 +18,7 @@ MAX_OUTPUT = 2 ** 19
 #: ... from this K on ...
 MIN_K = 512
 #: ... into the fewest slices of at most this many elements. Measured on the H200
-#: (docs/benchmarks.md, call 71): 784-1024-1024-10's layer 1 forward (K = 784) was fastest
+#: (docs/benchmarks-log.md, call 71): 784-1024-1024-10's layer 1 forward (K = 784) was fastest
 #: in 2 slices, layer 2's forward and input gradient (K = 1024) in 4.
 MAX_SLICE = 400
 #: ... and at most this many partial-product elements (8 MB of float32 temporaries).

@@ -249,7 +249,7 @@ class CudaBackend(Backend):
         #: each one once its layer's input gradient is issued (beside the next layer's
         #: work), the lowest layer's on the main stream; "before" forks every one before
         #: its layer's input gradient, the lowest layer's too. Measured on the H200
-        #: (docs/benchmarks.md): call 57, 784-30-10's compiled full-fp32 steps 15-20% faster
+        #: (docs/benchmarks-log.md): call 57, 784-30-10's compiled full-fp32 steps 15-20% faster
         #: with "after" than "before", 784-1024-1024-10's within 1%; call 101, with the
         #: split update and two side streams, 784-1024-1024-10 Adam 120.5 us "early"
         #: against 136.1 "after" (SGD 107.2 against 119.0), 784-30-10 within 1 us.
