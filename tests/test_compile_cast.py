@@ -118,18 +118,30 @@ def test_batch_casts_names_the_batch_of_a_mixed_precision_step():
 def test_copy_kernel_casts_as_astype_does(cp, src, dst):
     """Every conversion, 8 elements a step where both addresses allow and one at a time
     elsewhere (odd offsets and lengths), bit for bit what CuPy's astype gives, including
-    values that overflow float16, its subnormals, signed zeros, infinities and NaN."""
+    values that overflow float16, its subnormals, signed zeros, infinities and NaN, and
+    float64 values that round to another float16 directly than through float32 (the copy
+    must round once). Two pairs of 4.2M elements make every thread of the grid-stride
+    loops (vector and scalar) take two steps or more, as a real batch does."""
     from fuseflow.backend._cuda_graph_inputs import COPY_PAIRS, copy_arrays
 
     rng = np.random.default_rng(7)
+    # 1 + 2**-11 + 2**-40: float16 1 + 2**-10 directly, 1.0 through float32 (a tie there)
+    once = np.array([1, -1, 2**-3, 2**9, 2**-14]) * (1 + 2.0**-11 + 2.0**-40)
     special = np.array([0.0, -0.0, 1e-7, -3e-8, 6e-5, 65504.0, 65520.0, 1e5, -1e9, np.inf,
-                        -np.inf, np.nan, 1 / 3, 2049.0, 4097.0], dtype=np.float64)
+                        -np.inf, np.nan, 1 / 3, 2049.0, 4097.0, *once], dtype=np.float64)
+    if src == "float64" and dst == "float16":
+        twice = np.float64(once).astype(np.float32).astype(np.float16)
+        assert (np.float64(once).astype(np.float16) != twice).all()  # the values tell
     host = np.concatenate([special, rng.standard_normal(10_007) * 300]).astype(src)
     s = cp.asarray(host)
     pieces = [(0, len(host)), (1, 1_001), (3, 3 + 8 * 9 + 5), (8, 8), (16, 4_113)]
     pairs = [(cp.full(b - a, 7, dtype=dst), s[a:b]) for a, b in pieces]
     wide = cp.full(len(host) + 1, 7, dtype=dst)
     pairs.append((wide[1:], s))  # an aligned source into a misaligned destination
+    big = cp.asarray(rng.standard_normal(4_200_001).astype(src))
+    pairs.append((cp.full(big.size, 7, dtype=dst), big))  # vector loop, several steps
+    wide = cp.full(big.size, 7, dtype=dst)
+    pairs.append((wide[1:], big[:-1]))  # scalar loop (misaligned), several steps
     assert len(pairs) > COPY_PAIRS  # two launches
     copy_arrays(pairs)
     bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dst).itemsize]

@@ -39,7 +39,7 @@ def test_forward_xent_is_the_forward_and_the_loss_kernel(cp, n, bias, label_dtyp
 
     x, w, b, labels = _operands(cp, n, label_dtype=label_dtype, bias=bias)
     gs = None if scale is None else cp.asarray(np.float32(scale))
-    assert TC.forward_supported(x, w, b, None) and TC.xent_supported(labels)
+    assert TC.forward_supported(x, w, b, None) and TC.xent_supported(x, labels)
     loss, y, dy = TC.forward_xent(x, w, b, labels, gs)
     y_ref, _ = TC.forward(x, w, b)
     loss_ref, dy_ref = F.softmax_xent(y_ref, labels, gs, None if gs is None else cp.float16)
@@ -69,7 +69,8 @@ def test_linear_xent_takes_the_kernel_only_where_the_forward_is_tensor_core(cp, 
     for args in [(x[:64], w, b, labels[:64]),  # short: no tensor-core forward
                  (x, w[:3], b[:3], labels % 3),  # tensor-core capable, but linear's SIMT one
                  (x[:, ::2], w[:, ::2], b, labels),  # not contiguous
-                 (x, w, b, labels.astype(cp.float32))]:  # not class indices
+                 (x, w, b, labels.astype(cp.float32)),  # not class indices
+                 (x, w, b, labels[:-1])]:  # a label short: the unfused path names it
         assert be.linear_xent(*args) is None
     assert be.stats() == stats  # nothing copied or counted on the way to None
     monkeypatch.setattr(be, "fused_tc_xent", False)

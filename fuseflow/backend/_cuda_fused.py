@@ -464,8 +464,9 @@ def _finite_kernel(ctype, sizes, aligned, scaled=False, width=4):
     args = ["long long total", "bool* ok", "const float* scale_ptr", "float* inv_out"] + \
         [f"const T* s{k}" for k in range(len(sizes))]
     # scaled: the float32 product of the unscaling (as the update kernel forms it). With
-    # inv_out the factor is 1 / scale_ptr[0] (correctly rounded, as 1 / scale is), which
-    # the first thread also stores there for the update kernel that follows.
+    # inv_out the factor is 1 / scale_ptr[0] (IEEE-rounded with CuPy's -ftz=true, the bits
+    # of CuPy's own 1 / scale: a subnormal inverse, of a scale above 2**126, is 0 on both),
+    # which the first thread also stores there for the update kernel that follows.
     wtype = "double" if ctype == "double" and not scaled else "float"
     value = "(W)s{k}[j] * sc" if scaled else "(W)s{k}[j]"
     return _quad_kernel("all_finite", f"typedef {ctype} T; typedef {wtype} W;\n", args,

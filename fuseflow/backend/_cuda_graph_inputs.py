@@ -211,8 +211,12 @@ class InGraphCopy:
     def set_sources(self, srcs):
         """Copy from ``srcs`` (C-contiguous, each of its input buffer's size, or of its
         element count in another float dtype, which the copy casts) in the launches that
-        follow; a repeat of the previous sources costs nothing (a graph's callers pass one
-        dtype per source: the dtypes are part of the compiled step's signature)."""
+        follow; a repeat of the previous sources costs nothing.
+
+        The counts and conversions are worked out from the first call's sources and kept:
+        later sources must have the same sizes and dtypes, which the caller guarantees (a
+        compiled step keys its graphs on the arguments' shapes and dtypes and checks them
+        before this), and which is not checked again here, on the per-call path."""
         key = tuple(s.data.ptr for s in srcs)
         if key == self._current:
             return

@@ -557,9 +557,10 @@ def _xent_kernel(n, has_bias, label_dtype):
     return cupy.RawKernel(head + _FORWARD_XENT, "tc_forward_xent")
 
 
-def xent_supported(labels) -> bool:
-    """``forward_xent``'s labels: 1-D, of an integer dtype the kernel reads."""
-    return labels.ndim == 1 and np.dtype(labels.dtype) in _LABEL_CTYPES
+def xent_supported(x, labels) -> bool:
+    """``forward_xent``'s labels: one per row of ``x``, of an integer dtype the kernel
+    reads (other labels take the unfused path, whose checks name what is wrong)."""
+    return labels.shape == x.shape[:1] and np.dtype(labels.dtype) in _LABEL_CTYPES
 
 
 def forward_xent(x, w, bias, labels, grad_scale):

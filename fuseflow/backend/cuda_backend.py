@@ -1090,7 +1090,7 @@ class CudaBackend(Backend):
         self._check_device(op, x=x, w=w, bias=bias, labels=labels)
         self._check_dtype(op, x.dtype)
         if not (_grad_in_logits_dtype(np.dtype(x.dtype), grad_scale, grad_dtype)
-                and TC.xent_supported(labels) and x.flags.c_contiguous and w.flags.c_contiguous
+                and TC.xent_supported(x, labels) and x.flags.c_contiguous and w.flags.c_contiguous
                 and not self._takes_skinny_forward(x, w.shape[0], None)  # as linear would
                 and self._takes_skinny_tc("forward", w.shape[0],
                                           TC.forward_supported(x, w, bias, None))):
