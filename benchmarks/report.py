@@ -5,7 +5,9 @@
 Reads ``DIR/[PREFIX]peers_<framework>[_TAG].json`` (e.g. ``--prefix session9_ --tag s9e``
 for the files a session copied into benchmarks/results) and prints the step table (us per step; the
 last column is fuseflow compiled over JAX jit), then, where the files have them, the 16-bit
-Adam step's share of every plain-matmul reference of the call and the time-to-98% medians.
+Adam step's share of every plain-matmul reference of the call, the time-to-98% medians, and
+the compiled-step issue's targets, each met or not in this call (the verdict docs/benchmarks.md
+tabulates).
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import median_over_seeds  # noqa: E402
 
 FRAMEWORKS = ("fuseflow", "jax", "torch", "hand_nvmath")
+#: The compiled-step issue's targets: fuseflow's compiled step over JAX's jitted one, full
+#: float32, SGD and Adam, per model; the 16-bit Adam step's share of JAX's bf16 8192^3
+#: matmul with uniform operands (the issue's reference) and its ratio to JAX's bf16 step;
+#: time to 98% MNIST test accuracy over JAX's; peak memory over what must be alive.
+STEP_TARGETS = {"784-30-10": 0.5, "784-1024-1024-10": 0.75, "784-4096-4096-10": 1.0}
+MATMUL_SHARE_TARGET = 0.80
+TIME_TO_98_TARGET = 0.75
+MEMORY_TARGET = 1.25
 
 
 def file_name(framework, tag="", prefix=""):
@@ -92,6 +102,53 @@ def time_to_98(ff, jx):
             print(f"- ratio {medians['fuseflow'] / medians['JAX']:.2f}x")
 
 
+def targets(ff, jx):
+    """``(target, measured, met)`` for each target of the compiled-step issue that this
+    call's files measure (the step ratios need JAX's file)."""
+    rows = []
+    jax_us = {key(r): r["jit_us"] for r in jx["steps"]} if jx else {}
+    for model, limit in STEP_TARGETS.items():
+        ratios = {r["optimizer"]: r["compiled_us"] / jax_us[key(r)] for r in ff["steps"]
+                  if r["model"] == model and r["precision"] == "fp32" and key(r) in jax_us}
+        if ratios:
+            rows.append((f"{model}, fp32: compiled <= {limit}x JAX jit",
+                         ", ".join(f"{o} {v:.2f}x" for o, v in ratios.items()),
+                         all(v <= limit for v in ratios.values())))
+    step = next((r for r in ff["steps"] if r["precision"] == "fp16" and r["optimizer"] == "adam"),
+                None)
+    rates = (jx or {}).get("matmul_rate_tflops")
+    if step is not None and isinstance(rates, dict) and "bf16_uniform" in rates:
+        share = step["tflops_compiled"] / rates["bf16_uniform"]
+        rows.append((f"16-bit Adam >= {MATMUL_SHARE_TARGET:.0%} of JAX's bf16 matmul",
+                     f"{step['tflops_compiled']:.1f} of {rates['bf16_uniform']:.0f} TFLOP/s "
+                     f"= {share:.1%}", share >= MATMUL_SHARE_TARGET))
+        bf16 = jax_us.get((step["model"], "adam", "bf16"))
+        if bf16:
+            rows.append(("16-bit Adam faster than JAX's bf16 step",
+                         f"{step['compiled_us']:,.0f} vs {bf16:,.0f} us = "
+                         f"{step['compiled_us'] / bf16:.2f}x", step["compiled_us"] < bf16))
+    a, b = (ff or {}).get("mnist"), (jx or {}).get("mnist")
+    if a and b:
+        ratio = median_time(a) / median_time(b)
+        rows.append((f"time to 98% <= {TIME_TO_98_TARGET}x JAX's",
+                     f"{median_time(a):.3f} vs {median_time(b):.3f} s = {ratio:.2f}x",
+                     ratio <= TIME_TO_98_TARGET))
+    memory = ff.get("memory") or []
+    if memory:
+        rows.append((f"peak memory <= {MEMORY_TARGET}x what must be alive",
+                     " / ".join(f"{m['ratio']:.2f}x" for m in memory),
+                     all(m["ratio"] <= MEMORY_TARGET for m in memory)))
+    return rows
+
+
+def print_targets(ff, jx):
+    rows = targets(ff, jx)
+    if rows:
+        print("\nthe issue's targets in this call:\n| target | this call | met? |\n|---|---|---|")
+        for name, measured, met in rows:
+            print(f"| {name} | {measured} | {'yes' if met else '**no**'} |")
+
+
 def median_time(record):
     """``peers.median_over_seeds`` of a record's seeds, recomputed: files written before it
     counted an unfinished seed left the median None."""
@@ -111,6 +168,7 @@ def main():
     step_table(ff, jx, th, hand)
     references(ff, jx)
     time_to_98(ff, jx)
+    print_targets(ff, jx)
 
 
 if __name__ == "__main__":
