@@ -488,13 +488,13 @@ def multi_tensor_all_finite(leaves, scale=None, inverse_into=None):
     (mixed precision's unscaling factor, formed without a launch of its own)."""
     ok = cupy.ones((), dtype=cupy.bool_)
     sizes = tuple(int(a.size) for a in leaves)
-    if inverse_into is not None and not sum(sizes):
-        cupy.divide(1.0, scale, out=inverse_into)  # no kernel below to store it
-    if sum(sizes):
-        width = vector_width(leaves[0].dtype)
-        kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves, width),
-                                     scale is not None, width)
-        _launch(kern, quads, [ok, scale if scale is not None else np.uintp(0),
-                              inverse_into if inverse_into is not None else np.uintp(0),
-                              *leaves])
+    if not sum(sizes):
+        if inverse_into is not None:
+            cupy.divide(1.0, scale, out=inverse_into)  # no kernel to store it
+        return ok
+    width = vector_width(leaves[0].dtype)
+    kern, quads = _finite_kernel(_CTYPES[leaves[0].dtype], sizes, _aligned(leaves, width),
+                                 scale is not None, width)
+    _launch(kern, quads, [ok, scale if scale is not None else np.uintp(0),
+                          inverse_into if inverse_into is not None else np.uintp(0), *leaves])
     return ok

@@ -183,7 +183,7 @@ class InGraphCopy:
         for p, d in enumerate(self._dsts):
             self._values[_ARGS_PER_PAIR * p + 1] = d.data.ptr
         self._current = None
-        self._counts = None  # each pair's (count, conversion): one per graph, set once
+        self._counted = False  # each pair's count and conversion, set by the first call
 
     @classmethod
     def find(cls, graph, dsts):
@@ -220,12 +220,12 @@ class InGraphCopy:
         key = tuple(s.data.ptr for s in srcs)
         if key == self._current:
             return
-        if self._counts is None:
-            self._counts = [conversion(d, s) for s, d in zip(srcs, self._dsts)]
-        for p, (s, (count, code)) in enumerate(zip(srcs, self._counts)):
-            base = _ARGS_PER_PAIR * p
-            self._values[base] = s.data.ptr
-            self._values[base + 2], self._values[base + 3] = count, code
+        if not self._counted:
+            for p, (s, d) in enumerate(zip(srcs, self._dsts)):
+                self._values[_ARGS_PER_PAIR * p + 2:_ARGS_PER_PAIR * p + 4] = conversion(d, s)
+            self._counted = True
+        for p, s in enumerate(srcs):
+            self._values[_ARGS_PER_PAIR * p] = s.data.ptr
         err = _driver()["set_params"](self._exec, self._node, ctypes.byref(self._params))
         if err:
             self._current = None

@@ -635,8 +635,12 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, warps=None, unroll=None):
     return dw, db
 
 
-def _aux_copy(aux, ld, batch):
-    """relu_aux (column b at byte ``b * ld``) copied with its columns 8-byte aligned."""
+def _aux_aligned(aux, ld, batch):
+    """``(aux, ld)`` as the kernels read them, 8 bytes at a time: relu_aux (column b at
+    byte ``b * ld``, or None) as given where its columns are 8-byte aligned, else a copy
+    whose columns are."""
+    if aux is None or not (ld % 8 or aux.data.ptr % 8):
+        return aux, ld
     rows = aux.shape[0]
     padded = cupy.zeros((batch, -(-rows // 8) * 8), dtype=np.uint8)
     padded[:, :rows] = cupy.lib.stride_tricks.as_strided(aux, (batch, rows), (ld, 1))
@@ -657,8 +661,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=Non
             db.fill(0)
         return dx, db
     rows, chunks = _chunks(batch, rows)
-    if aux is not None and (ld % 8 or aux.data.ptr % 8):  # the kernel reads 8 bytes at a time
-        aux, ld = _aux_copy(aux, ld, batch)
+    aux, ld = _aux_aligned(aux, ld, batch)
     part = cupy.empty((chunks, features), dtype=np.float32) if bgrad and chunks > 1 else None
     kern = _kernel("tc_dgrad", n, unroll, DRELU=aux is not None, BGRAD=bgrad, WARPS=warps,
                    RPC=rows)
@@ -699,8 +702,7 @@ def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, wa
                 a.fill(0)
         return dw, db, dx, dbx
     rows, chunks = _chunks(batch, rows)
-    if aux is not None and (ld % 8 or aux.data.ptr % 8):  # the kernel reads 8 bytes at a time
-        aux, ld = _aux_copy(aux, ld, batch)
+    aux, ld = _aux_aligned(aux, ld, batch)
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
     xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
         else None

@@ -130,7 +130,6 @@ def _is_oom(e: BaseException) -> bool:
         or "CUDA_ERROR_OUT_OF_MEMORY" in msg or "ALLOC_FAILED" in msg
 
 
-
 def _grad_in_logits_dtype(dtype, grad_scale, grad_dtype) -> bool:
     """The fused loss kernels write the loss gradient in the logits' ``dtype``: whether
     ``softmax_cross_entropy(..., grad_scale, grad_dtype)`` asks for that, with a scale a
