@@ -28,21 +28,6 @@ _BLOCK = re.compile(r"(?:<!-- doctest: (?P<mode>[^>]*?) -->\n)?```python\n(?P<co
                     re.S)
 MNIST_EXAMPLES = 2048
 
-#: What a page's fragments take as given: its text names these ("params", "grad_fn", ...)
-#: without defining them, so the test defines them, as the page's reader would have.
-SETUP = {
-    "distributed.md": """
-model = nn.Serial(nn.Dense(32, "relu"), nn.Dense(10))
-_, params = model.init(ff.random.key(0), (64,))
-grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
-opt = ff.optim.adam(1e-3)
-opt_state = opt.init(params)
-x_all, y_all = ff.data.digits("train")
-global_batches = ff.data.batches(x_all, y_all, 64, key=ff.random.key(1))
-""",
-}
-
-
 def blocks(page: Path):
     """``(line, mode, code)`` of each Python block of ``page``."""
     text = page.read_text()
@@ -67,7 +52,6 @@ def _run_page(page, mnist_dir, monkeypatch, tmp_path, *, gpu: bool):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"doc_{page.stem}"}
     exec("import numpy as np\nimport fuseflow as ff\nfrom fuseflow import nn", namespace)
-    exec(SETUP.get(page.name, ""), namespace)
     ran = 0
     for line, mode, code in blocks(page):
         if mode == "gpu" and not gpu:

@@ -30,6 +30,19 @@ from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD
 DLPACK_GPU_DEVICES = (2, 13)
 
 
+def from_dlpack(take, x):
+    """``take(x)`` (``np.from_dlpack`` or ``cupy.from_dlpack``), with a TypeError that says
+    what to do when the array library cannot hold ``x``'s dtype (bfloat16, for one: NumPy
+    and CuPy have none), where DLPack itself only says "Unsupported dtype"."""
+    try:
+        return take(x)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise TypeError(f"ff.asarray: cannot take a {type(x).__module__.split('.')[0]} "
+                        f"{type(x).__name__} of dtype {getattr(x, 'dtype', '?')} through DLPack "
+                        f"({e}). Fix: convert it to a float32, float16 or float64 array first, "
+                        "e.g. x.astype(jnp.float32) (JAX) or x.float() (PyTorch).") from None
+
+
 class BackendError(ValueError):
     """An operand that a backend cannot use (wrong shape, dtype, device or aux)."""
 

@@ -74,7 +74,7 @@ from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend import _k_split
 from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
-from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
+from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError, from_dlpack
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
 
 __all__ = ["CudaBackend", "GPUOutOfMemoryError"]
@@ -382,9 +382,9 @@ class CudaBackend(Backend):
             out = cupy.asarray(x)
         elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__") \
                 and x.__dlpack_device__()[0] in DLPACK_GPU_DEVICES:
-            out = cupy.from_dlpack(x)
+            out = from_dlpack(cupy.from_dlpack, x)
         elif hasattr(x, "__dlpack__"):
-            out = cupy.asarray(np.from_dlpack(x))
+            out = cupy.asarray(from_dlpack(np.from_dlpack, x))
         else:
             out = cupy.asarray(np.asarray(x))
         return out if dtype is None else out.astype(dtype, copy=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fuseflow.backend.base import Backend
+from fuseflow.backend.base import Backend, from_dlpack
 from fuseflow.backend.epilogs import relu_aux_rows
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -120,7 +120,7 @@ class NumpyBackend(Backend):
         if type(x).__module__.startswith("cupy"):
             x = x.get()
         elif hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
-            x = np.from_dlpack(x)
+            x = from_dlpack(np.from_dlpack, x)
         return np.asarray(x, dtype=dtype)
 
     def to_numpy(self, x):

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from fuseflow._namespace import is_cupy
+
 
 class LayerError(ValueError):
     """Bad input to a layer: the message names the layer, what it expected, what came, the fix."""
@@ -65,19 +67,24 @@ RESIDUALS_FIX = "Fix: pass the residuals of the forward call that produced this 
 # it fails.
 
 
+def _is_backend_array(a) -> bool:
+    """``a`` is a NumPy or CuPy array: not a JAX or PyTorch one, whose dtype may be NumPy's
+    too (JAX's is) but which the backends cannot write into."""
+    return isinstance(a, (np.ndarray, np.generic)) or is_cupy(a)
+
+
 def _is_float(a) -> bool:
     """``a`` is a NumPy/CuPy array of float16, float32 or float64."""
-    try:  # a torch/JAX dtype has no .char; NumPy's and CuPy's are np.dtype
-        return a.dtype.char in _FLOAT_CHARS and hasattr(a, "shape")
-    except AttributeError:
-        return False
+    return _is_backend_array(a) and a.dtype.char in _FLOAT_CHARS
 
 
 def check_array(layer, a, what="input", fix="np.asarray(x, dtype=np.float32), or ff.asarray(x) "
                 "for a PyTorch/JAX tensor."):
     """``a`` is a NumPy or CuPy array; a LayerError with ``fix`` otherwise."""
-    if not (isinstance(getattr(a, "dtype", None), np.dtype) and hasattr(a, "shape")):
-        raise layer.error(f"{what} must be an array (NumPy or CuPy), got {type(a).__name__}. "
+    if not _is_backend_array(a):
+        kind = type(a).__module__.split(".")[0]
+        kind = f"{kind}.{type(a).__name__}" if kind not in ("builtins", "") else type(a).__name__
+        raise layer.error(f"{what} must be an array (NumPy or CuPy), got {kind}. "
                           f"Fix: {fix.removeprefix('Fix: ')}")
 
 

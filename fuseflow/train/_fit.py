@@ -9,6 +9,7 @@ same batches, same keys, same optimizer state, same floating-point results.
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 import warnings
@@ -36,7 +37,7 @@ from fuseflow.train._run_folder import fit_folder, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import batch_casts, make_step
 
-__all__ = ["fit", "FitResult", "Interrupted"]
+__all__ = ["fit", "FitResult", "Interrupted", "Diverged"]
 
 
 class FitResult(NamedTuple):
@@ -57,6 +58,24 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, checkpoint: Path | None, epoch: int, signum: int = signal.SIGINT):
         super().__init__(checkpoint, epoch)
         self.checkpoint, self.epoch, self.signum = checkpoint, epoch, int(signum)
+
+
+class Diverged(FloatingPointError):
+    """``fit`` stopped because an epoch's mean training loss was NaN or infinite: the params
+    are no longer numbers worth saving, so that epoch was neither saved nor recorded.
+    ``checkpoint`` is the last file this run saved (None if none), ``saved_epoch`` its
+    epoch, ``epoch`` the epoch that diverged (1-based) and ``loss`` its mean loss."""
+
+    def __init__(self, epoch: int, loss: float, checkpoint: Path | None, saved_epoch: int):
+        self.epoch, self.loss, self.checkpoint, self.saved_epoch = \
+            epoch, loss, checkpoint, saved_epoch
+        kept = (f"the last checkpoint saved is {checkpoint} (epoch {saved_epoch})"
+                if checkpoint is not None else "no checkpoint was saved by this run")
+        super().__init__(
+            f"fit: epoch {epoch}'s mean training loss is {loss}: training diverged (most often "
+            f"a learning rate too high for the model), so the epoch was not saved; {kept}. "
+            "Fix: a smaller learning rate (a tenth, say), or check the data and loss for "
+            "NaN/inf; fit(..., stop_on_nonfinite=False) trains on regardless.")
 
 
 class OutDirConflict(FileExistsError):
@@ -80,7 +99,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
         eval_batch_size: int = 1000, drop_last: bool = True, compute_dtype=None,
         compiled: bool = False, on_step=None, progress: bool = True, log=print,
         log_every: int = 20, comm=None, overwrite: bool = False,
-        history: list | None = None) -> FitResult:
+        history: list | None = None, stop_on_nonfinite: bool = True) -> FitResult:
     """Train from ``state`` until ``epochs`` epochs are complete; returns a FitResult.
 
     ``train``/``test`` are ``(x, y)`` pairs; they are moved to the params' device once.
@@ -109,7 +128,9 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     ``comm`` (``ff.distributed.init()``) trains data-parallel: every rank runs ``fit`` on the
     same data; each global batch is split over the ranks, gradients are averaged, and the
     whole state (params, optimizer state, epoch, step and keys) starts from rank 0's. Give
-    ``out_dir``/``log``/``progress`` on rank 0 only.
+    ``out_dir``/``log``/``progress`` on rank 0 only. An epoch whose mean training loss is
+    NaN or infinite raises ``Diverged`` before anything of it is saved, unless
+    ``stop_on_nonfinite=False`` (every rank stops together: the loss is their mean).
     """
     if not isinstance(state, TrainState):
         if type(state).__name__ == "TrainState":  # a look-alike: checkpoint.load without like
@@ -194,6 +215,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                 state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
                                              steps_per_epoch, drop_last, on_step, progress,
                                              log_every, comm, None if comm else stop)
+                if stop_on_nonfinite and not math.isfinite(record["train_loss"]):
+                    raise Diverged(record["epoch"], record["train_loss"], saved, saved_epoch)
                 final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
                 if final is not None:
                     record.update(test_loss=final.loss, test_acc=final.accuracy)

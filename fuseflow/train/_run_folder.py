@@ -14,6 +14,11 @@ import warnings
 from pathlib import Path
 
 from fuseflow import checkpoint
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, the folder is not guarded against a 2nd run
+    fcntl = None
 from fuseflow._files import fsync_dir
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
@@ -24,6 +29,52 @@ __all__ = ["RunFolder", "RunFolderError", "fit_folder", "latest_checkpoint", "na
 
 class RunFolderError(Exception):
     """The output folder cannot be used as asked; the message says why and how to fix it."""
+
+
+#: The hidden file a run holds an exclusive lock on (``fcntl.flock``) while it writes to its
+#: folder, so that a second run given the same ``--out`` is refused instead of writing its
+#: checkpoints and metrics over the first's.
+LOCK_FILE = ".fuseflow.lock"
+
+
+def _lock(folder: Path) -> int | None:
+    """Lock ``folder`` for this process (see ``LOCK_FILE``); returns the lock file's
+    descriptor, or None where advisory locks are unavailable (no ``fcntl``: Windows)."""
+    if fcntl is None:
+        return None
+    path = folder / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()  # "" if just locked
+            os.close(fd)
+            holder = f" (process {holder})" if holder.isdigit() else ""
+            raise RunFolderError(
+                f"--out {folder}: another fuseflow run{holder} is writing to this "
+                "folder, and two runs in one folder would overwrite each other's checkpoints "
+                "and metrics. Fix: wait until it ends, or --out NEW_DIR.") from None
+        try:  # the holder before us may have removed the file between our open and flock
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _unlock(folder: Path, fd: int | None):
+    """Remove the lock file, then release the lock (in that order: a run that opened the
+    file meanwhile sees it gone and opens a new one)."""
+    if fd is None:
+        return
+    try:
+        (folder / LOCK_FILE).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 _EPOCH_FILE = re.compile(r"^ckpt-epoch(\d+)\.safetensors$")
@@ -157,6 +208,7 @@ class RunFolder:
         self.kept = set()      # names of run files left in place by claim()
         self.start_epoch = None
         self.closed = False
+        self.lock = None       # the lock file's descriptor while this run holds the folder
 
     def check(self):
         out = self.path
@@ -170,6 +222,8 @@ class RunFolder:
             self.made = missing[-1] if missing else None
             with tempfile.TemporaryFile(dir=out):
                 pass
+            if self.lock is None:
+                self.lock = _lock(out)
         except OSError as e:
             blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
             if blocker is not None:
@@ -255,6 +309,14 @@ class RunFolder:
         if self.closed:
             return
         self.closed = True
+        try:
+            self._close()
+        finally:
+            _unlock(self.path, self.lock)
+            self.lock = None
+            self._remove_made()
+
+    def _close(self):
         out = self.path
         saved = self.start_epoch is not None and \
             any(n > self.start_epoch for n in _epoch_files(out))
@@ -274,6 +336,9 @@ class RunFolder:
                 fsync_dir(out)
                 print(f"overwrite: no epoch was saved; the replaced files are back in {out}",
                       flush=True)
+
+    def _remove_made(self):
+        out = self.path
         if self.made is not None:  # remove the folders made here, if still empty
             for folder in (out, *out.parents):
                 try:
