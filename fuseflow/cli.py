@@ -33,7 +33,8 @@ from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError, batc
                             evaluate, fit, init_state, load_dataset, load_state,
                             make_step, read_metrics)
 from fuseflow.train._fit import Diverged, OutDirConflict
-from fuseflow.train._run_folder import RunFolder, RunFolderError, latest_checkpoint, names
+from fuseflow.train._run_folder import (RunFolder, RunFolderError, latest_checkpoint, names,
+                                        resume_point)
 from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
@@ -495,6 +496,8 @@ def _train(args) -> int:
                            ) from None
         except Diverged as e:
             raise CLIError(_diverged(e, recipe)) from None
+        except BrokenPipeError:  # stdout closed (`| head`): not the folder's fault
+            raise
         except OSError as e:  # a full disk or a folder made read-only while training
             raise CLIError(_write_failed(e, out, resume)) from None
     finally:
@@ -534,11 +537,12 @@ def _diverged(e: Diverged, recipe: Recipe) -> str:
 
 
 def _write_failed(e: OSError, out: Path, resume: Path | None) -> str:
-    kept = latest_checkpoint(out) if out.is_dir() else None
+    kept, needs_overwrite = resume_point(out)
+    again = _continue_from(kept, out, resume) + (" --overwrite" if needs_overwrite else "")
     return (f"cannot write the run's files in {out} ({e.strerror or e}"
             f"{': ' + str(e.filename) if e.filename else ''}). Every file saved before is "
-            f"whole; {_continue_from(kept, out, resume)}. Fix: free disk space or make {out} "
-            "writable, then continue; or --out another folder.")
+            f"whole; {again}. Fix: free disk space or make {out} writable, then continue; or "
+            "--out another folder.")
 
 
 def _report_stop(signum: int, where: str) -> int:
@@ -646,6 +650,10 @@ def main(argv=None) -> int:
         except MemoryError as e:
             print(f"fuseflow {args.command}: error: out of memory ({e or 'MemoryError'}). "
                   "Fix: smaller --hidden widths or --batch-size.", file=sys.stderr, flush=True)
+            distributed.abort_if_parallel(EXIT_ERROR)
+            return EXIT_ERROR
+        except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             distributed.abort_if_parallel(EXIT_ERROR)
             return EXIT_ERROR
         except KeyboardInterrupt as e:

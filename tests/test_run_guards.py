@@ -5,6 +5,8 @@ other libraries handed to a layer or to ``ff.asarray``."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import math
 import os
 import subprocess
@@ -17,9 +19,9 @@ import pytest
 import fuseflow as ff
 from fuseflow import nn
 from fuseflow import train as T
-from fuseflow.cli import _COPIES
-from fuseflow.train import _fit
-from fuseflow.train._run_folder import LOCK_FILE, RunFolder, RunFolderError
+from fuseflow.cli import _COPIES, _write_failed
+from fuseflow.train import _fit, _run_folder
+from fuseflow.train._run_folder import LOCK_FILE, RunFolder, RunFolderError, resume_point
 from tests.test_cli_safety import DIGITS, assert_one_line_error, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,27 +74,103 @@ def test_a_second_train_into_a_busy_folder_changes_nothing(tmp_path, cli):
 
 # ---------------------------------------------------------- a write fails while training
 
-def test_a_full_disk_during_training_is_one_line_that_says_how_to_go_on(tmp_path, cli,
-                                                                        monkeypatch):
-    save = _fit._save_epoch
+def _failing_saves(monkeypatch, name, error=None):
+    """``save_state`` fails (a full disk) for the checkpoint file ``name`` of epoch 2."""
+    save = _fit.save_state
 
-    def disk_fills_at_epoch_2(out_dir, state, *args, **kwargs):
-        if state.epoch == 2:
-            raise OSError(28, "No space left on device")
-        return save(out_dir, state, *args, **kwargs)
+    def fails(path, state, *args, **kwargs):
+        if Path(path).name == name and state.epoch == 2:
+            raise error or OSError(errno.ENOSPC, "No space left on device")
+        return save(path, state, *args, **kwargs)
 
-    monkeypatch.setattr(_fit, "_save_epoch", disk_fills_at_epoch_2)
+    monkeypatch.setattr(_fit, "save_state", fails)
+    return save
+
+
+@pytest.mark.parametrize("fails, resumes", [("ckpt-epoch2.safetensors", T.LAST),
+                                            (T.LAST, "ckpt-epoch2.safetensors")])
+def test_a_full_disk_during_training_is_one_line_whose_resume_works(tmp_path, cli, monkeypatch,
+                                                                    fails, resumes):
+    save = _failing_saves(monkeypatch, fails)
     out = tmp_path / "run"
     proc = cli("train", *DIGITS, "--epochs", "3", "--out", out)
-    assert_one_line_error(proc, f"cannot write the run's files in {out} (No space left on "
-                                "device)", "Every file saved before is whole",
-                          f"continue with: fuseflow train --resume {out / T.LAST}",
-                          "Fix: free disk space")
+    line = assert_one_line_error(proc, f"cannot write the run's files in {out} (No space left "
+                                       "on device)", "Every file saved before is whole",
+                                 f"continue with: fuseflow train --resume {out / resumes}.",
+                                 "Fix: free disk space")
+    assert "--overwrite" not in line  # the record whose checkpoint failed was cut off again
     assert not (out / LOCK_FILE).exists()
-    monkeypatch.setattr(_fit, "_save_epoch", save)
-    proc = cli("train", "--resume", out / T.LAST, "--no-progress")
-    assert proc.returncode == 0, proc.err
+    assert [r["epoch"] for r in T.read_metrics(out / T.METRICS_FILE)] == \
+        ([1] if fails != T.LAST else [1, 2])
+    monkeypatch.setattr(_fit, "save_state", save)
+    proc = cli("train", "--resume", out / resumes, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
     assert [r["epoch"] for r in T.read_metrics(out / T.METRICS_FILE)] == [1, 2, 3]
+
+
+def test_a_resume_the_folder_would_refuse_is_given_with_overwrite(tmp_path, cli):
+    out = tmp_path / "run"
+    assert cli("train", *DIGITS, "--epochs", "1", "--out", out).returncode == 0
+    with open(out / T.METRICS_FILE, "a") as f:  # a record whose checkpoint never came
+        f.write('{"epoch": 2, "step": 44, "train_loss": 1.0}\n')
+    assert resume_point(out) == (out / T.LAST, True)
+    line = _write_failed(OSError(errno.ENOSPC, "No space left on device"), out, None)
+    assert f"continue with: fuseflow train --resume {out / T.LAST} --overwrite." in line
+    proc = cli("train", "--resume", out / T.LAST, "--epochs", "2", "--overwrite",
+               "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_folder_made_read_only_while_training_is_still_one_line(tmp_path, cli, monkeypatch):
+    _failing_saves(monkeypatch, "ckpt-epoch2.safetensors",
+                   PermissionError(errno.EACCES, "Permission denied"))
+    unlink = Path.unlink
+
+    def read_only(path, *args, **kwargs):  # root could still unlink: refuse as the OS would
+        if path.name == LOCK_FILE:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    out = tmp_path / "run"
+    proc = cli("train", *DIGITS, "--epochs", "3", "--out", out)
+    assert_one_line_error(proc, f"cannot write the run's files in {out} (Permission denied)",
+                          f"--resume {out / T.LAST}")
+    monkeypatch.setattr(Path, "unlink", unlink)
+    # the file left behind holds nothing: the lock ended with the run
+    assert cli("train", *DIGITS, "--epochs", "1", "--out", tmp_path / "next").returncode == 0
+    assert (out / LOCK_FILE).exists() and RunFolder(out).check() is None
+
+
+def test_a_file_system_without_locks_warns_and_trains(tmp_path, cli, monkeypatch):
+    class NoFlock:
+        LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+
+        @staticmethod
+        def flock(fd, op):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(_run_folder, "fcntl", NoFlock)
+    fds = len(os.listdir("/proc/self/fd"))
+    out = tmp_path / "run"
+    proc = cli("train", *DIGITS, "--epochs", "1", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(warning) == 1 and warning[0].startswith(
+        f"fuseflow train: warning: --out {out}: this file system does not lock files "
+        "(Function not implemented)"), proc.stderr
+    assert not (out / LOCK_FILE).exists() and len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_closed_stdout_stops_quietly(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "fuseflow", "train", *DIGITS, "--epochs",
+                             "20", "--out", str(tmp_path / "run")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().startswith("backend:")
+    proc.stdout.close()  # as `| head -1` does
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "cannot write" not in err, err
 
 
 # ---------------------------------------------------------------- a loss that is not a number
@@ -124,6 +202,25 @@ def test_fit_trains_on_through_nan_when_asked(tmp_path):
         result = _digits_fit(tmp_path, stop_on_nonfinite=False)
     assert [math.isnan(r["train_loss"]) for r in result.history] == [True, True]
     assert result.checkpoint == tmp_path / "run" / T.LAST
+
+
+def test_a_float16_step_skipped_for_overflow_is_no_divergence(tmp_path):
+    """One batch overflows float16 in the forward (an input of 7e4 > 65504): that step's loss
+    is NaN, dynamic loss scaling skips it with the params unchanged, and training goes on."""
+    x, y = ff.data.digits("train")
+    x = x.copy()
+    x[5, 0] = 7e4
+    model = nn.Serial(nn.Dense(32, "relu"), nn.Dense(10))
+    opt = ff.mixed_precision.dynamic_loss_scaling(ff.optim.adam(1e-3))
+    state = T.init_state(model, opt, (64,), ff.random.key(0))
+    losses = []
+    with np.errstate(all="ignore"):
+        result = T.fit(model, opt, state, (x, y), ff.data.digits("test"), epochs=2,
+                       batch_size=64, compute_dtype="float16", progress=False, log=None,
+                       on_step=lambda s, m: losses.append(float(m["loss"])))
+    assert sum(not math.isfinite(v) for v in losses) >= 2  # the batch, in both epochs
+    assert result.state.epoch == 2 and result.test.accuracy > 0.3
+    assert all(bool(np.isfinite(w).all()) for w in ff.tree.leaves(result.state.params))
 
 
 def test_a_healthy_run_is_not_stopped(tmp_path):

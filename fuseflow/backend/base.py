@@ -37,10 +37,13 @@ def from_dlpack(take, x):
     try:
         return take(x)
     except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        fix = ("convert it to a float32, float16 or float64 array first, e.g. "
+               "x.astype(jnp.float32) (JAX) or x.float() (PyTorch)" if "dtype" in str(e).lower()
+               else "pass a tensor that needs no gradient, e.g. x.detach() (PyTorch), or "
+               "convert it to NumPy first")
         raise TypeError(f"ff.asarray: cannot take a {type(x).__module__.split('.')[0]} "
                         f"{type(x).__name__} of dtype {getattr(x, 'dtype', '?')} through DLPack "
-                        f"({e}). Fix: convert it to a float32, float16 or float64 array first, "
-                        "e.g. x.astype(jnp.float32) (JAX) or x.float() (PyTorch).") from None
+                        f"({e}). Fix: {fix}.") from None
 
 
 class BackendError(ValueError):

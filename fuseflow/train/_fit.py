@@ -9,7 +9,9 @@ same batches, same keys, same optimizer state, same floating-point results.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
 import time
 import warnings
@@ -61,8 +63,9 @@ class Interrupted(KeyboardInterrupt):
 
 
 class Diverged(FloatingPointError):
-    """``fit`` stopped because an epoch's mean training loss was NaN or infinite: the params
-    are no longer numbers worth saving, so that epoch was neither saved nor recorded.
+    """``fit`` stopped because an epoch's mean training loss was NaN or infinite and the
+    params are no longer all finite: they are not worth saving, so that epoch was neither
+    saved nor recorded.
     ``checkpoint`` is the last file this run saved (None if none), ``saved_epoch`` its
     epoch, ``epoch`` the epoch that diverged (1-based) and ``loss`` its mean loss."""
 
@@ -129,8 +132,9 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     same data; each global batch is split over the ranks, gradients are averaged, and the
     whole state (params, optimizer state, epoch, step and keys) starts from rank 0's. Give
     ``out_dir``/``log``/``progress`` on rank 0 only. An epoch whose mean training loss is
-    NaN or infinite raises ``Diverged`` before anything of it is saved, unless
-    ``stop_on_nonfinite=False`` (every rank stops together: the loss is their mean).
+    NaN or infinite, with params no longer all finite, raises ``Diverged`` before anything
+    of it is saved, unless ``stop_on_nonfinite=False`` (every rank stops together: the
+    loss is their mean and the params are the same on every rank).
     """
     if not isinstance(state, TrainState):
         if type(state).__name__ == "TrainState":  # a look-alike: checkpoint.load without like
@@ -215,7 +219,7 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
                 state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
                                              steps_per_epoch, drop_last, on_step, progress,
                                              log_every, comm, None if comm else stop)
-                if stop_on_nonfinite and not math.isfinite(record["train_loss"]):
+                if stop_on_nonfinite and _diverged(record, state.params):
                     raise Diverged(record["epoch"], record["train_loss"], saved, saved_epoch)
                 final = _evaluate(model, state.params, test, eval_batch_size, loss_fn)
                 if final is not None:
@@ -411,6 +415,14 @@ def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoc
     return state._replace(epoch=epoch + 1, batch_in_epoch=0), record
 
 
+def _diverged(record, params) -> bool:
+    """The epoch's mean loss is NaN or inf and so are some params. A non-finite loss alone
+    is no divergence under dynamic loss scaling: a float16 forward that overflowed on one
+    batch gives that step a NaN loss, and the step is skipped with the params unchanged."""
+    return not math.isfinite(record["train_loss"]) and \
+        not bool(all_finite(tree.leaves(params)))
+
+
 def _evaluate(model, params, test, batch_size, loss_fn):
     if test is None:
         return None
@@ -471,11 +483,11 @@ def _plot(history, path):
 def _save_epoch(out_dir, state, record, metadata, stale, rewrite=None):
     """The epoch's metrics line (``rewrite``, at the first epoch a call saves: every record,
     in place of metrics.jsonl), its checkpoint and last.safetensors, in an order that
-    leaves records and checkpoints agreeing if a write fails half-way: the record first (a
-    record without its checkpoint makes a resume from the epoch before ask for overwrite),
-    last.safetensors last. Replacing an old run (``stale``: its checkpoints), the new
-    checkpoint comes first and the old ones go at once, so a failure before leaves the old
-    run whole."""
+    leaves records and checkpoints agreeing if a write fails half-way: the record first,
+    cut off again if the checkpoint then cannot be written (a full disk), so that a resume
+    from the epoch before continues in place; last.safetensors last. Replacing an old run
+    (``stale``: its checkpoints), the new checkpoint comes first and the old ones go at
+    once, so a failure before leaves the old run whole."""
     meta = dict(metadata or {}, metrics=record)
     written = epoch_checkpoint(out_dir, state.epoch)
     if stale:
@@ -483,12 +495,20 @@ def _save_epoch(out_dir, state, record, metadata, stale, rewrite=None):
         for path in stale:
             if path != written:
                 path.unlink(missing_ok=True)
+    metrics = Path(out_dir) / METRICS_FILE
+    before = metrics.stat().st_size if rewrite is None and metrics.exists() else 0
     if rewrite is None:
         append_metrics(out_dir, record)
     else:
         write_metrics(out_dir, rewrite)
     if not stale:
-        save_state(written, state, meta)
+        try:
+            save_state(written, state, meta)
+        except OSError:
+            if rewrite is None:  # the record without its checkpoint goes again
+                with contextlib.suppress(OSError):
+                    os.truncate(metrics, before)
+            raise
     save_state(out_dir / LAST, state, meta)
 
 

@@ -24,7 +24,8 @@ from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
 from fuseflow.train._signals import hold_interrupts
 
-__all__ = ["RunFolder", "RunFolderError", "fit_folder", "latest_checkpoint", "names"]
+__all__ = ["RunFolder", "RunFolderError", "fit_folder", "latest_checkpoint", "names",
+           "resume_point"]
 
 
 class RunFolderError(Exception):
@@ -39,12 +40,17 @@ LOCK_FILE = ".fuseflow.lock"
 
 def _lock(folder: Path) -> int | None:
     """Lock ``folder`` for this process (see ``LOCK_FILE``); returns the lock file's
-    descriptor, or None where advisory locks are unavailable (no ``fcntl``: Windows)."""
+    descriptor, or None where advisory locks are unavailable: no ``fcntl`` (Windows), or a
+    file system without flock (Lustre mounted without it, some FUSE mounts), with a
+    warning."""
     if fcntl is None:
         return None
     path = folder / LOCK_FILE
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:  # another user's lock file: reading is enough to lock it
+            fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -55,26 +61,33 @@ def _lock(folder: Path) -> int | None:
                 f"--out {folder}: another fuseflow run{holder} is writing to this "
                 "folder, and two runs in one folder would overwrite each other's checkpoints "
                 "and metrics. Fix: wait until it ends, or --out NEW_DIR.") from None
+        except OSError as e:  # ENOSYS, EOPNOTSUPP, ENOLCK: no locks on this file system
+            os.close(fd)
+            _remove_lock_file(folder)
+            warnings.warn(f"--out {folder}: this file system does not lock files "
+                          f"({e.strerror or e}), so nothing stops a second run from writing "
+                          "to the same folder: give each run its own --out", stacklevel=2)
+            return None
         try:  # the holder before us may have removed the file between our open and flock
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 break
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:  # the holder's pid, for the message a second run gets (best effort)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        pass
     return fd
 
 
-def _unlock(folder: Path, fd: int | None):
-    """Remove the lock file, then release the lock (in that order: a run that opened the
-    file meanwhile sees it gone and opens a new one)."""
-    if fd is None:
-        return
+def _remove_lock_file(folder: Path):
+    """Remove ``LOCK_FILE``, if this process can: one left behind holds nothing."""
     try:
         (folder / LOCK_FILE).unlink(missing_ok=True)
-    finally:
-        os.close(fd)
+    except OSError:  # a folder made read-only meanwhile: the lock still ends with the fd
+        pass
 
 
 _EPOCH_FILE = re.compile(r"^ckpt-epoch(\d+)\.safetensors$")
@@ -116,6 +129,17 @@ def latest_checkpoint(folder: Path) -> Path | None:
     if last.is_file() and (not epochs or (_saved_epoch(last) or 0) >= max(epochs)):
         return last
     return epochs[max(epochs)] if epochs else None
+
+
+def resume_point(folder: Path) -> tuple:
+    """``(checkpoint, needs_overwrite)``: the folder's latest checkpoint (None if none) and
+    whether resuming from it in place must pass --overwrite, because files or records of
+    a later epoch are there (a write that failed half-way can leave them)."""
+    latest = latest_checkpoint(folder) if folder.is_dir() else None
+    if latest is None:
+        return None, False
+    later, later_records = _after_epoch(folder, _saved_epoch(latest) or 0, latest)
+    return latest, bool(later or later_records)
 
 
 def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
@@ -312,9 +336,17 @@ class RunFolder:
         try:
             self._close()
         finally:
-            _unlock(self.path, self.lock)
-            self.lock = None
-            self._remove_made()
+            # the lock file goes first and the lock last: a run that opened the file
+            # meanwhile sees it gone and makes a new one, and no run can take the folder
+            # before the folders this command made are removed
+            if self.lock is not None:
+                _remove_lock_file(self.path)
+            try:
+                self._remove_made()
+            finally:
+                if self.lock is not None:
+                    os.close(self.lock)
+                    self.lock = None
 
     def _close(self):
         out = self.path
