@@ -172,9 +172,10 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     dy = random.normal(random.key(seed), y.shape, np.float64)
     try:
         grads, dx = layer.backward(params64, residuals, dy)
-    except (KeyError, IndexError, TypeError, AttributeError) as e:
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
         # the custom-layer guide lets a layer save no residuals in inference: say so only
-        # when that is the difference (a bug in backward keeps its own error)
+        # when that is the difference (a bug in backward keeps its own error); ValueError
+        # is the LayerError of a backward that checks its residuals (self.error)
         if train or tree.structure(residuals) == tree.structure(
                 layer.forward(params64, x64, key=key, train=True)[1]):
             raise

@@ -46,8 +46,8 @@ from fuseflow import backend, tree
 from fuseflow._namespace import is_array, is_cupy, namespace
 from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import (_is_float_array, _widens, check_like, check_number, check_state,
-                                  own_attribute, zero_count)
+from fuseflow.optim._base import (_is_float_array, _widens, check_float_updates, check_like,
+                                  check_number, check_state, own_attribute, zero_count)
 from fuseflow.optim._fused import fused_update, kept_unless_finite, update_and_apply
 
 __all__ = [
@@ -376,6 +376,7 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
 
     def update(grads, state, params=None):
         check_state("dynamic_loss_scaling.update", state, DynamicScaleState)
+        check_float_updates("dynamic_loss_scaling.update", grads)  # before the where()s
         if state.compute_params is not None and params is None:
             raise TypeError("dynamic_loss_scaling(compute_dtype=...): update needs the params "
                             "to keep compute_params current. Fix: call "

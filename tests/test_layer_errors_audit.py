@@ -139,6 +139,19 @@ def test_check_grads_in_inference_says_why_a_layer_without_residuals_fails():
         ff.check_grads(Swish(), {}, randn(3, inp), train=False)
 
 
+@pytest.mark.parametrize("make", [lambda: nn.Dense(4, "relu"), lambda: nn.GELU(),
+                                  lambda: nn.Serial(nn.Dense(4, "relu"), nn.Dense(3))],
+                         ids=["dense_relu", "gelu", "serial"])
+def test_check_grads_in_inference_of_a_layer_that_checks_its_residuals(make):
+    """A backward that checks its residuals raises LayerError (self.error) on those of
+    forward(train=False): check_grads says why, as for the KeyError of one that does not."""
+    layer = make()
+    _, params = layer.init(ff.random.key(0), (5,))
+    with raises(ff.GradientCheckError, "backward failed on the residuals of forward(..., "
+                "train=False) (LayerError: ", "Fix: check_grads(..., train=True)"):
+        ff.check_grads(layer, params, randn(3, 5), train=False)
+
+
 def test_check_grads_names_a_nested_leaf():
     """In a Serial the leaf is named by its whole path; a right backward still passes."""
     out, inp = two_sizes()

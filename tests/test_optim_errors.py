@@ -399,6 +399,16 @@ def test_loss_scaling_wants_its_own_state(bad_state):
             call()
 
 
+@pytest.mark.parametrize("grad", [1.0, np.arange(3)], ids=["python_float", "int_array"])
+def test_dynamic_loss_scaling_wants_float_array_gradients_before_any_arithmetic(grad):
+    opt = ff.mixed_precision.dynamic_loss_scaling(ff.optim.adam(1e-3))
+    params = {"w": np.ones(3, np.float32)}
+    with pytest.raises(TypeError, match=r"dynamic_loss_scaling.update: the update at 'w' "
+                                        r"(is a float|has dtype int64), but updates must be "
+                                        r"floating point arrays.*Fix: pass float gradients"):
+        opt.update({"w": grad}, opt.init(params), params)
+
+
 @pytest.mark.parametrize("make", [lambda: ff.optim.clip_by_global_norm(1.0),
                                   lambda: ff.optim.scale(0.5)], ids=["clip", "scale"])
 def test_stateless_transforms_want_float_array_updates(rng, make):
