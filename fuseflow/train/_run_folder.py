@@ -13,12 +13,12 @@ import time
 import warnings
 from pathlib import Path
 
-from fuseflow import checkpoint
-
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks, the folder is not guarded against a 2nd run
     fcntl = None
+
+from fuseflow import checkpoint
 from fuseflow._files import fsync_dir
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint
 from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, read_metrics
