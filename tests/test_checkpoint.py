@@ -71,6 +71,35 @@ def test_round_trip_without_like(tmp_path):
     out["params"][0]["w"][0, 0] = 1.0  # loaded arrays are ordinary, writeable arrays
 
 
+@pytest.mark.parametrize("dtype", ["bool", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8",
+                                   "f2", "f4", "f8", ">f4", ">i8"])
+def test_files_are_what_the_safetensors_library_writes(tmp_path, dtype):
+    """save writes the format itself (straight from the arrays, no copy of the file in
+    memory): the library reads back the same tensors, dtypes, shapes and metadata as from a
+    file the library wrote, for every storable dtype, 0-d and empty arrays among them."""
+    rng = np.random.default_rng(3)
+    dt = np.dtype(dtype)
+    arrays = {"m": rng.integers(0, 2, (3, 5)) if dt.kind == "b" else
+              (rng.standard_normal((3, 5)) * 40), "z": np.zeros((0, 4)), "s": np.array(7)}
+    t = {k: v.astype(dt) for k, v in arrays.items()}
+    ckpt.save(tmp_path / "ours.safetensors", t, metadata={"note": "ü"})
+    with safetensors.safe_open(tmp_path / "ours.safetensors", framework="np") as f:
+        meta = f.metadata()
+        ours = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    little = {k: v.astype(dt.newbyteorder("<")) for k, v in t.items()}
+    safetensors.numpy.save_file(little, tmp_path / "lib.safetensors", metadata=meta)
+    with safetensors.safe_open(tmp_path / "lib.safetensors", framework="np") as f:
+        assert f.metadata() == meta and json.loads(meta["fuseflow_metadata"]) == {"note": "ü"}
+        lib = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    assert sorted(ours) == sorted(lib) == ["m", "s", "z"]
+    for k in lib:
+        assert ours[k].dtype == lib[k].dtype and ours[k].shape == lib[k].shape == t[k].shape
+        np.testing.assert_array_equal(ours[k], lib[k])
+    size = (tmp_path / "ours.safetensors").stat().st_size
+    assert size == 8 + int.from_bytes((tmp_path / "ours.safetensors").read_bytes()[:8],
+                                      "little") + sum(a.nbytes for a in t.values())
+
+
 def test_round_trip_with_like_keeps_like_types(tmp_path):
     t = sample_tree()
     t["opt"].nu["big"] = t["opt"].nu["big"].astype("<i4")
