@@ -476,8 +476,9 @@ def _train(args) -> int:
               f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
               f"{recipe.schedule}; {recipe.precision}; {_plural(recipe.epochs, 'epoch')} of "
               f"{_plural(steps_per_epoch, 'step')}; out {out}", flush=True)
+        held, state = [state], None  # fit holds the only reference: it frees each old state
         try:
-            result = fit(model, optimizer, _to_device(state, device), ds.train, ds.test,
+            result = fit(model, optimizer, _to_device(held.pop(), device), ds.train, ds.test,
                          epochs=recipe.epochs, batch_size=recipe.batch_size,
                          out_dir=out if comm.is_main else None, comm=comm,
                          metadata={"recipe": recipe.to_metadata()},

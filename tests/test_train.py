@@ -140,6 +140,34 @@ def test_fit_writes_metrics_curves_and_checkpoints(tmp_path):
     assert (epoch1.epoch, epoch1.step, epoch1.batch_in_epoch) == (1, STEPS, 0)
 
 
+def test_fit_keeps_no_earlier_state_alive(tmp_path):
+    """Memory: once a step has replaced them, the params and moments that fit was given (and
+    those an epoch started from) are freed; for Adam each state is three copies of the
+    params. The caller hands its only reference over, as the command line does."""
+    import gc
+    import weakref
+
+    train, test = _data()
+    model, opt, state = _fresh(epochs=2)
+    refs = {"given": [weakref.ref(a) for a in ff.tree.leaves((state.params, state.opt_state))
+                      if isinstance(a, np.ndarray) and a.size > 1]}
+    held, state = [state], None
+    alive = []
+
+    def on_step(s, metrics):
+        if s.batch_in_epoch == STEPS:  # the epoch's last state: the next one starts from it
+            refs[s.epoch] = [weakref.ref(a) for a in ff.tree.leaves((s.params, s.opt_state))
+                             if isinstance(a, np.ndarray) and a.size > 1]
+        if s.batch_in_epoch == 3:
+            gc.collect()
+            alive.append({k: sum(r() is not None for r in v) for k, v in refs.items()})
+
+    T.fit(model, opt, held.pop(), train, test, epochs=2, batch_size=BATCH, out_dir=tmp_path,
+          on_step=on_step, progress=False, log=None)  # not _fit: its frame would hold state
+    assert alive == [{"given": 0}, {"given": 0, 0: 0}]
+    assert len(refs["given"]) == 3 * 4  # params, mu and nu of two Dense layers
+
+
 def test_checkpoint_holds_the_whole_state(tmp_path):
     train, test = _data()
     model, opt, state = _fresh()

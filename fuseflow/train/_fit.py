@@ -216,7 +216,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     try:
         with interrupt_between_steps() as stop:
             for epoch in range(state.epoch, epochs):
-                state, record = _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size,
+                # handed over in a list the epoch empties: the epoch's first state is not
+                # kept alive beside its later ones (for Adam, three copies of the params)
+                held, state = [state], None
+                state, record = _train_epoch(step_fn, held, x, y, epoch, epochs, batch_size,
                                              steps_per_epoch, drop_last, on_step, progress,
                                              log_every, comm, None if comm else stop)
                 if stop_on_nonfinite and _diverged(record, state.params):
@@ -363,8 +366,10 @@ def _keyless(compiled_step):
     return step
 
 
-def _train_epoch(step_fn, state, x, y, epoch, epochs, batch_size, steps_per_epoch,
+def _train_epoch(step_fn, held, x, y, epoch, epochs, batch_size, steps_per_epoch,
                  drop_last, on_step, progress, log_every, comm=None, stop=None):
+    """One epoch from the state in the one-element list ``held`` (taken out of it)."""
+    state = held.pop()
     start = state.batch_in_epoch
     todo = min(len(x), steps_per_epoch * batch_size) - start * batch_size
     order_key = random.fold_in(state.data_key, epoch)
