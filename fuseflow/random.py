@@ -127,7 +127,7 @@ def fold_in(k, data: int) -> np.ndarray:
 
 def normal(k, shape, dtype=np.float32) -> np.ndarray:
     return generator(k, "ff.random.normal").standard_normal(shape, dtype=np.float64) \
-        .astype(dtype)
+        .astype(dtype, copy=False)
 
 
 def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.ndarray:
@@ -148,7 +148,7 @@ def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.nd
     while bad.any():
         out[bad] = g.standard_normal(int(bad.sum()))
         bad = (out < lower) | (out > upper)
-    return out.astype(dtype)
+    return out.astype(dtype, copy=False)
 
 
 def uniform(k, shape, minval=0.0, maxval=1.0, dtype=np.float32) -> np.ndarray:
@@ -157,7 +157,8 @@ def uniform(k, shape, minval=0.0, maxval=1.0, dtype=np.float32) -> np.ndarray:
     or to ``maxval`` as ``dtype`` rounds it (float16's 0.1 is 0.09998: ``x < 0.1`` on a
     float16 array compares with it), is the largest ``dtype`` value below it instead; every
     other value is the rounded draw."""
-    out = generator(k, "ff.random.uniform").uniform(minval, maxval, size=shape).astype(dtype)
+    out = generator(k, "ff.random.uniform").uniform(minval, maxval, size=shape) \
+        .astype(dtype, copy=False)
     if out.dtype.kind == "f":
         hi = np.asarray(maxval, np.float64)
         with np.errstate(over="ignore"):  # a maxval beyond the dtype rounds to inf: hi stays

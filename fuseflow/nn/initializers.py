@@ -26,13 +26,15 @@ def constant(value):
 
 def normal(stddev=1e-2):
     def init(key, shape, dtype=np.float32):
-        return (random.normal(key, shape, np.float64) * stddev).astype(dtype)
+        x = random.normal(key, shape, np.float64)
+        x *= stddev  # in place: a large layer's float64 draw is not held twice
+        return x.astype(dtype, copy=False)
     return init
 
 
 def uniform(scale=1e-2):
     def init(key, shape, dtype=np.float32):
-        return random.uniform(key, shape, -scale, scale, np.float64).astype(dtype)
+        return random.uniform(key, shape, -scale, scale, np.float64).astype(dtype, copy=False)
     return init
 
 
@@ -62,14 +64,16 @@ def variance_scaling(scale, mode="fan_in", distribution="truncated_normal"):
         if distribution == "truncated_normal":
             # std of a standard normal truncated to [-2, 2]
             std_of_truncated = 0.87962566103423978  # a standard normal cut at +-2
-            x = random.truncated_normal(key, shape, dtype=np.float64) * np.sqrt(var) \
-                / std_of_truncated
+            x = random.truncated_normal(key, shape, dtype=np.float64)
+            x *= np.sqrt(var)  # in place (same bits): the float64 draw is not held twice
+            x /= std_of_truncated
         elif distribution == "normal":
-            x = random.normal(key, shape, np.float64) * np.sqrt(var)
+            x = random.normal(key, shape, np.float64)
+            x *= np.sqrt(var)
         else:  # "uniform"
             lim = np.sqrt(3.0 * var)
             x = random.uniform(key, shape, -lim, lim, np.float64)
-        return x.astype(dtype)
+        return x.astype(dtype, copy=False)
     return init
 
 
