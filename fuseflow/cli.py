@@ -271,12 +271,12 @@ def _check_metrics(path: Path):
         raise CLIError(str(e)) from None
 
 
-#: Peak memory of a CPU training run, in float32 copies of the params: measured with
-#: ``/usr/bin/time -f %M`` on ``fuseflow train --dataset digits`` at --hidden 6000,6000 and
-#: 9000,9000 (the slope between the two: 4.1, 7.9, 11.8 and 11.8 copies). Beyond the
-#: params, gradients and optimizer slots, the functional update holds the old and the new
-#: params and slots, and each transform's output, at once.
-_COPIES = {"sgd": 5, "momentum": 9, "adam": 13, "adamw": 13}
+#: Peak memory of a CPU training run, in float32 copies of the params, with one copy to
+#: spare: ``benchmarks/cpu_memory.py`` measured 2.99, 4.02, 6.02 and 6.02 (the peak resident
+#: memory of ``fuseflow train --dataset digits`` at --hidden 6000,6000 and 9000,9000, the
+#: slope between the two). At the peak a step holds the old params and slots, the
+#: gradients (which become the new params) and the new slots.
+_COPIES = {"sgd": 4, "momentum": 5, "adam": 7, "adamw": 7}
 
 
 def _check_model_fits(recipe: Recipe) -> int:

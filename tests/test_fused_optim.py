@@ -314,6 +314,56 @@ def test_donated_grads_give_the_same_params():
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("donate", [False, True])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_host_update_in_blocks_equals_the_reference(name, donate, monkeypatch):
+    """The host update works through leaves in blocks (here of 16 elements, so that leaves
+    span several, the last one partial) and writes the new params into donated gradients:
+    bit for bit the reference, with layouts whose flat view is a copy (a transposed and a
+    Fortran-order leaf), one gradient array given for two leaves, and a 0-d leaf."""
+    from fuseflow.optim import _fused
+
+    monkeypatch.setattr(_fused, "HOST_BLOCK", 16)
+    rng = np.random.default_rng(1)
+    params = {"w": rng.standard_normal((9, 7)).astype(np.float32),
+              "t": rng.standard_normal((5, 11)).astype(np.float32).T,
+              "f": np.asfortranarray(rng.standard_normal((6, 4)).astype(np.float32)),
+              "v": rng.standard_normal(33).astype(np.float32),
+              "u": rng.standard_normal(33).astype(np.float32),
+              "s": np.asarray(rng.standard_normal(), np.float32)}
+    opt = OPTIMIZERS[name]()
+    state = ref_state = opt.init(params)
+    p = ref_p = params
+    for _ in range(4):
+        grads = ff.tree.map(lambda a: (a * 0.5 + rng.standard_normal(a.shape)).astype(a.dtype),
+                            p)
+        grads["u"] = grads["v"]  # one array for two leaves: donated to one of them only
+        grads["t"] = np.ascontiguousarray(grads["t"].T).T  # not C-contiguous
+        given = ff.tree.map(np.copy, grads)
+        updates, ref_state = opt.update(ff.tree.map(np.copy, grads), ref_state, ref_p)
+        ref_p = ff.optim.apply_updates(ref_p, updates)
+        p, state = ff.optim.update_and_apply(opt, grads, state, p, donate_grads=donate)
+        for x, y in zip(ff.tree.leaves((p, state)), ff.tree.leaves((ref_p, ref_state))):
+            assert x.shape == y.shape and x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+        if not donate:  # the gradients are left as given
+            for x, y in zip(ff.tree.leaves(grads), ff.tree.leaves(given)):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_host_update_with_state_in_another_dtype_takes_the_reference_path():
+    params = {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
+    opt = ff.optim.adam(1e-2)
+    state = opt.init(params)
+    state = (state[0]._replace(mu=ff.tree.map(lambda a: a.astype(np.float64), state[0].mu)),
+             *state[1:])
+    grads = ff.tree.map(lambda a: a * 3 - 1, params)
+    updates, ref_state = opt.update(grads, state, params)
+    p, s = ff.optim.update_and_apply(opt, grads, state, params)
+    np.testing.assert_array_equal(p["w"], ff.optim.apply_updates(params, updates)["w"])
+    assert s[0].mu["w"].dtype == ref_state[0].mu["w"].dtype
+
+
 def test_loss_scaled_update_skips_overflowing_steps_on_numpy():
     from fuseflow import mixed_precision as mp
 

@@ -12,6 +12,7 @@ runs the reference path, so the function is always safe to call.
 
 from __future__ import annotations
 
+import collections
 import weakref
 
 import numpy as np
@@ -212,50 +213,80 @@ def _new_count(count):
     return namespace(count).empty((), dtype=count.dtype)
 
 
+#: the host update works through a large leaf in blocks of this many elements: its
+#: temporaries are then a block each, not a leaf each (at most two leaf-sized arrays are
+#: made per leaf beyond the new state), and the ten or so passes stay in the cache.
+HOST_BLOCK = 1 << 17
+
+
 def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, count=None,
                  b1=0.0, b2=0.0, eps=0.0, wd=0.0, decays=None, decay=0.0, nesterov=False):
     """The NumPy form of the fused update: the reference transforms' operations in the same
-    order (so bit-identical results), with in-place steps on fresh temporaries instead of a
-    new array per operation."""
+    order (so bit-identical results), written into the new arrays block by block, with
+    donated gradients as the buffers of the new params. None (the reference path) when a
+    leaf's state is not in its params' dtype."""
+    if any(s.dtype != p.dtype for grp in groups for s, p in zip(grp, params)):
+        return None
     new_p, new_groups = [], [[] for _ in groups]
+    # the new params go into the gradient's own buffer where that buffer can take them (each
+    # block of g is read before its block of u is written), unless it is another leaf's too
+    given = collections.Counter(map(id, grads)) if donate_grads else {}
     for k, (p, g) in enumerate(zip(params, grads)):
-        # NumPy's 0-d arithmetic gives scalars, which the in-place steps cannot update
-        shape = p.shape
-        p, g, *state = (a.reshape(shape or 1) for a in (p, g, *(grp[k] for grp in groups)))
-        if kind == "adam":
-            m, v = state
-            mu = g * (1 - b1)
-            mu += m * b1
-            nu = g * g
-            nu *= 1 - b2
-            nu += v * b2
-            t, f = count.astype(m.dtype), m.dtype.type
-            u = mu / (1 - f(b1) ** t)
-            denom = nu / (1 - f(b2) ** t)
-            np.sqrt(denom, out=denom)
-            denom += eps
-            u /= denom
-            if decays is not None and decays[k]:
-                u += p * wd
-            new_groups[0].append(mu)
-            new_groups[1].append(nu)
-        elif kind == "momentum":
-            trace = state[0] * decay
-            trace += g
-            new_groups[0].append(trace)
-            if nesterov:
-                u = trace * decay
-                u += g
-            else:
-                u = trace.copy()
+        if given.get(id(g)) == 1 and _writable_whole(g):
+            u = g
         else:
-            u = g if donate_grads and g.dtype == p.dtype else g.copy()  # scaled in place below
-        u *= step_const
-        u += p
-        new_p.append(u.astype(p.dtype, copy=False).reshape(shape))
-        for group in new_groups:
-            group[-1] = group[-1].reshape(shape)
+            u = np.empty(np.shape(p), p.dtype)  # C order: its flat view is itself
+        if kind == "adam":
+            t, f = count.astype(p.dtype), p.dtype.type
+            c1, c2 = 1 - f(b1) ** t, 1 - f(b2) ** t
+        state = [grp[k] for grp in groups]
+        news = [np.empty(np.shape(p), p.dtype) for _ in groups]
+        flat = [a.reshape(-1) for a in (p, g, u, *state, *news)]
+        scratch = kind == "adam" or nesterov  # a block's intermediate terms
+        tmp = np.empty(min(p.size, HOST_BLOCK) if scratch else 0, p.dtype)
+        for lo in range(0, p.size, HOST_BLOCK):
+            hi = min(lo + HOST_BLOCK, p.size)
+            pb, gb, ub, *rest = flat if hi - lo == p.size else (a[lo:hi] for a in flat)
+            tb = tmp[:hi - lo]
+            if kind == "adam":
+                m, v, mu, nu = rest
+                np.multiply(gb, 1 - b1, out=mu)
+                mu += np.multiply(m, b1, out=tb)
+                np.multiply(gb, gb, out=nu)
+                nu *= 1 - b2
+                nu += np.multiply(v, b2, out=tb)
+                np.divide(mu, c1, out=ub)  # the last read of gb was above
+                np.divide(nu, c2, out=tb)
+                np.sqrt(tb, out=tb)
+                tb += eps
+                ub /= tb
+                if decays is not None and decays[k]:
+                    ub += np.multiply(pb, wd, out=tb)
+                ub *= step_const
+            elif kind == "momentum":
+                trace, new_trace = rest
+                np.multiply(trace, decay, out=new_trace)
+                new_trace += gb
+                if nesterov:  # trace * decay + g (addition commutes: the same bits)
+                    np.multiply(new_trace, decay, out=tb)
+                    np.add(gb, tb, out=ub)
+                    ub *= step_const
+                else:
+                    np.multiply(new_trace, step_const, out=ub)
+            else:
+                np.multiply(gb, step_const, out=ub)
+            ub += pb  # the update times the step size, plus the params: apply_updates
+        new_p.append(u)
+        for group, new in zip(new_groups, news):
+            group.append(new)
     return new_p, new_groups
+
+
+def _writable_whole(a) -> bool:
+    """``a`` is an ndarray whose flat view is itself (not a copy), which may be written and
+    owns its memory (a view might overlap another leaf's gradient)."""
+    return isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable and \
+        a.flags.owndata
 
 
 def _decay_flags(spec, params):
