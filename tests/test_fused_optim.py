@@ -330,14 +330,16 @@ def test_host_update_in_blocks_equals_the_reference(name, donate, monkeypatch):
               "f": np.asfortranarray(rng.standard_normal((6, 4)).astype(np.float32)),
               "v": rng.standard_normal(33).astype(np.float32),
               "u": rng.standard_normal(33).astype(np.float32),
-              "s": np.asarray(rng.standard_normal(), np.float32)}
+              "s": np.asarray(rng.standard_normal(), np.float32),
+              "x": rng.standard_normal((7, 9)).astype(np.float32)}
     opt = OPTIMIZERS[name]()
     state = ref_state = opt.init(params)
     p = ref_p = params
     for _ in range(4):
         grads = ff.tree.map(lambda a: (a * 0.5 + rng.standard_normal(a.shape)).astype(a.dtype),
                             p)
-        grads["u"] = grads["v"]  # one array for two leaves: donated to one of them only
+        grads["u"] = grads["v"]  # one array for two leaves: donated to neither
+        grads["x"] = grads["w"].T  # tied weights: a gradient and its transpose
         grads["t"] = np.ascontiguousarray(grads["t"].T).T  # not C-contiguous
         given = ff.tree.map(np.copy, grads)
         updates, ref_state = opt.update(ff.tree.map(np.copy, grads), ref_state, ref_p)
@@ -349,6 +351,19 @@ def test_host_update_in_blocks_equals_the_reference(name, donate, monkeypatch):
         if not donate:  # the gradients are left as given
             for x, y in zip(ff.tree.leaves(grads), ff.tree.leaves(given)):
                 np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_host_update_never_writes_into_params_given_as_gradients(name):
+    params, _ = problem()
+    opt = OPTIMIZERS[name]()
+    kept = ff.tree.map(np.copy, params)
+    updates, ref_state = opt.update(kept, opt.init(kept), kept)
+    ref = ff.optim.apply_updates(kept, updates)
+    p, _ = ff.optim.update_and_apply(opt, params, opt.init(params), params, donate_grads=True)
+    for x, y, before, now in zip(*map(ff.tree.leaves, (p, ref, kept, params))):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(now, before)  # the params given are unchanged
 
 
 def test_host_update_with_state_in_another_dtype_takes_the_reference_path():

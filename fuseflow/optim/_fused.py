@@ -12,10 +12,14 @@ runs the reference path, so the function is always safe to call.
 
 from __future__ import annotations
 
-import collections
 import weakref
 
 import numpy as np
+
+try:
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # NumPy 1
+    _byte_bounds = np.byte_bounds
 
 from fuseflow import backend, tree
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
@@ -43,8 +47,10 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
     """``(new_params, new_opt_state)`` = ``opt.update`` then ``apply_updates``, fused.
 
     ``donate_grads=True`` lets the update reuse the gradient buffers for the new params (on
-    the host: no fresh memory per step); only for grads nobody reads afterwards, such as
-    those a training step computes internally. Wrappers (such as
+    the host: no fresh memory per step); only for grads nobody reads or writes afterwards,
+    such as those ``ff.train.make_step`` gets from fuseflow's own layers (a layer that
+    refilled a kept buffer would write into the new params). A gradient that shares memory
+    with another gradient, a param or an optimizer slot is never written. Wrappers (such as
     ``mixed_precision.dynamic_loss_scaling``) take part through a
     ``fused_apply(grads, state, params)`` hook on their update function.
 
@@ -229,10 +235,11 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
         return None
     new_p, new_groups = [], [[] for _ in groups]
     # the new params go into the gradient's own buffer where that buffer can take them (each
-    # block of g is read before its block of u is written), unless it is another leaf's too
-    given = collections.Counter(map(id, grads)) if donate_grads else {}
+    # block of g is read before its block of u is written)
+    donate = _donatable(grads, [*params, *(a for grp in groups for a in grp)]) \
+        if donate_grads else [False] * len(grads)
     for k, (p, g) in enumerate(zip(params, grads)):
-        if given.get(id(g)) == 1 and _writable_whole(g):
+        if donate[k]:
             u = g
         else:
             u = np.empty(np.shape(p), p.dtype)  # C order: its flat view is itself
@@ -241,7 +248,7 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
             c1, c2 = 1 - f(b1) ** t, 1 - f(b2) ** t
         state = [grp[k] for grp in groups]
         news = [np.empty(np.shape(p), p.dtype) for _ in groups]
-        flat = [a.reshape(-1) for a in (p, g, u, *state, *news)]
+        flat = [np.asarray(a).reshape(-1) for a in (p, g, u, *state, *news)]  # np.matrix too
         scratch = kind == "adam" or nesterov  # a block's intermediate terms
         tmp = np.empty(min(p.size, HOST_BLOCK) if scratch else 0, p.dtype)
         for lo in range(0, p.size, HOST_BLOCK):
@@ -282,11 +289,25 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
     return new_p, new_groups
 
 
-def _writable_whole(a) -> bool:
-    """``a`` is an ndarray whose flat view is itself (not a copy), which may be written and
-    owns its memory (a view might overlap another leaf's gradient)."""
-    return isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable and \
-        a.flags.owndata
+def _donatable(grads, others) -> list:
+    """Which gradients may become the new params' buffers: plain arrays that own their
+    memory, C-contiguous and writable, sharing no byte with another gradient, a param or an
+    optimizer slot (tied weights can give one buffer and its transpose as two gradients,
+    and a caller may pass the params themselves). Sorted byte ranges, one sweep."""
+    ok = [type(g) is np.ndarray and g.flags.c_contiguous and g.flags.writeable and
+          g.flags.owndata for g in grads]
+    spans = sorted((*_byte_bounds(a), i) for i, a in enumerate((*grads, *others))
+                   if isinstance(a, np.ndarray) and a.size)
+    reach, owner = -1, -1  # the furthest end so far, and its span
+    for lo, hi, i in spans:
+        if lo < reach:  # overlaps the span that reaches furthest (and any other it overlaps
+            for j in (i, owner):  # was marked when that one was swept)
+                if j < len(grads):
+                    ok[j] = False
+        if hi > reach:
+            reach, owner = hi, i
+    return ok
+
 
 
 def _decay_flags(spec, params):

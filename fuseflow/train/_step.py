@@ -44,6 +44,8 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     else:
         grad_fn = value_and_grad(model, loss_fn, with_outputs=True)
 
+    fresh_grads = _own_layers_only(model)
+
     def step(params, opt_state, x, y, key=None):
         if mixed:
             scale = getattr(opt_state, "scale", None)
@@ -64,13 +66,14 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
             (loss, outputs), grads = grad_fn(params, x, y, key=key)
         if comm is not None:
             grads = comm.allreduce_mean(grads)
-        # The grads never leave this function: the update may reuse their buffers.
+        # The grads never leave this function: the update may reuse their buffers, where
+        # no layer keeps them.
         if scaled:
             params, opt_state = mixed_precision.update_and_apply_scaled(
                 optimizer, grads, opt_state, params)
         else:
             params, opt_state = update_and_apply(optimizer, grads, opt_state, params,
-                                                 donate_grads=True)
+                                                 donate_grads=fresh_grads)
         metrics = {"loss": loss}
         if is_class_labels(y) and getattr(outputs, "ndim", 0) == 2:
             metrics["accuracy"] = losses.accuracy(outputs, y)
@@ -88,6 +91,15 @@ def batch_casts(compute_dtype, x, argnum):
         return None
     cd = mixed_precision._compute_dtype(compute_dtype)
     return {argnum: cd} if cd != np.float32 else None
+
+
+def _own_layers_only(model) -> bool:
+    """Every layer of ``model`` is one of fuseflow's own, whose backward returns new arrays
+    that it keeps no reference to. A layer of the user's may keep a gradient buffer and
+    refill it each step: were it donated to the update, it would become the new params."""
+    own = type(model).__module__.startswith("fuseflow.")
+    layers = getattr(model, "layers", None)
+    return own and (layers is None or all(_own_layers_only(layer) for layer in layers))
 
 
 def _check_parts(model, loss_fn, optimizer):
