@@ -86,28 +86,48 @@ def save(path, tree, *, metadata: dict | None = None) -> None:
     spec = _encode(tree, (), tensors)
     user = metadata_json(metadata)
     header = {_VERSION_KEY: str(FORMAT_VERSION), _TREE_KEY: json.dumps(spec), _USER_KEY: user}
+    head, order = _safetensors_header(tensors, header)  # any error before the file is touched
     with atomic_write(path) as f:
-        _write_safetensors(f, tensors, header)
+        f.write(head)
+        for arr in order:
+            f.write(arr.reshape(-1).view(np.uint8))  # contiguous (from _to_host): no copy
 
 
-def _write_safetensors(f, tensors: dict, metadata: dict) -> None:
-    """The safetensors format (the header's length as a little-endian uint64, the JSON
-    header padded with spaces to a multiple of 8 bytes, then the tensors' bytes back to
-    back), each tensor written straight from its array's memory: safetensors.numpy.save
-    holds the whole file in memory twice first (Rust's buffer and the bytes object), which
-    made an epoch's checkpoint of an Adam run the largest moment of its memory. Reading stays
-    with the library (``safe_open``), and the tests read these files with it."""
+def _safetensors_header(tensors: dict, metadata: dict) -> tuple[bytes, list]:
+    """The start of a safetensors file (the header's length as a little-endian uint64, then
+    the JSON header padded with spaces to a multiple of 8 bytes) and the arrays to write
+    after it, in that order. ``save`` writes each tensor straight from its array's memory:
+    safetensors.numpy.save holds the whole file in memory twice first (Rust's buffer and the
+    bytes object), which made an epoch's checkpoint of an Adam run the largest moment of its
+    memory. As the library does, wider dtypes go first, so every tensor starts at a multiple
+    of its item size for readers that map the file. Reading stays with the library
+    (``safe_open``), and the tests read these files with it."""
+    names = sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n))
     header, offset = {"__metadata__": metadata}, 0
-    for name, arr in tensors.items():
+    for name in names:
+        arr = tensors[name]
         header[name] = {"dtype": _DTYPES[arr.dtype], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
+    try:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, as os.fsdecode makes of undecodable bytes
+        bad = next((n for n in names if not _is_utf8(n)), "?")
+        raise CheckpointError(
+            f"checkpoint.save: the leaf path {bad!r} is not valid Unicode text (it holds a "
+            "lone surrogate, as os.fsdecode makes of bytes that are not UTF-8), and "
+            "safetensors headers are UTF-8; nothing was written. Fix: rename the key to valid "
+            "text.", (bad,)) from None
     text += b" " * (-len(text) % 8)
-    f.write(len(text).to_bytes(8, "little"))
-    f.write(text)
-    for arr in tensors.values():
-        f.write(arr.reshape(-1).view(np.uint8))  # contiguous (from _to_host): no copy
+    return len(text).to_bytes(8, "little") + text, [tensors[n] for n in names]
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def metadata_json(metadata: dict | None) -> str:

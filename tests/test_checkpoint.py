@@ -100,6 +100,36 @@ def test_files_are_what_the_safetensors_library_writes(tmp_path, dtype):
                                       "little") + sum(a.nbytes for a in t.values())
 
 
+def test_every_tensor_starts_at_a_multiple_of_its_item_size(tmp_path):
+    """As the safetensors library lays files out (wider dtypes first), so that readers that
+    map the file get aligned arrays: a TrainState-like tree of int64 counters, float16 and
+    float32 leaves of odd sizes and a bool."""
+    t = {"step": 3, "epoch": np.int32(1), "h": np.ones(5, np.float16), "w": np.ones((3, 3)),
+         "f": np.ones(7, np.float32), "b": np.array([True, False, True]), "u": np.uint8(9)}
+    ckpt.save(tmp_path / "c.safetensors", t)
+    raw = (tmp_path / "c.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert (8 + n) % 8 == 0
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__")
+    sizes = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "U8": 1, "BOOL": 1}
+    for name, info in header.items():
+        assert info["data_offsets"][0] % sizes[info["dtype"]] == 0, (name, info)
+    back = ckpt.load(tmp_path / "c.safetensors", like=t)
+    for a, b in zip(tree.leaves(back), tree.leaves(t)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_key_that_is_not_valid_unicode_is_refused_before_writing(tmp_path):
+    path = tmp_path / "c.safetensors"
+    ckpt.save(path, {"w": np.zeros(3)})
+    key = os.fsdecode(b"w\xff")  # a lone surrogate: no UTF-8 header can hold it
+    with pytest.raises(ckpt.CheckpointError, match="not valid Unicode text.*nothing was written"):
+        ckpt.save(path, {key: np.ones(3)})
+    assert ckpt.load(path)["w"].tolist() == [0, 0, 0]
+    assert [p.name for p in tmp_path.iterdir()] == ["c.safetensors"]
+
+
 def test_round_trip_with_like_keeps_like_types(tmp_path):
     t = sample_tree()
     t["opt"].nu["big"] = t["opt"].nu["big"].astype("<i4")
