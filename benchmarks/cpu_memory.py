@@ -38,7 +38,7 @@ def params_of(width: int, inputs: int = 64, classes: int = 10) -> int:
     return sum((a + 1) * b for a, b in zip(widths, widths[1:]))
 
 
-def peak_kib(optimizer: str, width: int, src: str | None) -> tuple[int, str]:
+def peak_kib(optimizer: str, width: int, src: str | None, precision: str) -> tuple[int, str]:
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
@@ -46,7 +46,7 @@ def peak_kib(optimizer: str, width: int, src: str | None) -> tuple[int, str]:
         run = subprocess.run(
             [sys.executable, "-c", CHILD, "train", "--dataset", "digits", "--hidden",
              f"{width},{width}", "--epochs", "1", "--optimizer", optimizer, "--out", out,
-             "--no-progress"], env=env, cwd=out, capture_output=True, text=True)
+             "--precision", precision, "--no-progress"], env=env, cwd=out, capture_output=True, text=True)
     if run.returncode:
         sys.exit(f"fuseflow train at --hidden {width},{width} with {optimizer} failed "
                  f"({run.returncode}):\n{run.stderr[-2000:]}")
@@ -59,19 +59,22 @@ def main() -> None:
     ap.add_argument("--optimizers", default="sgd,momentum,adam,adamw")
     ap.add_argument("--widths", default="6000,9000", help="two hidden widths")
     ap.add_argument("--src", help="a checkout whose fuseflow is measured instead")
+    ap.add_argument("--precision", default="float32", choices=("float32", "float16"))
     ap.add_argument("--out", default="benchmarks/results/cpu_memory.json")
     args = ap.parse_args()
     small, large = (int(w) for w in args.widths.split(","))
     added = (params_of(large) - params_of(small)) * 4
     rows = []
     for opt in args.optimizers.split(","):
-        (a, module), (b, _) = (peak_kib(opt, w, args.src) for w in (small, large))
+        (a, module), (b, _) = (peak_kib(opt, w, args.src, args.precision)
+                                for w in (small, large))
         copies = (b - a) * 1024 / added
         rows.append({"optimizer": opt, "peak_kib": {str(small): a, str(large): b},
                      "copies": round(copies, 2)})
         print(f"{opt:9s} peak {a / 2**20:.2f} / {b / 2**20:.2f} GiB at {small} / {large}: "
               f"{copies:.2f} float32 copies of the params ({module})", flush=True)
     write_json(args.out, {"meta": metadata("safetensors"), "src": args.src,
+                          "precision": args.precision,
                           "widths": [small, large], "rows": rows})
     print(json.dumps(rows))
 

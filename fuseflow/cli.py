@@ -271,12 +271,24 @@ def _check_metrics(path: Path):
         raise CLIError(str(e)) from None
 
 
-#: Peak memory of a CPU training run, in float32 copies of the params, with one copy to
-#: spare: ``benchmarks/cpu_memory.py`` measured 2.99, 4.02, 6.02 and 6.02 (the peak resident
-#: memory of ``fuseflow train --dataset digits`` at --hidden 6000,6000 and 9000,9000, the
-#: slope between the two). At the peak a step holds the old params and slots, the
-#: gradients (which become the new params) and the new slots.
-_COPIES = {"sgd": 4, "momentum": 5, "adam": 7, "adamw": 7}
+#: Peak memory of a CPU training run, in float32 copies of the params, by --precision and
+#: optimizer, with at least one copy to spare: ``benchmarks/cpu_memory.py`` measured the
+#: peak resident memory of ``fuseflow train --dataset digits`` at --hidden 6000,6000 and
+#: 9000,9000 (the slope between the two): float32 2.99, 4.02, 6.02 and 6.02; float16
+#: 6.52, 8.52, 10.52 and 10.52. In float32 a step holds at its peak the old params and
+#: slots, the gradients (which become the new params) and the new slots; float16 adds the
+#: 16-bit copies and takes the unfused update (loss scaling on the host).
+_COPIES = {"float32": {"sgd": 4, "momentum": 5, "adam": 7, "adamw": 7},
+           "float16": {"sgd": 8, "momentum": 10, "adam": 12, "adamw": 12}}
+#: Before Python 3.11 a caller holds the arguments of a call until it returns, so the
+#: initial state (the params and the optimizer's slots) stays alive through ``fit``.
+_HELD_BY_CALLER = {"sgd": 1, "momentum": 2, "adam": 3, "adamw": 3} \
+    if sys.version_info < (3, 11) else {}
+
+
+def peak_copies(precision: str, optimizer: str) -> int:
+    """Float32 copies of the params a CPU training run holds at its peak (with a spare)."""
+    return _COPIES[precision][optimizer] + _HELD_BY_CALLER.get(optimizer, 0)
 
 
 def _check_model_fits(recipe: Recipe) -> int:
@@ -284,12 +296,13 @@ def _check_model_fits(recipe: Recipe) -> int:
     refused before an allocation fails with a traceback, or the kernel kills the process."""
     widths = (recipe.input_width, *recipe.hidden, recipe.classes)
     params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
-    need = params * 4 * _COPIES[recipe.optimizer]
+    copies = peak_copies(recipe.precision, recipe.optimizer)
+    need = params * 4 * copies
     memory = _physical_memory()
     if memory and need > memory:
         raise CLIError(f"--hidden {_show(recipe.hidden)}: the model would have {params:,} "
                        f"parameters, and training it with {recipe.optimizer} takes about "
-                       f"{_bytes(need)} (measured: {_COPIES[recipe.optimizer]} float32 copies "
+                       f"{_bytes(need)} (measured: {copies} float32 copies "
                        f"of the params at its peak), more than this machine's "
                        f"{_bytes(memory)} of memory. Fix: smaller --hidden widths, e.g. "
                        "--hidden 512,512.")

@@ -19,7 +19,7 @@ import pytest
 import fuseflow as ff
 from fuseflow import nn
 from fuseflow import train as T
-from fuseflow.cli import _COPIES, _write_failed
+from fuseflow.cli import _COPIES, _write_failed, peak_copies
 from fuseflow.train import _fit, _run_folder
 from fuseflow.train._run_folder import LOCK_FILE, RunFolder, RunFolderError, resume_point
 from tests.test_cli_safety import DIGITS, assert_one_line_error, snapshot
@@ -244,7 +244,8 @@ def test_the_memory_check_counts_what_training_holds_at_its_peak(tmp_path, cli, 
     import fuseflow.cli as cli_module
 
     params = (64 + 1) * 4000 + (4000 + 1) * 10  # --hidden 4000 on digits
-    for optimizer, copies in _COPIES.items():
+    for optimizer in _COPIES["float32"]:
+        copies = peak_copies("float32", optimizer)
         # the machine's memory: a little more than params + grads + slots, less than the peak
         slots = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}[optimizer]
         monkeypatch.setattr(cli_module, "_physical_memory", lambda s=slots: params * 4 * (3 + s))
@@ -255,6 +256,14 @@ def test_the_memory_check_counts_what_training_holds_at_its_peak(tmp_path, cli, 
         assert not (tmp_path / optimizer).exists()
     proc = cli("bench", "--hidden", "4000", "--input-width", "64", "--classes", "10")
     assert_one_line_error(proc, "--hidden 4000", "Fix: smaller --hidden", command="bench")
+    # float16 on the CPU holds more (16-bit copies, the unfused loss-scaled update): memory
+    # that float32 Adam fits in is refused to it
+    monkeypatch.setattr(cli_module, "_physical_memory", lambda: params * 4 * 9)
+    assert peak_copies("float32", "adam") < 9 < peak_copies("float16", "adam")
+    proc = cli("train", "--dataset", "digits", "--hidden", "4000", "--precision", "float16",
+               "--out", tmp_path / "f16", "--no-progress")
+    assert_one_line_error(proc, f"{peak_copies('float16', 'adam')} float32 copies",
+                          "Fix: smaller --hidden")
 
 
 # ------------------------------------------------------------- arrays of other libraries
