@@ -61,10 +61,14 @@ class NumpyBackend(Backend):
     dtypes = (np.float16, np.float32, np.float64)
 
     # ---- dense matmuls ---------------------------------------------------------------------
+    # The batch-side operands are made C-contiguous first (a no-op for the usual arrays): BLAS
+    # takes a transposed or strided one by another kernel, whose sums round differently
+    # (NumPy 2.2 gave a transposed view's forward 1-ulp differences), and a layer's result
+    # should not depend on its input's layout.
     def _linear(self, x, w, bias, spec):
         # Accumulate, add the bias and apply the activation before the one final rounding.
         # ``pre`` is a fresh array, so the bias and ReLU are applied in place.
-        pre = _mm(x, w.T)
+        pre = _mm(np.ascontiguousarray(x), w.T)
         if spec.bias:
             pre += bias.astype(pre.dtype, copy=False)
         if spec.activation == "relu":
@@ -77,7 +81,7 @@ class NumpyBackend(Backend):
         return pre.astype(x.dtype, copy=False), None
 
     def _linear_dgrad(self, dy, w, spec, aux):
-        prod = _mm(dy, w)
+        prod = _mm(np.ascontiguousarray(dy), w)
         if spec.activation == "gelu":
             # times gelu'(pre) before the one final rounding, as the forward epilogs and
             # cuBLASLt's DGELU round (the CUDA backend's unfused fallback, K == 1, rounds
@@ -90,7 +94,8 @@ class NumpyBackend(Backend):
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
     def _linear_wgrad(self, dy, x, spec):
-        dw = _mm(dy.T, x).astype(dy.dtype, copy=False)
+        dw = _mm(np.ascontiguousarray(dy).T, np.ascontiguousarray(x)).astype(dy.dtype,
+                                                                            copy=False)
         return dw, (self._sum_rows(dy) if spec.bias else None)
 
     # ---- activations -----------------------------------------------------------------------
