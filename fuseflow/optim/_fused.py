@@ -238,6 +238,7 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
     # block of g is read before its block of u is written)
     donate = _donatable(grads, [*params, *(a for grp in groups for a in grp)]) \
         if donate_grads else [False] * len(grads)
+    scratch = kind == "adam" or nesterov  # a block's intermediate terms need a buffer
     for k, (p, g) in enumerate(zip(params, grads)):
         if donate[k]:
             u = g
@@ -249,7 +250,6 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
         state = [grp[k] for grp in groups]
         news = [np.empty(np.shape(p), p.dtype) for _ in groups]
         flat = [np.asarray(a).reshape(-1) for a in (p, g, u, *state, *news)]  # np.matrix too
-        scratch = kind == "adam" or nesterov  # a block's intermediate terms
         tmp = np.empty(min(p.size, HOST_BLOCK) if scratch else 0, p.dtype)
         for lo in range(0, p.size, HOST_BLOCK):
             hi = min(lo + HOST_BLOCK, p.size)
@@ -307,7 +307,6 @@ def _donatable(grads, others) -> list:
         if hi > reach:
             reach, owner = hi, i
     return ok
-
 
 
 def _decay_flags(spec, params):
