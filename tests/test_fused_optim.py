@@ -665,3 +665,45 @@ def test_scheduled_update_of_mixed_precision_leaves_equals_the_reference(name):
     for x, y in zip(ff.tree.leaves(a), ff.tree.leaves(b)):
         assert x.dtype == y.dtype
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("grad_dtype", [np.float32, np.float16])
+def test_update_cache_hints_give_the_same_bits(kind, grad_dtype, monkeypatch):
+    """``UPDATE_CACHE_HINTS=1`` (streaming loads and stores) changes where data is cached,
+    never a value: the plain and the hinted kernel give the same params, state and float16
+    copy, over full vectors, a tensor's partial last vector and a misaligned tensor."""
+    if not ff.backend.cuda_available():
+        pytest.skip("needs CuPy, nvmath-python and an NVIDIA GPU")
+    import cupy
+
+    from fuseflow.backend import _cuda_fused as F
+
+    rng = np.random.default_rng()
+    shapes = [(1000, 33), (7,), (4099,), (64, 64)]
+
+    def fresh(shape, dtype=np.float32, scale=1.0):
+        return cupy.asarray((rng.standard_normal(shape) * scale).astype(dtype))
+
+    params = [fresh(s) for s in shapes]
+    params[2] = fresh(4100)[1:]  # misaligned: the scalar path
+    grads = [fresh(p.shape, grad_dtype, 64.0 if grad_dtype == np.float16 else 1.0)
+             for p in params]
+    groups = {"sgd": 0, "momentum": 1, "adam": 2}[kind]
+    states = [[fresh(p.shape) for p in params] for _ in range(groups)]
+    if kind == "adam":
+        states[1] = [abs(v) for v in states[1]]
+    low = [p.astype(np.float16) for p in params] if grad_dtype == np.float16 else None
+    scale = cupy.asarray(1 / 64, dtype=cupy.float32) if grad_dtype == np.float16 else None
+    out = []
+    for hints in (0, 1):
+        monkeypatch.setattr(F, "UPDATE_CACHE_HINTS", hints)
+        got = F.multi_tensor_update(kind, params, grads, states, step_const=-1e-2,
+                                    count=cupy.asarray(3, dtype=cupy.int32), b1=0.9,
+                                    b2=0.999, eps=1e-8, decay=0.9, grad_scale=scale,
+                                    low=low)
+        out.append([cupy.asnumpy(a) for a in ff.tree.leaves(got)])
+    assert len(out[0]) == len(params) * (1 + groups + (low is not None))
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
