@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Twenty-ninth session, the short form of device_session32c.sh for what device time was
-# left after the failed starts: the update kernel alone with and without the streaming
+# Twenty-ninth session (call 121, an H100; on the tree of commit 02839b2, whose cache-hint
+# option was reverted after it: measured slower), for the device time left after the
+# failed starts: the update kernel alone with and without the streaming
 # cache hints (kernels.py, against a device copy of as many bytes), every GPU test on the
 # tree (the hints' bit-for-bit test among them), then the compiled 16-bit large steps
 # with and without the hints, alternating. Results: $OUT/results-s32d.tgz.

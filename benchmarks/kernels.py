@@ -11,9 +11,7 @@ Times (CUDA events around each call, median of ``--repeat``; cupyx.profiler.benc
   caps (``_cuda_fused.BLOCKS_PER_SM``);
 - the finiteness check of float32 grads, and mixed precision's kernels (params + batch
   cast to float16, finiteness of scaled float16 grads, Adam from them) with 4 elements per
-  thread against 16 bytes per access of the 16-bit arrays (``_cuda_fused.VECTOR_BYTES``);
-- the 16-bit step's Adam update with plain and streaming cache hints
-  (``_cuda_fused.UPDATE_CACHE_HINTS``), and a device-to-device copy of as many bytes.
+  thread against 16 bytes per access of the 16-bit arrays (``_cuda_fused.VECTOR_BYTES``).
 Each row carries the bytes it must move and the resulting GB/s. JSON out.
 """
 
@@ -128,27 +126,6 @@ def multi_tensor_rows(cp, F, repeat):
                      "elements": n, "us": us, "GB/s": (6 * 4 + 2) * n / us / 1e3})
         print(json.dumps(rows[-1]), flush=True)
     F.VECTOR_BYTES = default
-    # the 16-bit step's update as it runs (float16 grads, scaled, the float16 copy written)
-    # with plain and streaming loads and stores (UPDATE_CACHE_HINTS), against a
-    # device-to-device copy of as many bytes (the bandwidth a streaming kernel can reach)
-    low = [p.astype(np.float16) for p in params]
-    default = F.UPDATE_CACHE_HINTS
-    for hints in (0, 1, 0, 1):
-        F.UPDATE_CACHE_HINTS = hints
-        us = median_us(lambda: F.multi_tensor_update(
-            "adam", params, g16, [m, v], step_const=-1e-3, count=count, b1=0.9, b2=0.999,
-            eps=1e-8, in_place=True, finite=ok, grad_scale=inv, low=low), repeat)
-        rows.append({"kernel": "adam update, float16 grads, scaled, float16 copy",
-                     "cache_hints": hints, "elements": n, "us": us,
-                     "GB/s": (6 * 4 + 2 + 2) * n / us / 1e3})
-        print(json.dumps(rows[-1]), flush=True)
-    F.UPDATE_CACHE_HINTS = default
-    src = cp.empty(14 * n, dtype=cp.uint8)
-    dst = cp.empty_like(src)
-    us = median_us(lambda: cp.copyto(dst, src), repeat)
-    rows.append({"kernel": "device-to-device copy (reference)", "bytes": 2 * src.size,
-                 "us": us, "GB/s": 2 * src.size / us / 1e3})
-    print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

@@ -114,18 +114,14 @@ def _generated_sources(monkeypatch):
                                                       (True, False), (1, 6, 14)):
             sizes = tuple((7, 12, 1003, 4, 9)[i % 5] for i in range(count))
             decays = tuple(i % 2 == 0 for i in range(count))
-            for hints in (0, 1):  # UPDATE_CACHE_HINTS: plain, streaming loads and stores
-                F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
-                                       aligned, hints=hints)
+            F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum", aligned)
             if dt == np.float32:  # mixed precision: scaled 16-bit grads of float32 params
                 for width in (4, 8):
                     F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
                                            aligned, "__half", True, width)
                     # ... writing the float16 compute copy of the new params as well
-                    for hints in (0, 1):
-                        F._multi_tensor_kernel(kind, ct, wt, sizes, decays,
-                                               kind == "momentum", aligned, "__half", True,
-                                               width, "__half", hints)
+                    F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
+                                           aligned, "__half", True, width, "__half")
         for dst in map(np.dtype, (np.float16, np.float32, np.float64)):
             for scaled in (False, True):
                 F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True,

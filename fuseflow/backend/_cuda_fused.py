@@ -174,32 +174,6 @@ template <typename X, int N> __device__ __forceinline__ ffv<X, N> ldv(const X* p
 template <typename X, int N> __device__ __forceinline__ void stv(X* p, const ffv<X, N>& x) {
     *reinterpret_cast<ffv<X, N>*>(p) = x;
 }
-// Streaming forms (ld/st.global.cs, "evict first"): data touched once stays out of the way
-// of what the next kernels read from L2. 16-byte pieces where the vector allows.
-template <typename X, int N> __device__ __forceinline__ ffv<X, N> ldv_cs(const X* p) {
-    ffv<X, N> r;
-    if (sizeof(r) % 16 == 0) {  // a compile-time constant
-        #pragma unroll
-        for (int i = 0; i < (int)(sizeof(r) / 16); ++i)
-            reinterpret_cast<uint4*>(&r)[i] = __ldcs(reinterpret_cast<const uint4*>(p) + i);
-    } else {
-        #pragma unroll
-        for (int i = 0; i < (int)(sizeof(r) / 8); ++i)
-            reinterpret_cast<uint2*>(&r)[i] = __ldcs(reinterpret_cast<const uint2*>(p) + i);
-    }
-    return r;
-}
-template <typename X, int N> __device__ __forceinline__ void stv_cs(X* p, const ffv<X, N>& x) {
-    if (sizeof(x) % 16 == 0) {
-        #pragma unroll
-        for (int i = 0; i < (int)(sizeof(x) / 16); ++i)
-            __stcs(reinterpret_cast<uint4*>(p) + i, reinterpret_cast<const uint4*>(&x)[i]);
-    } else {
-        #pragma unroll
-        for (int i = 0; i < (int)(sizeof(x) / 8); ++i)
-            __stcs(reinterpret_cast<uint2*>(p) + i, reinterpret_cast<const uint2*>(&x)[i]);
-    }
-}
 """
 
 #: Bytes a multi-tensor kernel aims to move per access of its narrowest array: a thread
@@ -214,7 +188,7 @@ def vector_width(*dtypes) -> int:
     return max(4, VECTOR_BYTES // min(np.dtype(d).itemsize for d in dtypes))
 
 
-def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue="", streaming=()):
+def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue=""):
     """A grid-stride kernel over the W-element vectors of several tensors.
 
     ``arrays(k)``: [(pointer name, element type, is_output)] of tensor k. ``element(k)``:
@@ -222,26 +196,19 @@ def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue="", str
     each input as ``ffv``, runs ``element``'s arithmetic on ``<name>_v.v[u]`` (the generator
     rewrites ``ptr[j]`` accesses), and stores the outputs as ``ffv``. ``vector``: the
     tensors' "sizes", whether every pointer is "aligned" to W elements, and "width" W.
-    ``streaming``: names (pointer names without the tensor index) whose vector loads or
-    stores use the streaming cache hint (``ldv_cs``/``stv_cs``).
     """
     sizes, w = vector["sizes"], vector.get("width", 4)
     branches, q0 = [], 0
-
-    def hint(a):
-        return "_cs" if a.rstrip("0123456789") in streaming else ""
-
     for k, n in enumerate(sizes):
         nq, full = -(-n // w), (n // w if vector["aligned"] else 0)
         arrs = arrays(k)
-        loads = " ".join(f"ffv<{t}, {w}> {a}_v = ldv{hint(a)}<{t}, {w}>({a} + {w} * q);"
+        loads = " ".join(f"ffv<{t}, {w}> {a}_v = ldv<{t}, {w}>({a} + {w} * q);"
                          for a, t, out in arrs if not out)
         decl = " ".join(f"ffv<{t}, {w}> {a}_v;" for a, t, out in arrs if out)
         body = element(k)
         for a, _, _ in arrs:
             body = body.replace(f"{a}[j]", f"{a}_v.v[u]")
-        stores = " ".join(f"stv{hint(a)}<{t}, {w}>({a} + {w} * q, {a}_v);"
-                          for a, t, out in arrs if out)
+        stores = " ".join(f"stv<{t}, {w}>({a} + {w} * q, {a}_v);" for a, t, out in arrs if out)
         vec = (f"{loads} {decl}\n        #pragma unroll\n        for (int u = 0; u < {w}; ++u) "
                f"{{ {body} }}\n        {stores}")
         scalar = (f"for (long long j = {w} * q; j < {w} * q + {w} && j < {n}LL; ++j) "
@@ -260,12 +227,6 @@ def _quad_kernel(name, typedefs, args, arrays, element, vector, prologue="", str
 def _aligned(arrays, width=4):
     return all(a.data.ptr % (width * a.itemsize) == 0 for a in arrays)
 
-
-#: The optimizer update's cache hints: 0 plain loads and stores; 1 streaming ("evict
-#: first") loads of every input and stores of the params and state, the low-precision copy
-#: (which the next forward reads) stored plainly. ``FUSEFLOW_UPDATE_CACHE_HINTS``; read when
-#: an update kernel is built. Same arithmetic, same bits either way.
-UPDATE_CACHE_HINTS = env_int("FUSEFLOW_UPDATE_CACHE_HINTS", 0)
 
 #: grid size cap of the multi-tensor kernels, in blocks of 256 per SM (132 SMs on H100/H200).
 #: Uncapped (one quad per thread) measured fastest: the large model's Adam update took
@@ -294,12 +255,12 @@ _STATE = {"sgd": (), "momentum": ("t",), "adam": ("m", "v")}
 
 @functools.cache
 def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, gtype=None,
-                         scaled=False, width=4, ltype=None, hints=0):
+                         scaled=False, width=4, ltype=None):
     """``gtype``: the grads' element type when it differs from the params' (16-bit grads of
     float32 params); ``scaled``: each gradient is ``(W)g * grad_scale[0]`` (mixed
     precision's unscaling, folded into the update: the same float32 product); ``ltype``:
     also store each new param cast to this type (mixed precision's compute copy, the cast
-    the next step would otherwise make); ``hints``: ``UPDATE_CACHE_HINTS``."""
+    the next step would otherwise make)."""
     states = _STATE[kind]
     args = ["long long total", "const bool* finite_ptr", "const W* step_ptr", "W step_const",
             "const int* count_ptr", "int* new_count_ptr", "int bump", "const int* sched_ptr",
@@ -357,10 +318,8 @@ def _multi_tensor_kernel(kind, ctype, wtype, sizes, decays, nesterov, aligned, g
     types = f"typedef {ctype} T; typedef {gtype or ctype} G; typedef {wtype} W;\n"
     if ltype:
         types += f"typedef {ltype} L;\n"
-    streaming = ("p", "g", *states, "P", *(st.upper() for st in states)) if hints else ()
     return _quad_kernel("update", types, args, arrays, element,
-                        {"sizes": sizes, "aligned": aligned, "width": width}, prologue,
-                        streaming)
+                        {"sizes": sizes, "aligned": aligned, "width": width}, prologue)
 
 
 def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.0,
@@ -404,8 +363,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     kern, quads = _multi_tensor_kernel(kind, _CTYPES[dtype], wtype, sizes, decays,
                                        bool(nesterov), _aligned(every, width), gtype,
                                        grad_scale is not None, width,
-                                       _CTYPES[low[0].dtype] if low else None,
-                                       int(UPDATE_CACHE_HINTS))
+                                       _CTYPES[low[0].dtype] if low else None)
     if compile_only:
         kern.compile()
         return None
