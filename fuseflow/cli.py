@@ -275,11 +275,11 @@ def _check_metrics(path: Path):
 #: optimizer, with at least one copy to spare: ``benchmarks/cpu_memory.py`` measured the
 #: peak resident memory of ``fuseflow train --dataset digits`` at --hidden 6000,6000 and
 #: 9000,9000 (the slope between the two): float32 2.99, 4.02, 6.02 and 6.02; float16
-#: 6.52, 8.52, 10.52 and 10.52. In float32 a step holds at its peak the old params and
+#: 3.03, 4.52, 6.53 and 6.52. In float32 a step holds at its peak the old params and
 #: slots, the gradients (which become the new params) and the new slots; float16 adds the
-#: 16-bit copies and takes the unfused update (loss scaling on the host).
+#: 16-bit copies of the params and gradients.
 _COPIES = {"float32": {"sgd": 4, "momentum": 5, "adam": 7, "adamw": 7},
-           "float16": {"sgd": 8, "momentum": 10, "adam": 12, "adamw": 12}}
+           "float16": {"sgd": 5, "momentum": 6, "adam": 8, "adamw": 8}}
 #: Before Python 3.11 a caller holds the arguments of a call until it returns, so the
 #: initial state (the params and the optimizer's slots) stays alive through ``fit``.
 _HELD_BY_CALLER = {"sgd": 1, "momentum": 2, "adam": 3, "adamw": 3} \

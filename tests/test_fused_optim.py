@@ -431,7 +431,8 @@ def test_multi_tensor_cast_and_all_finite_match_per_leaf_ops(src, vector_bytes, 
 
 def scaled_run(xp, opt, steps=20, overflow_at=(3, 11), scaled=True):
     """Mixed precision's update from float16 grads still multiplied by the loss scale:
-    ``update_and_apply_scaled`` (scaled=True) or ``unscale`` then ``update_and_apply``."""
+    ``update_and_apply_scaled`` (scaled=True), ``unscale`` then ``update_and_apply``
+    (False), or ``unscale`` then ``opt.update`` and ``apply_updates`` ("reference")."""
     from fuseflow import mixed_precision as mp
 
     params, _ = problem(xp)
@@ -445,12 +446,48 @@ def scaled_run(xp, opt, steps=20, overflow_at=(3, 11), scaled=True):
         grads = ff.tree.map(lambda g, s=state.scale: (g * s).astype(xp.float16), base)
         if step in overflow_at:
             grads = ff.tree.map(lambda g: g * xp.float16("inf"), grads)
-        if scaled:
+        if scaled == "reference":
+            updates, state = opt.update(mp.unscale(grads, params, state.scale), state, params)
+            params = ff.optim.apply_updates(params, updates)
+        elif scaled:
             params, state = mp.update_and_apply_scaled(opt, grads, state, params)
         else:
             params, state = ff.optim.update_and_apply(
                 opt, mp.unscale(grads, params, state.scale), state, params)
     return params, state
+
+
+@pytest.mark.parametrize("copy", [None, "float16"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_host_loss_scaled_update_is_the_reference_bit_for_bit(name, copy, monkeypatch):
+    """On NumPy the named optimizers under dynamic_loss_scaling take the fused host update
+    (the flag read on the host, a skipped step keeping everything, the unscaled gradients
+    donated as the new params' buffers): params, moments, counts, loss scale and compute
+    copy are those of ``opt.update`` + ``apply_updates``, bit for bit, through two
+    overflows, from scaled and from unscaled float16 gradients."""
+    from fuseflow import mixed_precision as mp
+    from fuseflow.optim import _fused
+
+    taken = []
+    host_update = _fused._host_update
+    monkeypatch.setattr(_fused, "_host_update",
+                        lambda *a, **k: taken.append(1) or host_update(*a, **k))
+
+    def opt():
+        return mp.dynamic_loss_scaling(OPTIMIZERS[name](), init_scale=64.0, growth_interval=4,
+                                       compute_dtype=copy)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = scaled_run(np, opt(), scaled="reference")
+        assert not taken
+        for scaled in (True, False):
+            got = scaled_run(np, opt(), scaled=scaled)
+            assert len(taken) == 18  # every step but the two skipped ones
+            taken.clear()
+            assert ff.tree.structure(got) == ff.tree.structure(ref)
+            for x, y in zip(ff.tree.leaves(got), ff.tree.leaves(ref)):
+                assert type(x) is type(y) and x.dtype == y.dtype and x.shape == y.shape
+                np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

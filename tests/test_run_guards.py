@@ -256,7 +256,7 @@ def test_the_memory_check_counts_what_training_holds_at_its_peak(tmp_path, cli, 
         assert not (tmp_path / optimizer).exists()
     proc = cli("bench", "--hidden", "4000", "--input-width", "64", "--classes", "10")
     assert_one_line_error(proc, "--hidden 4000", "Fix: smaller --hidden", command="bench")
-    # float16 on the CPU holds more (16-bit copies, the unfused loss-scaled update): memory
+    # float16 on the CPU holds more (16-bit copies of the params and gradients): memory
     # that float32 Adam fits in is refused to it
     between = (peak_copies("float32", "adam") + peak_copies("float16", "adam")) / 2
     assert peak_copies("float32", "adam") < between < peak_copies("float16", "adam")

@@ -82,10 +82,12 @@ def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=Fal
     included, unchanged when False (the kernel stores the old values and counts; a count
     it does not write is selected with ``where``): ``dynamic_loss_scaling``'s skipped
     step, with no further launch for the state. ``grad_scale`` (a 0-d
-    float32 device array): the gradients are ``grads.astype(float32) * grad_scale``, formed
-    inside the kernel (mixed precision's scaled 16-bit gradients); GPU only. ``low``: a
+    float32 array): the gradients are ``grads.astype(float32) * grad_scale``, formed
+    inside the kernel (mixed precision's scaled 16-bit gradients). ``low``: a
     lower-precision copy of ``params`` (same structure) that the kernel rewrites from the
-    new params; the result is then ``(new_params, new_opt_state, new_low)``; GPU only.
+    new params; the result is then ``(new_params, new_opt_state, new_low)``. On NumPy the
+    flag is read on the host first (``grad_scale`` is formed by it, as by the GPU's
+    check), and the host update runs on the unscaled gradients.
 
     First it makes ``opt.update``'s own checks of its arguments and ``apply_updates``'
     check of the grads against the params (tree structure, leaf shapes and dtypes, the
@@ -109,12 +111,20 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         return None
     on_host = not any(is_cupy(p) for p in p_leaves)
     low_leaves = None if low is None else tree.leaves(low)
-    if on_host and (finite is not None or grad_scale is not None or low is not None):
-        return None  # loss scaling on the host: the reference path handles the skip
-    if on_host and any(g.dtype != p.dtype for g, p in zip(g_leaves, p_leaves)):
-        return None  # mixed dtypes: the reference's promotions, step by step (same bits)
     if low is not None and tree.structure(low) != treedef:
         return None
+    ok = True
+    if on_host and (finite is not None or grad_scale is not None):
+        # loss scaling on the host: the flag is read now (it also forms grad_scale), a
+        # skipped step keeps everything, and a taken one runs on the unscaled gradients
+        if finite is None:
+            return None
+        finite = finite() if callable(finite) else finite
+        ok = bool(finite)
+        if ok and grad_scale is not None:
+            g_leaves, donate_grads = _unscaled(g_leaves, p_leaves, grad_scale), True
+    if on_host and ok and any(g.dtype != p.dtype for g, p in zip(g_leaves, p_leaves)):
+        return None  # mixed dtypes: the reference's promotions, step by step (same bits)
     if callable(lr) and len({p.dtype for p in p_leaves}) > 1:
         return None  # one step size per launch, in one dtype: the reference rounds per leaf
     *core, sched = state
@@ -153,8 +163,12 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
         hyper.update(decay=spec["momentum"], nesterov=spec["nesterov"])
     else:
         groups = []
-    if on_host:
+    if on_host and not ok:  # a skipped step: the params and moments as they were
+        res = (p_leaves, groups, low_leaves)
+    elif on_host:
         res = _host_update(kind, p_leaves, g_leaves, groups, donate_grads, **hyper)
+        if res is not None and low is not None:  # the compute copy: the new params, cast
+            res = (*res, [np.asanyarray(a).astype(b.dtype) for a, b in zip(res[0], low_leaves)])
     else:
         res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
                                           grad_scale=grad_scale, low=low_leaves,
@@ -223,6 +237,20 @@ def _new_count(count):
 #: temporaries are then a block each, not a leaf each (at most two leaf-sized arrays are
 #: made per leaf beyond the new state), and the ten or so passes stay in the cache.
 HOST_BLOCK = 1 << 17
+
+
+def _unscaled(grads, params, scale):
+    """``g.astype(p.dtype) * scale`` per leaf, as ``mixed_precision._times`` forms it on the
+    host (the product in float32 at least; in float16, 1 / 2**25 would be 0)."""
+    out = []
+    for g, p in zip(grads, params):
+        if p.dtype.itemsize >= 4:
+            u = np.array(g, dtype=p.dtype, subok=True)  # its own copy (0-d for a scalar)
+            np.multiply(u, scale.astype(p.dtype), out=u)
+        else:
+            u = (g.astype(scale.dtype) * scale).astype(p.dtype)
+        out.append(u)
+    return out
 
 
 def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, count=None,
