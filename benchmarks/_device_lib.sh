@@ -10,6 +10,10 @@
 #   ab NAME SECONDS ROUNDS ARM...  settings_ab.py: the compiled 16-bit large steps under
 #                              each ARM (a --setting value), ROUNDS alternating rounds
 #   all_gpu_tests SECONDS      every GPU test but the kernel sources' (4 xdist workers)
+#   spread_16bit SECONDS       the 16-bit large Adam step four times and JAX's twice,
+#                              alternating (JSON tagged ${TAG}_large_N, JAX paired with
+#                              fuseflow's 2 and 4), the GPU's clocks, temperature and
+#                              power sampled around each process (clocks_*.csv)
 #   xdist MODE                 "-n 4 --dist MODE" where pytest-xdist is importable (its
 #                              wheels in .whl: pip download pytest-xdist execnet --no-deps
 #                              -d .whl), else nothing: the tests then run in one process
@@ -35,6 +39,16 @@ ab() { local name=$1 limit=$2 rounds=$3 arm; shift 3; local arms=()
     "${arms[@]}" --rounds "$rounds"; }
 all_gpu_tests() { TAILN=25 run pytest_gpu_all "$1" python3 -m pytest -m gpu -q -rfE \
   -p no:cacheprovider $(xdist load) tests --ignore=tests/test_kernel_sources.py; }
+clocks() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv,noheader >> "$res/clocks_$1.csv" 2>&1; }
+spread_16bit() { local limit=$1 r w
+  for r in 1 2 3 4; do for w in fuseflow jax; do
+    if [ "$w" = jax ] && [ $((r % 2)) = 1 ]; then continue; fi
+    clocks "${w}_$r"
+    TAILN=2 peers "peers_${w}_large_$r" "$limit" --worker "$w" --tag "${TAG}_large_$r" \
+      --models 784-4096-4096-10 --precisions 16bit --no-mnist
+    clocks "${w}_$r"
+  done; done; }
 cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp32 "$limit" python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress

@@ -11,18 +11,5 @@ set -uo pipefail
 TAG=s32a
 source "$(dirname "$0")/_device_lib.sh"
 all_gpu_tests 330
-clocks() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw \
-  --format=csv,noheader >> "$res/clocks_$1.csv" 2>&1; }
-for r in 1 2 3 4; do
-  clocks "fuseflow_$r"
-  TAILN=3 peers "peers_fuseflow_large_$r" 60 --worker fuseflow --tag "s32a_large_$r" \
-    --models 784-4096-4096-10 --precisions 16bit --no-mnist
-  clocks "fuseflow_$r"
-  if [ $((r % 2)) = 0 ]; then
-    clocks "jax_$r"
-    TAILN=3 peers "peers_jax_large_$r" 60 --worker jax --tag "s32a_jaxlarge_$r" \
-      --models 784-4096-4096-10 --precisions 16bit --no-mnist
-    clocks "jax_$r"
-  fi
-done
+spread_16bit 60
 tar czf "$OUT/results-$TAG.tgz" -C "$res" .
