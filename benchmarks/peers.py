@@ -47,6 +47,10 @@ WORKERS = ("fuseflow", "jax", "torch", "hand_nvmath")
 SELECTED = list(MODELS)
 #: precisions to run (``--precisions``); "16bit" stands for each framework's low precision
 PRECISIONS = ["fp32", "tf32", "16bit"]
+#: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16 with loss scaling, or
+#: bfloat16 (JAX's and torch's here), by the name its JSON rows carry
+FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}
+FUSEFLOW_LOW = ["fp16"]
 
 
 def configs(low_precision):
@@ -87,7 +91,7 @@ def fuseflow_casts(prec):
     is cast by the graph's copy of it, as ``fuseflow train`` does (JAX's step is handed the
     same float32 batch and casts it inside jit). Its side-by-side without:
     ``settings_ab.py --setting _cuda_graph_inputs.CAST_IN_COPY=0``."""
-    return {2: "float16"} if prec == "fp16" else None
+    return {2: FUSEFLOW_16BIT[prec]} if prec in FUSEFLOW_16BIT else None
 
 
 def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
@@ -96,14 +100,14 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     _, params = model.init(ff.random.key(0), (sizes[0],))
     params = ff.device_put(params, "cuda")
     opt = getattr(ff.optim, opt_name)(LR[opt_name])
-    if prec == "fp16":
-        # the update kernel keeps the float16 params (PEERS_COMPUTE_COPY=0: cast each step)
+    if prec in FUSEFLOW_16BIT:
+        low = FUSEFLOW_16BIT[prec]
+        # the update kernel keeps the 16-bit params (PEERS_COMPUTE_COPY=0: cast each step)
         copy = os.environ.get("PEERS_COMPUTE_COPY", "1") != "0"
-        opt = ff.mixed_precision.dynamic_loss_scaling(
-            opt, compute_dtype="float16" if copy else None)
+        opt = ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype=low if copy else None)
         # the scaled 16-bit grads go straight into the update, which unscales them
         grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
-                                                    unscaled=False)
+                                                    low, unscaled=False)
 
         def step(p, s, x, y):
             loss, g = grad_fn(p, x, y, loss_scale=s.scale, compute_params=s.compute_params)
@@ -169,7 +173,7 @@ def worker_fuseflow(args):
         cp.cuda.Device().synchronize()
 
     rates = plain_matmul_rates(cp, "before")  # the reference, before the models and after
-    for name, opt_name, prec in configs("fp16"):
+    for name, opt_name, prec in configs(FUSEFLOW_LOW[0]):
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
         be.tf32 = prec == "tf32"
@@ -693,6 +697,8 @@ def main():
                          "(JSON keys mnist, mnist_tf32)")
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
                     help="comma-separated subset of fp32,tf32,16bit")
+    ap.add_argument("--fuseflow-16bit", choices=sorted(FUSEFLOW_16BIT), default="fp16",
+                    help="fuseflow's 16-bit compute dtype on the large model (default fp16)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--torch-compile-models", default="all",
                     help="models (comma-separated, or 'all') timed with torch.compile (default "
@@ -707,6 +713,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     SELECTED[:] = args.models.split(",")
     PRECISIONS[:] = args.precisions.split(",")
+    FUSEFLOW_LOW[:] = [args.fuseflow_16bit]
     if args.worker:
         result = {"benchmark": "peers", "framework": args.worker,
                   **metadata("cupy", "nvmath", "jax", "optax", "torch"),

@@ -27,6 +27,8 @@ FRAMEWORKS = ("fuseflow", "jax", "torch", "hand_nvmath")
 #: time to 98% MNIST test accuracy over JAX's; peak memory over what must be alive.
 STEP_TARGETS = {"784-30-10": 0.5, "784-1024-1024-10": 0.75, "784-4096-4096-10": 1.0}
 MATMUL_SHARE_TARGET = 0.80
+#: fuseflow's 16-bit rows: float16 (loss-scaled) or bfloat16 (peers.py --fuseflow-16bit)
+LOW = ("fp16", "bf16")
 TIME_TO_98_TARGET = 0.75
 MEMORY_TARGET = 1.25
 
@@ -59,7 +61,8 @@ def step_table(ff, jx, th, hand):
     for r in ff["steps"]:
         k = key(r)
         low = k[2] == "fp16"
-        jk = (k[0], k[1], "bf16") if low else k  # JAX and torch run bfloat16 there
+        jk = (k[0], k[1], "bf16") if low else k  # JAX and torch run bfloat16 there (as
+        # fuseflow does with peers.py --fuseflow-16bit bf16)
         j, h = jax_us.get(jk), hand_us.get(k)
         tc = [torch_us.get((jk, m)) for m in ("eager", "default", "reduce-overhead")]
         precision = "16-bit (fuseflow fp16; JAX, torch bf16)" if low else k[2]
@@ -71,7 +74,7 @@ def step_table(ff, jx, th, hand):
 
 def references(ff, jx):
     """The 16-bit Adam step's TFLOP/s against each plain-matmul reference of the call."""
-    step = next((r for r in ff["steps"] if r["precision"] == "fp16" and r["optimizer"] == "adam"),
+    step = next((r for r in ff["steps"] if r["precision"] in LOW and r["optimizer"] == "adam"),
                 None)
     if step is None:
         return
@@ -114,7 +117,7 @@ def targets(ff, jx):
             rows.append((f"{model}, fp32: compiled <= {limit}x JAX jit",
                          ", ".join(f"{o} {v:.2f}x" for o, v in ratios.items()),
                          all(v <= limit for v in ratios.values())))
-    step = next((r for r in ff["steps"] if r["precision"] == "fp16" and r["optimizer"] == "adam"),
+    step = next((r for r in ff["steps"] if r["precision"] in LOW and r["optimizer"] == "adam"),
                 None)
     rates = (jx or {}).get("matmul_rate_tflops")
     if step is not None and isinstance(rates, dict) and "bf16_uniform" in rates:

@@ -29,16 +29,32 @@ import numpy as np
 from fuseflow import __version__, backend, checkpoint, data, distributed, random
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import num_batches
-from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError, batch_casts,
-                            evaluate, fit, init_state, load_dataset, load_state,
-                            make_step, read_metrics)
-from fuseflow.train._fit import Diverged, OutDirConflict
-from fuseflow.train._run_folder import (RunFolder, RunFolderError, latest_checkpoint, names,
-                                        resume_point)
-from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
+from fuseflow.train import (
+    METRICS_FILE,
+    Interrupted,
+    Recipe,
+    RecipeError,
+    batch_casts,
+    evaluate,
+    fit,
+    init_state,
+    load_dataset,
+    load_state,
+    make_step,
+    read_metrics,
+)
 from fuseflow.train._datasets import _load_split
+from fuseflow.train._fit import Diverged, OutDirConflict
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
+from fuseflow.train._run_folder import (
+    RunFolder,
+    RunFolderError,
+    latest_checkpoint,
+    names,
+    resume_point,
+)
+from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 
 __all__ = ["main", "build_parser"]
 
@@ -162,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_seed, default=None,
                    help=f"fixes initialisation and data order. Default: {d['seed']}")
     t.add_argument("--precision", "--dtype", choices=PRECISIONS, default=None,
-                   help="float16: mixed precision (16-bit compute, float32 master weights, "
-                        f"dynamic loss scaling); meant for GPUs. Default: {d['precision']}")
+                   help="float16, bfloat16: mixed precision (16-bit compute, float32 master "
+                        "weights, dynamic loss scaling); meant for GPUs. "
+                        f"Default: {d['precision']}")
     _backend_option(t)
     t.add_argument("--out", metavar="DIR", default=None,
                    help="output folder. Default: runs/<dataset> (with --data-dir: "
@@ -280,6 +297,7 @@ def _check_metrics(path: Path):
 #: 16-bit copies of the params and gradients.
 _COPIES = {"float32": {"sgd": 4, "momentum": 5, "adam": 7, "adamw": 7},
            "float16": {"sgd": 5, "momentum": 6, "adam": 8, "adamw": 8}}
+_COPIES["bfloat16"] = _COPIES["float16"]  # the same path, another 16-bit dtype
 #: Before Python 3.11 a caller holds the arguments of a call until it returns, so the
 #: initial state (the params and the optimizer's slots) stays alive through ``fit``.
 _HELD_BY_CALLER = {"sgd": 1, "momentum": 2, "adam": 3, "adamw": 3} \

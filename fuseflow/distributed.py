@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from fuseflow import backend, tree
+from fuseflow._dtypes import is_float, is_half
 from fuseflow._namespace import is_array, is_cupy, namespace
 
 __all__ = ["Communicator", "DistributedError", "init", "launched_by_mpi"]
@@ -73,9 +74,10 @@ class Communicator:
         xp = next((namespace(g) for g in leaves if is_array(g)), np)
         arrays = [g if is_array(g) else xp.asarray(g) for g in leaves]  # 3.0 is a 0-d array
         flat = xp.concatenate([g.reshape(-1) for g in arrays])
-        if flat.dtype.kind not in "fc":  # integer leaves only: their mean is fractional
+        # integer leaves only: their mean is fractional
+        if not (is_float(flat.dtype) or flat.dtype.kind == "c"):
             flat = flat.astype(xp.float64)
-        elif flat.dtype == xp.float16:
+        elif is_half(flat.dtype):
             flat = flat.astype(xp.float32)
         if is_cupy(flat):
             self._allreduce_nccl(flat)
@@ -90,7 +92,8 @@ class Communicator:
             if g.dtype.kind != "c" and mean.dtype.kind == "c":
                 mean = mean.real  # a real leaf packed with complex ones
             # floats come back in their own dtype; an integer leaf's mean stays fractional
-            mean = mean.astype(g.dtype if g.dtype.kind in "fc" else xp.float64, copy=False)
+            real = is_float(g.dtype) or g.dtype.kind == "c"
+            mean = mean.astype(g.dtype if real else xp.float64, copy=False)
             out.append(mean if is_array(leaf) else mean.item())
             offset += g.size
         return tree.unflatten(treedef, out)

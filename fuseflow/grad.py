@@ -9,6 +9,7 @@ import numpy as np
 import optree
 
 from fuseflow import backend, losses, random, tree
+from fuseflow._dtypes import is_float
 
 __all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "loss_and_output_grad",
            "value_and_grad"]
@@ -158,7 +159,7 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     np_be = backend.get("numpy")
     for path, a in zip(optree.tree_paths(params), tree.leaves(params)):
         kind = getattr(getattr(a, "dtype", None), "kind", None)
-        if kind not in ("f", None) or not hasattr(a, "shape"):
+        if not (kind is None or is_float(a.dtype)) or not hasattr(a, "shape"):
             index = "".join(f"[{k!r}]" for k in path)
             got = f"{a.dtype}" if kind else f"a {type(a).__name__}"
             raise GradientCheckError(

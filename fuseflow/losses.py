@@ -11,6 +11,7 @@ import math
 from typing import NamedTuple
 
 from fuseflow import backend
+from fuseflow._dtypes import is_half
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 
 __all__ = [
@@ -27,7 +28,7 @@ class LossError(ValueError):
 
 
 def _acc(x, xp):
-    return x.astype(xp.float32) if x.dtype == xp.float16 else x
+    return x.astype(xp.float32) if is_half(x.dtype) else x
 
 
 # The checks read only shapes and dtypes (host metadata), except the value-range checks

@@ -4,7 +4,9 @@ The params (and optimizer state) stay float32. Each step casts them to the compu
 runs forward and backward there (on the GPU: half-precision cuBLASLt epilogs with float32
 accumulation), computes the loss in float32, and multiplies the loss gradient by a loss
 scale before it is cast down, so small gradients do not flush to zero in float16. The
-float32 gradients are divided by the scale again.
+float32 gradients are divided by the scale again. The compute dtype is float16 (the
+default) or bfloat16 (float32's exponent range with 8 bits of mantissa: gradients rarely
+leave its range, so the loss scale seldom moves; the same wrapper serves both).
 
 ``dynamic_loss_scaling(optimizer)`` wraps any optimizer: when a gradient is inf/nan the
 step is skipped (params and the inner state unchanged) and the scale halves; after
@@ -43,11 +45,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fuseflow import backend, tree
+from fuseflow._dtypes import bfloat16, is_half
 from fuseflow._namespace import is_array, is_cupy, namespace
 from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import (_is_float_array, _widens, check_float_updates, check_like,
-                                  check_number, check_state, own_attribute, zero_count)
+from fuseflow.optim._base import (
+    _is_float_array,
+    _widens,
+    check_float_updates,
+    check_like,
+    check_number,
+    check_state,
+    own_attribute,
+    zero_count,
+)
 from fuseflow.optim._fused import fused_update, kept_unless_finite, update_and_apply
 
 __all__ = [
@@ -61,19 +72,20 @@ __all__ = [
     "value_and_grad",
 ]
 
-COMPUTE_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+COMPUTE_DTYPES = {"float16": np.dtype(np.float16), "bfloat16": bfloat16,
+                  "float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _compute_dtype(dtype):
     try:
         name = "None" if dtype is None else np.dtype(dtype).name  # np.dtype(None) is float64
-    except TypeError:  # NumPy has no bfloat16: say so here, not "data type not understood"
+    except TypeError:  # say what it may be, not "data type not understood"
         name = str(dtype)
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"mixed precision: compute dtype must be one of {sorted(COMPUTE_DTYPES)}, "
-                         f"got {name}. (bfloat16: see docs/gpu.md) Fix: compute_dtype='float16'")
-    return np.dtype(name)
+                         f"got {name}. Fix: compute_dtype='bfloat16' or 'float16'")
+    return COMPUTE_DTYPES[name]
 
 
 def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=False,
@@ -93,7 +105,7 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
     scales_grad = _takes_grad_scale(loss_fn)
     # the output layer and the loss as one operation (see ff.value_and_grad), where the
     # loss would get the scaled 16-bit logits anyway
-    check = fused_loss_check(model, loss_fn) if cd == np.float16 else None
+    check = fused_loss_check(model, loss_fn) if is_half(cd) else None
 
     def f(params, x, y, *, loss_scale=1.0, key=None, compute_params=None):
         leaves, treedef = tree.flatten(params)
@@ -121,7 +133,7 @@ def value_and_grad(model, loss_fn, compute_dtype="float16", *, with_outputs=Fals
             owned = _own_residuals(model, residuals)
             del residuals  # a Serial backward frees each layer's saved arrays once used
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is detected
-                if scales_grad and out.dtype == xp.float16:  # one launch: loss, scaled grad
+                if scales_grad and is_half(out.dtype):  # one launch: loss, scaled grad
                     loss, dlow = loss_and_output_grad(loss_fn, out, y, grad_scale=scale,
                                                       grad_dtype=cd)
                 else:

@@ -19,6 +19,8 @@ import operator
 
 import numpy as np
 
+from fuseflow._dtypes import is_float
+
 __all__ = [
     "bernoulli",
     "bits",
@@ -159,7 +161,7 @@ def uniform(k, shape, minval=0.0, maxval=1.0, dtype=np.float32) -> np.ndarray:
     other value is the rounded draw."""
     out = generator(k, "ff.random.uniform").uniform(minval, maxval, size=shape) \
         .astype(dtype, copy=False)
-    if out.dtype.kind == "f":
+    if is_float(out.dtype):
         hi = np.asarray(maxval, np.float64)
         with np.errstate(over="ignore"):  # a maxval beyond the dtype rounds to inf: hi stays
             hi = np.minimum(hi, hi.astype(out.dtype))

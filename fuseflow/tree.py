@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import optree
 
+from fuseflow._dtypes import is_half
 from fuseflow._namespace import is_array, namespace
 
 __all__ = [
@@ -118,7 +119,7 @@ def l2_norm(tree):
     if not ls:
         return 0.0
     xp = _xp(ls[0])
-    squares = (xp.sum(x.astype(xp.float32) ** 2) if x.dtype == xp.float16 else xp.sum(x * x)
+    squares = (xp.sum(x.astype(xp.float32) ** 2) if is_half(x.dtype) else xp.sum(x * x)
                for x in ls)  # half precision would overflow
     return xp.sqrt(sum(squares))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -34,17 +35,21 @@ if _NDEV < 1:
 
 _cuda = pytest.importorskip("fuseflow.backend.cuda_backend")
 CudaBackend, GPUOutOfMemoryError = _cuda.CudaBackend, _cuda.GPUOutOfMemoryError
+CUPY_BF16 = _cuda._BFLOAT16
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = [np.float16, np.float32, np.float64]
-TOL = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}
+#: bfloat16 as well (CuPy 14): 8 mantissa bits to float16's 11, hence its wider bounds
+BF16 = ml_dtypes.bfloat16
+ALL_DTYPES = [*DTYPES, BF16] if CUPY_BF16 else DTYPES
+TOL = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12, BF16: 3e-2}
 # cuBLASLt's GELU epilogs (GELU*, DGELU*) approximate the tanh-GELU: measured on an H200
 # (cuBLASLt 13.1) up to 5.2e-10 relative (norm) in float64 and 1.02e-5 in float32 against the
 # exact formula, so fused GELU results get these bounds; see test_cublaslt_gelu_accuracy.
-GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9}
+GELU_EPILOG_TOL = {np.float16: 1e-2, np.float32: 5e-5, np.float64: 5e-9, BF16: 3e-2}
 # |pre-activation| under which GPU and CPU may round to different signs (random inputs only)
-SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10}
+SIGN_MARGIN = {np.float16: 5e-2, np.float32: 1e-4, np.float64: 1e-10, BF16: 4e-1}
 # (batch, in, out): typical, batch 1, K == 1 forward, wide, out == 1 (K == 1 in dgrad), tiny,
 # batches the skinny kernels split into chunks summed in a second pass (out <= 32), and
 # whole aux bytes on both sides (fuseflow's own epilogs: in and out multiples of 8)
@@ -129,7 +134,7 @@ def check_relu_aux_layout(aux, features, batch):
 # ---- forward ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("epilog", sorted(EPILOGS))
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_forward_matches_numpy(cb, nb, rng, dtype, epilog, shape):
     batch, fin, fout = shape
     spec = EPILOGS[epilog]
@@ -161,7 +166,7 @@ def test_forward_matches_numpy(cb, nb, rng, dtype, epilog, shape):
 
 
 @pytest.mark.parametrize("features", [*range(1, 38), 1000])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_relu_aux_bits_identical_with_exact_zeros(cb, nb, rng, dtype, features):
     """Integer-valued inputs make every pre-activation exact on both sides (many exactly 0):
     y, relu_aux (bits of rows < F), the DRELU(_BGRAD) gradient and its bias gradient must all
@@ -206,7 +211,7 @@ def test_relu_aux_bits_identical_with_exact_zeros(cb, nb, rng, dtype, features):
         else:
             np.testing.assert_array_equal(host(db), db_ref,
                                           err_msg=f"{epilog} dbias (seed {rng.seed})")
-        dh3 = cb.activation_grad(dev(dz @ w2 if dtype != np.float16 else
+        dh3 = cb.activation_grad(dev(dz @ w2 if np.dtype(dtype).itemsize > 2 else
                                      (dz.astype(np.float32) @ w2.astype(np.float32))
                                      .astype(dtype)), "relu", aux)
         np.testing.assert_array_equal(host(dh3), dh_ref, err_msg="activation_grad relu")
@@ -228,7 +233,7 @@ def _lower_aux(cb, rng, activation, batch, features, dtype):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("epilog", sorted(DGRAD_EPILOGS))
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_dgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
     batch, fin, fout = shape                     # this layer: w (fout, fin); aux: fin features
     spec = DGRAD_EPILOGS[epilog]
@@ -264,7 +269,7 @@ def test_dgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("epilog", sorted(WGRAD_EPILOGS))
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_wgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
     batch, fin, fout = shape
     dy = normal(rng, (batch, fout), dtype)
@@ -281,7 +286,7 @@ def test_wgrad_matches_numpy(cb, nb, rng, dtype, epilog, shape):
 
 
 @pytest.mark.parametrize("batch", [1, 7, 1024, 1025, 5000])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("classes", [1, 10, 32, 40])
 def test_fused_softmax_xent_matches_numpy(nb, rng, dtype, batch, classes):
     """The one-launch loss kernel (one block up to 1024 rows, per-block partial sums past
@@ -725,7 +730,7 @@ def test_dense_layers_take_the_one_pass_backward_and_match_the_two_calls(rng):
 # ---- fused chains: forward aux straight into the backward ------------------------------------
 @pytest.mark.parametrize("features", [8, 13, 37, 1000])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_chain_forward_aux_into_dgrad_without_copies(nb, rng, dtype, activation, features):
     cb = CudaBackend(tf32=False)
     batch, fin, fout2 = 24, 10, 6
@@ -766,7 +771,7 @@ def test_chain_forward_aux_into_dgrad_without_copies(nb, rng, dtype, activation,
     assert s["fallbacks"] == {}, s["fallbacks"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_no_fallbacks_or_copies_on_ordinary_shapes(rng, dtype):
     cb = CudaBackend(tf32=False)
     cb.own_gemm_max_macs = 0  # cuBLASLt plans for every epilog
@@ -822,7 +827,7 @@ def test_cublaslt_gelu_accuracy(record_property, dtype):
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 37), (7, 1), (65, 33), (200, 1000), (129, 5)],
                          ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_bias_grad_matches_numpy(cb, nb, rng, dtype, shape):
     a = normal(rng, shape, dtype)
     got = cb.bias_grad(dev(a))
@@ -835,7 +840,7 @@ def test_bias_grad_matches_numpy(cb, nb, rng, dtype, shape):
 # ---- standalone activation kernels -----------------------------------------------------------
 @pytest.mark.parametrize("features", [1, 7, 8, 9, 37, 1000])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_activation_kernels_match_numpy(cb, nb, rng, dtype, activation, features):
     batch = 21
     x = normal(rng, (batch, features), dtype)

@@ -16,6 +16,8 @@ import os
 import numpy as np
 import pytest
 
+from fuseflow._dtypes import bfloat16
+
 cupy = pytest.importorskip("cupy")
 
 
@@ -76,7 +78,8 @@ def _generated_sources(monkeypatch):
               F._next_loss_scale_kernel, GI._copy_kernel, R._kernel, TC._xent_kernel)
     for cache in caches:
         cache.cache_clear()
-    for dt in map(np.dtype, (np.float16, np.float32, np.float64)):
+    halves = ("__half", "__nv_bfloat16")
+    for dt in (np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(np.float64)):
         for n in (1, 10, 32):
             for hb, ha, r in itertools.product((False, True), repeat=3):
                 for spb in (1, 3, 8):
@@ -96,7 +99,7 @@ def _generated_sources(monkeypatch):
                                          (0, 1, 0, 1))):
             H._kernel(dt, np.dtype(np.int64 if hb else np.uint8), n, 1 + dg, hb, dg, dr, bg)
         H._sum_kernel(dt)
-        splits = (0,) if dt == np.float16 else (0, 2, 7)   # the own K split's partials
+        splits = (0,) if dt.itemsize == 2 else (0, 2, 7)   # the own K split's partials
         for hb, ha, r, sp in itertools.product((False, True), (False, True), (False, True),
                                                splits):
             E._kernel("bias_relu", dt, HAS_BIAS=hb, HAS_AUX=ha, RELU=r, SPLITS=sp)
@@ -106,9 +109,10 @@ def _generated_sources(monkeypatch):
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)
-                if dt != np.float64:  # mixed precision's scaled 16-bit / float32 gradient
-                    F._xent_kernel(dt, np.dtype(labels), classes,
-                                   np.dtype(np.float32 if dt == np.float16 else np.float16))
+                # mixed precision's scaled 16-bit / float32 gradient
+                for grad_dtype in {2: (np.float32, dt), 4: (np.float16, bfloat16)}.get(
+                        dt.itemsize, ()):
+                    F._xent_kernel(dt, np.dtype(labels), classes, np.dtype(grad_dtype))
         ct, wt = F._CTYPES[dt], ("double" if dt == np.float64 else "float")
         for kind, aligned, count in itertools.product(("sgd", "momentum", "adam"),
                                                       (True, False), (1, 6, 14)):
@@ -116,13 +120,13 @@ def _generated_sources(monkeypatch):
             decays = tuple(i % 2 == 0 for i in range(count))
             F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum", aligned)
             if dt == np.float32:  # mixed precision: scaled 16-bit grads of float32 params
-                for width in (4, 8):
+                for width, half in itertools.product((4, 8), halves):
                     F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
-                                           aligned, "__half", True, width)
-                    # ... writing the float16 compute copy of the new params as well
+                                           aligned, half, True, width)
+                    # ... writing the 16-bit compute copy of the new params as well
                     F._multi_tensor_kernel(kind, ct, wt, sizes, decays, kind == "momentum",
-                                           aligned, "__half", True, width, "__half")
-        for dst in map(np.dtype, (np.float16, np.float32, np.float64)):
+                                           aligned, half, True, width, half)
+        for dst in (np.dtype(np.float16), bfloat16, np.dtype(np.float32), np.dtype(np.float64)):
             for scaled in (False, True):
                 F._cast_kernel(ct, F._CTYPES[dst], tuple(range(3, 17)), scaled, True,
                                F.vector_width(dt, dst))
@@ -131,7 +135,7 @@ def _generated_sources(monkeypatch):
     F._next_loss_scale_kernel()
     GI._copy_kernel()  # a compiled step's batch and donated-result copies
     R._kernel("unsigned int", 0)  # ff.random.bits, Dropout's factors and forward per dtype
-    for ct, mode in itertools.product(("__half", "float", "double"), (1, 2)):
+    for ct, mode in itertools.product((*halves, "float", "double"), (1, 2)):
         R._kernel(ct, mode)
     for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
         for hb in (False, True):

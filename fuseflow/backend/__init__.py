@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fuseflow._namespace import device_of, is_array, is_cupy, namespace
 from fuseflow import tree as _tree
+from fuseflow._dtypes import is_float
+from fuseflow._namespace import device_of, is_array, is_cupy, namespace
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
 
@@ -152,7 +153,7 @@ def fusable(leaves, max_leaves=64):
     if not leaves or len(leaves) > max_leaves or not all(is_cupy(a) for a in leaves):
         return False
     dtype = leaves[0].dtype
-    return dtype.kind == "f" and all(a.dtype == dtype and a.flags.c_contiguous for a in leaves)
+    return is_float(dtype) and all(a.dtype == dtype and a.flags.c_contiguous for a in leaves)
 
 
 def multi_tensor_cast(leaves, dtype, scale=None):

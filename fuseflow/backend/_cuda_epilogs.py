@@ -31,11 +31,13 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow._dtypes import bfloat16
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 
 _HEAD = r"""
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 typedef {T} T; typedef {A} A;
 struct __align__(8 * sizeof(T)) T8 { T v[8]; };
 """
@@ -188,7 +190,7 @@ def _split_source(out, partials):
     must then be float32 or float64 (the dtype the partials are added in)."""
     if partials is None:
         return np.uintp(0), 0, 0
-    if partials.dtype != out.dtype or out.dtype == np.float16 or partials.ndim != 3 or \
+    if partials.dtype != out.dtype or out.dtype.itemsize == 2 or partials.ndim != 3 or \
             partials.shape[0] < 1 or partials.shape[1:] != out.shape or \
             not partials.flags.c_contiguous:
         raise ValueError(f"partials {partials.shape} {partials.dtype} do not match the "
@@ -224,7 +226,7 @@ DRELU_TICKET = True
 #: float32 96 (95 before), float16 80 (78; 32 loads took it to 96, from 3 blocks per SM to
 #: 2). float64 has none and keeps the second launch: its tail took it from 128 registers to
 #: 142-155, from 2 blocks per SM to 1.
-DRELU_TAIL = {np.dtype(np.float32): 32, np.dtype(np.float16): 16}
+DRELU_TAIL = {np.dtype(np.float32): 32, np.dtype(np.float16): 16, bfloat16: 16}
 
 
 def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):

@@ -24,10 +24,12 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow._dtypes import bfloat16
 from fuseflow.backend._env import env_int
 
-_CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
-           np.dtype(np.float64): "double"}
+#: The C type of each dtype in the generated kernels (every kernel module's, through this).
+_CTYPES = {np.dtype(np.float16): "__half", bfloat16: "__nv_bfloat16",
+           np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
                  np.dtype(np.int16): "short", np.dtype(np.int8): "signed char",
                  np.dtype(np.uint64): "unsigned long long", np.dtype(np.uint32): "unsigned int",
@@ -119,7 +121,7 @@ XENT_THREADS = 256
 @functools.cache
 def _xent_kernel(dtype, label_dtype, classes=0, grad_dtype=None):
     acc = "double" if dtype == np.float64 else "float"
-    head = (f"#include <cuda_fp16.h>\ntypedef {_CTYPES[dtype]} T; "
+    head = (f"#include <cuda_fp16.h>\n#include <cuda_bf16.h>\ntypedef {_CTYPES[dtype]} T; "
             f"typedef {_CTYPES[grad_dtype or dtype]} D; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
             f"#define C {classes if classes <= MAX_STATIC_CLASSES else 0}\n"
@@ -167,6 +169,7 @@ def softmax_xent(logits, labels, grad_scale=None, grad_dtype=None):
 # offsets), which a grid-stride loop walks.
 _VEC_HEAD = r"""
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 template <typename X, int N> struct alignas(N * sizeof(X)) ffv { X v[N]; };
 template <typename X, int N> __device__ __forceinline__ ffv<X, N> ldv(const X* p) {
     return *reinterpret_cast<const ffv<X, N>*>(p);
@@ -431,8 +434,9 @@ def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned, width=4):
     for k in range(len(sizes)):
         args += [f"const S* s{k}", f"D* d{k}"]
 
-    def element(k):
-        value = f"(float)s{k}[j] * sc" if scaled else f"s{k}[j]"
+    def element(k):  # a 16-bit source through float32 (exact): no cast between the two
+        value = (f"(float)s{k}[j] * sc" if scaled else  # 16-bit formats is defined in CUDA
+                 f"(float)s{k}[j]" if src_ctype in ("__half", "__nv_bfloat16") else f"s{k}[j]")
         return f"d{k}[j] = (D)({value});"
 
     return _quad_kernel("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args,

@@ -9,10 +9,10 @@ reading the input buffers themselves (a harmless self-copy), and before each lau
 ``InGraphCopy.set_sources`` points it at the call's arrays: cuGraphExecKernelNodeSetParams
 changes the kernel's arguments for the launches that follow, without stream work.
 
-The copy can also cast (float16, float32 and float64 to each other), for a step compiled
-with ``cast_args``: the graph then reads a float32 batch once and writes its float16 copy
-once, where copying it in and casting it inside the step read it twice and wrote it twice
-(the large model's batch: 14.9 + 8.0 us on the H200, docs/benchmarks-log.md).
+The copy can also cast (float16, bfloat16, float32 and float64; not 16-bit to 16-bit), for
+a step compiled with ``cast_args``: the graph then reads a float32 batch once and writes its
+16-bit copy once, where copying it in and casting it inside the step read it twice and
+wrote it twice (the large model's batch: 14.9 + 8.0 us on the H200, docs/benchmarks-log.md).
 
 ``copy_arrays`` is also how a compiled step writes its donated results back into its
 input buffers inside the graph (kernel nodes rather than copy-engine memcpy nodes).
@@ -26,6 +26,7 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow._dtypes import bfloat16
 from fuseflow.backend import _libcuda
 
 #: Arrays that one launch of the copy kernel copies.
@@ -34,10 +35,15 @@ COPY_PAIRS = 4
 _ARGS_PER_PAIR = 4
 
 #: The conversions the copy kernel makes (``conversion`` below), by element type.
-_TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3}
+_TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3,
+               bfloat16: 4}
+#: The casts the kernel has (the two 16-bit formats are not cast to each other).
+_CASTS = {(a, b) for a in _TYPE_CODES for b in _TYPE_CODES
+          if a != b and {a.itemsize, b.itemsize} != {2}}
 
 _COPY_SRC = r"""
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 template <typename X> struct alignas(8 * sizeof(X)) vec8 { X v[8]; };
 
 // n elements from S to D, each as (D)(s): the rounding of multi_tensor_cast's kernel.
@@ -64,7 +70,8 @@ __device__ void convert(const char* s_, char* d_, long long n, long long first,
 }
 
 // Block row p copies pair p. Conversion 0: n bytes, 16-byte words where both addresses
-// allow, bytes otherwise; 4 * from + to (1 __half, 2 float, 3 double): n elements, cast.
+// allow, bytes otherwise; 8 * from + to (1 __half, 2 float, 3 double, 4 __nv_bfloat16):
+// n elements, cast.
 extern "C" __global__ void copy_batch(
         const char* s0, char* d0, long long n0, int c0, const char* s1, char* d1,
         long long n1, int c1, const char* s2, char* d2, long long n2, int c2,
@@ -77,12 +84,16 @@ extern "C" __global__ void copy_batch(
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long step = (long long)gridDim.x * blockDim.x;
     switch (c) {
-    case 4 * 1 + 2: convert<__half, float>(s, d, n, first, step); return;
-    case 4 * 1 + 3: convert<__half, double>(s, d, n, first, step); return;
-    case 4 * 2 + 1: convert<float, __half>(s, d, n, first, step); return;
-    case 4 * 2 + 3: convert<float, double>(s, d, n, first, step); return;
-    case 4 * 3 + 1: convert<double, __half>(s, d, n, first, step); return;
-    case 4 * 3 + 2: convert<double, float>(s, d, n, first, step); return;
+    case 8 * 1 + 2: convert<__half, float>(s, d, n, first, step); return;
+    case 8 * 1 + 3: convert<__half, double>(s, d, n, first, step); return;
+    case 8 * 2 + 1: convert<float, __half>(s, d, n, first, step); return;
+    case 8 * 2 + 3: convert<float, double>(s, d, n, first, step); return;
+    case 8 * 3 + 1: convert<double, __half>(s, d, n, first, step); return;
+    case 8 * 3 + 2: convert<double, float>(s, d, n, first, step); return;
+    case 8 * 4 + 2: convert<__nv_bfloat16, float>(s, d, n, first, step); return;
+    case 8 * 4 + 3: convert<__nv_bfloat16, double>(s, d, n, first, step); return;
+    case 8 * 2 + 4: convert<float, __nv_bfloat16>(s, d, n, first, step); return;
+    case 8 * 3 + 4: convert<double, __nv_bfloat16>(s, d, n, first, step); return;
     default: break;
     }
     long long done = 0;
@@ -110,12 +121,13 @@ def conversion(dst, src) -> tuple[int, int]:
         if src.nbytes != dst.nbytes:
             raise ValueError(f"copy_arrays: {src.nbytes} bytes into a {dst.nbytes}-byte buffer")
         return src.nbytes, 0
-    if src.dtype not in _TYPE_CODES or dst.dtype not in _TYPE_CODES:
+    if (src.dtype, dst.dtype) not in _CASTS:
         raise ValueError(f"copy_arrays: cannot cast {src.dtype} to {dst.dtype} (float16, "
-                         "float32 and float64 convert to each other)")
+                         "bfloat16, float32 and float64 convert to each other, but the two "
+                         "16-bit formats only through float32)")
     if src.size != dst.size:
         raise ValueError(f"copy_arrays: {src.size} elements into a {dst.size}-element buffer")
-    return src.size, 4 * _TYPE_CODES[src.dtype] + _TYPE_CODES[dst.dtype]
+    return src.size, 8 * _TYPE_CODES[src.dtype] + _TYPE_CODES[dst.dtype]
 
 
 def copy_arrays(pairs):

@@ -32,6 +32,8 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow.backend._cuda_fused import _CTYPES
+
 MAX_N = 32              # the largest small side handled here
 #: The forward reads w from cache once per sample: past this many multiply-adds (a long
 #: batch) cuBLASLt's tiled kernels are faster. (A warp per 4 samples with vector loads was
@@ -47,11 +49,10 @@ VECTOR_MIN_ELEMENTS = 2 ** 21
 #: (8 row groups x R x (32 V + 1) accumulators), two barriers per round.
 WGRAD_SMEM_BYTES = 24 * 1024
 
-_CTYPES = {np.dtype(np.float16): "__half", np.dtype(np.float32): "float",
-           np.dtype(np.float64): "double"}
 
 _HEAD = r"""
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 typedef {T} T; typedef {A} A;
 #define N {N}
 """

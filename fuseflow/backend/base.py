@@ -21,9 +21,15 @@ from collections import Counter
 import numpy as np
 
 from fuseflow import random
-from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS,
-                                      aux_shape, lookup)
-
+from fuseflow._dtypes import is_half
+from fuseflow.backend.epilogs import (
+    ACTIVATIONS,
+    DGRAD_EPILOGS,
+    EPILOGS,
+    WGRAD_EPILOGS,
+    aux_shape,
+    lookup,
+)
 
 #: DLPack device types whose memory the GPU reads in place (kDLCUDA, kDLCUDAManaged). Pinned
 #: host memory (kDLCUDAHost, 3) is CPU memory: it becomes a NumPy array like any other.
@@ -213,14 +219,14 @@ class Backend:
     def _softmax_cross_entropy(self, logits, labels, grad_scale=None, grad_dtype=None):
         if grad_scale is not None or grad_dtype is not None:  # the unfused composition
             xp = self.xp
-            if logits.dtype == xp.float16:
+            if is_half(logits.dtype):
                 logits = logits.astype(xp.float32)
             loss, grad = self._softmax_cross_entropy(logits, labels)
             if grad_scale is not None:
                 grad = grad * xp.asarray(grad_scale, dtype=xp.float32)
             return loss, grad.astype(grad_dtype or grad.dtype, copy=False)
         xp = self.xp
-        z = logits.astype(xp.float32) if logits.dtype == xp.float16 else logits
+        z = logits.astype(xp.float32) if is_half(logits.dtype) else logits
         z = z - z.max(axis=1, keepdims=True)
         ez = xp.exp(z)
         sum_ez = ez.sum(axis=1, keepdims=True)

@@ -63,16 +63,15 @@ import nvmath
 from nvmath.linalg.advanced import Algorithm, Matmul, MatmulEpilog
 
 from fuseflow import random
+from fuseflow._dtypes import FLOATS, bfloat16, is_half
 from fuseflow.backend import _cuda_autotune as _autotune
 from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_kernels as K
-from fuseflow.backend import _cuda_overlap
-from fuseflow.backend import _cuda_random
+from fuseflow.backend import _cuda_overlap, _cuda_random, _k_split
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
-from fuseflow.backend import _k_split
 from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError, from_dlpack
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows
@@ -83,7 +82,9 @@ _CT = nvmath.linalg.ComputeType
 _LOG = logging.getLogger("fuseflow.nvmath")
 _LOG.setLevel(logging.WARNING)  # nvmath logs at INFO per call; keep it quiet unless asked
 
-_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+#: CuPy takes ml_dtypes' bfloat16 from version 14 on.
+_BFLOAT16 = int(cupy.__version__.split(".")[0]) >= 14
+_DTYPES = FLOATS if _BFLOAT16 else tuple(d for d in FLOATS if d != bfloat16)
 _AUX_ALIGN = 16  # bytes; epilog bias/aux pointers are kept at least this aligned
 
 
@@ -146,7 +147,7 @@ class CudaBackend(Backend):
     name = "cuda"
     device = "cuda"
     xp = cupy
-    dtypes = (np.float16, np.float32, np.float64)
+    dtypes = _DTYPES
 
     def __init__(self, *, tf32: bool | None = None, autotune: bool | None = None,
                  max_plans: int = 512):
@@ -421,9 +422,11 @@ class CudaBackend(Backend):
 
     def _check_dtype(self, op, dtype):
         if np.dtype(dtype) not in _DTYPES:
-            raise BackendError(
-                f"{op}: dtype {np.dtype(dtype)} is not supported by the cuda backend; use one of "
-                "float16, float32, float64 (e.g. x.astype('float32')).")
+            fix = ("bfloat16 needs CuPy 14 or newer: pip install -U cupy-cuda12x (or 13x), "
+                   "or use float16" if np.dtype(dtype) == bfloat16 else
+                   f"use one of {', '.join(d.name for d in _DTYPES)} (e.g. x.astype('float32'))")
+            raise BackendError(f"{op}: dtype {np.dtype(dtype)} is not supported by the cuda "
+                               f"backend here. Fix: {fix}.")
 
     def _contig(self, what, a):
         """C-contiguous ``a`` (copy only if needed, counted)."""
@@ -708,7 +711,7 @@ class CudaBackend(Backend):
         """``a @ b`` as the (S, M, N) partial products of its K slices (one strided-batched
         matmul; see ``k_splits``), or None where it is not split."""
         k = a.shape[1]
-        splits = 0 if a.dtype == np.float16 else \
+        splits = 0 if is_half(a.dtype) else \
             _k_split.k_slices(a.shape[0], b.shape[1], k, self.k_splits)
         if not splits:
             return None
@@ -1034,10 +1037,10 @@ class CudaBackend(Backend):
                 grad_scale is None or (isinstance(grad_scale, cupy.ndarray)
                                        and grad_scale.dtype == cupy.float32)):
             return super()._softmax_cross_entropy(logits, labels, grad_scale, grad_dtype)
-        # float16 logits are reduced in float32 either way: the gradient is then the one of
+        # 16-bit logits are reduced in float32 either way: the gradient is then the one of
         # their float32 copy (the kernel's accumulators), scaled and cast once
         return softmax_xent(logits, labels, grad_scale,
-                            grad_dtype or (cupy.float32 if logits.dtype == cupy.float16
+                            grad_dtype or (cupy.float32 if is_half(logits.dtype)
                                            else logits.dtype))
 
     def _linear_softmax_xent(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype):

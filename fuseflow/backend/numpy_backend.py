@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fuseflow._dtypes import FLOATS, accumulation, is_half
 from fuseflow.backend.base import Backend, from_dlpack
 from fuseflow.backend.epilogs import relu_aux_rows
 
@@ -51,14 +52,14 @@ def gelu_grad(x):
 
 def _acc(dtype):
     """Accumulation dtype: half precision accumulates in float32, as cuBLASLt does."""
-    return np.float32 if dtype == np.float16 else dtype
+    return accumulation(dtype)
 
 
 class NumpyBackend(Backend):
     name = "numpy"
     device = "cpu"
     xp = np
-    dtypes = (np.float16, np.float32, np.float64)
+    dtypes = FLOATS
 
     # ---- dense matmuls ---------------------------------------------------------------------
     # The batch-side operands are made C-contiguous first (a no-op for the usual arrays): BLAS
@@ -148,7 +149,7 @@ def _relu_mask_in_place(dx, aux):
 
 
 def _mm(a, b):
-    """Matmul in the accumulation dtype (float32 for float16 operands, as on the GPU)."""
-    if a.dtype == np.float16:
+    """Matmul in the accumulation dtype (float32 for 16-bit operands, as on the GPU)."""
+    if is_half(a.dtype):
         return a.astype(np.float32) @ b.astype(np.float32)
     return a @ b

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from fuseflow._dtypes import FLOATS
 from fuseflow._namespace import is_cupy
 
 
@@ -55,7 +56,7 @@ class Layer:
 
 
 #: the dtypes every backend computes in, for params and activations
-FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+FLOAT_DTYPES = FLOATS
 _FLOAT_CHARS = "efd"  # their dtype.char: a string test is the cheapest check per call
 _FLOATS = "float16, float32 or float64"
 PARAMS_FIX = "Fix: use the params returned by this model's init."

@@ -7,11 +7,24 @@ import math
 import numpy as np
 
 from fuseflow import backend
-from fuseflow.nn._layer import (RESIDUALS_FIX, Layer, check_2d, check_array, check_dtype,
-                                check_float, check_in_shape, check_keys, check_param,
-                                check_residuals, check_saved_shape, float_dtype, number)
+from fuseflow._dtypes import is_half
+from fuseflow.nn._layer import (
+    RESIDUALS_FIX,
+    Layer,
+    check_2d,
+    check_array,
+    check_dtype,
+    check_float,
+    check_in_shape,
+    check_keys,
+    check_param,
+    check_residuals,
+    check_saved_shape,
+    float_dtype,
+    number,
+)
 
-_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
+_F32 = np.dtype(np.float32)
 
 
 class LayerNorm(Layer):
@@ -53,8 +66,8 @@ class LayerNorm(Layer):
         return width, dtype
 
     def _check_compute_dtype(self, a, dtype, what):
-        """``a`` in the dtype the layer computes in, or float16 when that is float32."""
-        if not (a.dtype == _F16 and dtype == _F32):
+        """``a`` in the dtype the layer computes in, or 16-bit when that is float32."""
+        if not (is_half(a.dtype) and dtype == _F32):
             check_dtype(self, a, dtype, what)
 
     def forward(self, params, x, *, key=None, train=True):
@@ -65,7 +78,7 @@ class LayerNorm(Layer):
             self._check_compute_dtype(x, dtype, "input")
         xp = backend.namespace(x)
         backend.of(x, *params.values(), where=repr(self))
-        xf = x.astype(xp.float32) if x.dtype == xp.float16 else x
+        xf = x.astype(xp.float32) if is_half(x.dtype) else x
         if self.eps < 1e-44 and xf.dtype == _F32 and _F32.type(self.eps) == 0:
             raise self.error("eps rounds to 0 in float32, the dtype this input is normalized "
                              "in: a row of equal values would give 0 / 0 = NaN. Fix: eps >= "

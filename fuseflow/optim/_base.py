@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np  # dtype promotion rules only, never on leaves
 
 from fuseflow import tree
+from fuseflow._dtypes import is_float
 from fuseflow._namespace import is_array, namespace
 
 
@@ -188,7 +189,7 @@ def check_like(where, updates, reference, ref_name, *, kept=False):
             "(or call init() again for the new params)")
     for u, r in zip(u_leaves, r_leaves):
         try:  # every eager step runs this loop: one test per leaf, no hasattr calls
-            bad = u.shape != r.shape or u.dtype.kind != "f" or r.dtype.kind != "f" or (
+            bad = u.shape != r.shape or not is_float(u.dtype) or not is_float(r.dtype) or (
                 kept and _widens(u, r))
         except AttributeError:  # a leaf that is not an array (a Python number)
             bad = True
@@ -216,13 +217,13 @@ def _raise_unlike(where, u_leaves, r_leaves, paths, ref_name, kept=False):
                 f"{ref_name} there have shape {tuple(r.shape)}. Fix: pass gradients shaped "
                 "like the params given to init(); if the model changed, make a new state "
                 "with opt.init(new_params)")
-        if r.dtype.kind != "f":
+        if not is_float(r.dtype):
             raise TypeError(
                 f"{where}: the {ref_name} at {path!r} are {r.dtype}: only floating-point "
                 "params can be trained. Fix: make that param a float array, or keep a value "
                 "that is not trained out of the params (a layer attribute; see "
                 "docs/custom-layers.md)")
-        if u.dtype.kind != "f":
+        if not is_float(u.dtype):
             raise TypeError(
                 f"{where}: the update at {path!r} has dtype {u.dtype}, but updates must be "
                 f"floating point (the {ref_name} there are {r.dtype}). Fix: pass float "
@@ -264,7 +265,7 @@ def check_empty_state(where):
 
 
 def _is_float_array(a):
-    return is_array(a) and getattr(a.dtype, "kind", None) == "f"
+    return is_array(a) and is_float(a.dtype)
 
 
 def float_leaf(where, g, updates):

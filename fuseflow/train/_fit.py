@@ -22,21 +22,28 @@ import numpy as np
 from tqdm import tqdm
 
 from fuseflow import random, tree
-from fuseflow.checkpoint import metadata_json
+from fuseflow._compile import compile as compile_step
+from fuseflow._dtypes import is_float
 from fuseflow._namespace import device_of, is_array, namespace
 from fuseflow.backend import all_finite, device_put
-from fuseflow.distributed import abort_if_parallel
-from fuseflow._compile import compile as compile_step
+from fuseflow.checkpoint import metadata_json
 from fuseflow.data import batches, num_batches
 from fuseflow.data._batches import _check_batch_size
+from fuseflow.distributed import abort_if_parallel
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
-from fuseflow.train._records import (CURVES_FILE, METRICS_FILE, append_metrics, kept_metrics,
-                                     plot_curves, write_metrics)
-from fuseflow.train._state import TrainState
+from fuseflow.train._records import (
+    CURVES_FILE,
+    METRICS_FILE,
+    append_metrics,
+    kept_metrics,
+    plot_curves,
+    write_metrics,
+)
 from fuseflow.train._run_folder import fit_folder, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
+from fuseflow.train._state import TrainState
 from fuseflow.train._step import batch_casts, make_step
 
 __all__ = ["fit", "FitResult", "Interrupted", "Diverged"]
@@ -273,7 +280,7 @@ def _check_finite(name, x):
     """NaN or inf in the inputs would train (and checkpoint) NaN params without a word:
     one pass over float data, once per fit (one launch and one read-back on a GPU; the
     per-example mask only when something is not finite)."""
-    if getattr(x.dtype, "kind", "f") not in "fc" or bool(all_finite([x])):
+    if not (is_float(x.dtype) or x.dtype.kind == "c") or bool(all_finite([x])):
         return
     xp = namespace(x)
     row = int(xp.argmin(xp.isfinite(x).reshape(len(x), -1).all(axis=1)))

@@ -11,15 +11,15 @@ import dataclasses
 import math
 
 from fuseflow import mixed_precision, nn, optim, tree
-from fuseflow.nn._layer import shape_tuple
 from fuseflow.backend.epilogs import ACTIVATIONS
+from fuseflow.nn._layer import shape_tuple
 
 __all__ = ["Recipe", "RecipeError", "mlp", "OPTIMIZERS", "ACTIVATIONS", "SCHEDULES",
            "PRECISIONS", "DEFAULT_LR"]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("cosine", "constant")
-PRECISIONS = ("float32", "float16")
+PRECISIONS = ("float32", "float16", "bfloat16")
 #: peak learning rates measured on MNIST with the default MLP, 5 epochs, cosine decay:
 #: adam 0.9839, adamw 0.9838, sgd 0.9819, momentum 0.9846 test accuracy
 DEFAULT_LR = {"sgd": 0.5, "momentum": 0.1, "adam": 1e-3, "adamw": 1e-3}
@@ -57,7 +57,7 @@ class Recipe:
     batch_size: int = 128
     seed: int = 0
     eval_batch_size: int = 1000
-    precision: str = "float32"   # float16: mixed precision (float32 master weights)
+    precision: str = "float32"   # float16/bfloat16: mixed precision (float32 master weights)
     #: training examples per epoch (None in checkpoints written before it was recorded):
     #: with the batch size it fixes the steps per epoch, hence the lr schedule's horizon
     train_examples: int | None = None
@@ -103,7 +103,7 @@ class Recipe:
 
     def optimizer_for(self, steps_per_epoch: int):
         """The optimizer; a cosine schedule decays lr to 0 over ``epochs * steps_per_epoch``.
-        In float16 it is wrapped in dynamic loss scaling."""
+        In float16 and bfloat16 it is wrapped in dynamic loss scaling."""
         lr = self.lr
         if self.schedule == "cosine":
             lr = optim.cosine_decay_schedule(self.lr, self.epochs * steps_per_epoch)

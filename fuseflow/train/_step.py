@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fuseflow import losses, mixed_precision, tree
+from fuseflow._dtypes import is_float
 from fuseflow.grad import value_and_grad
 from fuseflow.optim import update_and_apply
 
@@ -87,7 +88,7 @@ def batch_casts(compute_dtype, x, argnum):
     ``argnum``: with mixed precision the step casts a floating-point batch to the compute
     dtype first thing, so the compiled graph's copy of the batch casts it instead (one pass
     over the batch, not two). None where the step uses the batch as given."""
-    if compute_dtype is None or getattr(x, "dtype", None) is None or x.dtype.kind != "f":
+    if compute_dtype is None or getattr(x, "dtype", None) is None or not is_float(x.dtype):
         return None
     cd = mixed_precision._compute_dtype(compute_dtype)
     return {argnum: cd} if cd != np.float32 else None

@@ -1,0 +1,228 @@
+"""bfloat16 compute: the NumPy reference against float64, mixed precision against float32,
+training on real MNIST, and (marked ``gpu``) the CUDA backend against the NumPy reference.
+
+bfloat16 has float32's exponent range and 8 bits of mantissa (a unit roundoff of 2^-9), so
+results are judged at bfloat16's rounding, not float16's.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fuseflow as ff
+from fuseflow import mixed_precision as mp
+from fuseflow import nn
+from fuseflow.backend.numpy_backend import NumpyBackend, unpack_relu_aux
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ULP = 2.0 ** -8  # the spacing of bfloat16 values in [1, 2)
+
+
+def normal(rng, shape, scale=1.0, dtype=BF16):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def f64(a):
+    return np.asarray(a, dtype=np.float64)
+
+
+def test_bfloat16_is_a_compute_dtype_by_name_and_by_dtype():
+    assert ff.bfloat16 == BF16
+    for name in ("bfloat16", BF16, ml_dtypes.bfloat16):
+        assert mp._compute_dtype(name) == BF16
+    with pytest.raises(ValueError, match="bfloat16"):
+        mp._compute_dtype("int8")
+
+
+@pytest.mark.parametrize("epilog", ["RELU_AUX_BIAS", "GELU_AUX_BIAS", "BIAS", "DEFAULT"])
+def test_numpy_forward_is_the_exact_product_rounded_once(epilog, rng):
+    """y = act(x @ w.T + b) in bfloat16: within one bfloat16 rounding of the float64 result
+    (float32 accumulation adds far less), and the ReLU mask is the float64 sign where the
+    pre-activation is not within that rounding of 0."""
+    nb = NumpyBackend()
+    x, w, b = normal(rng, (33, 40)), normal(rng, (24, 40), 40 ** -0.5), normal(rng, (24,))
+    y, aux = nb.linear(x, w, b if "BIAS" in epilog else None, epilog)
+    assert y.dtype == BF16 and y.shape == (33, 24)
+    pre = f64(x) @ f64(w).T + (f64(b) if "BIAS" in epilog else 0)
+    if epilog.startswith("RELU"):
+        want = np.maximum(pre, 0)
+        bits = unpack_relu_aux(aux, 24)
+        clear = np.abs(pre) > 1e-4
+        np.testing.assert_array_equal(bits[clear], (pre >= 0)[clear])
+    elif epilog.startswith("GELU"):
+        from fuseflow.backend.numpy_backend import gelu
+
+        want = gelu(pre)
+        np.testing.assert_allclose(f64(aux).T, pre, rtol=ULP, atol=1e-6)  # the pre-activation
+    else:
+        want = pre
+    np.testing.assert_allclose(f64(y), want, rtol=ULP, atol=1e-5)
+
+
+def test_numpy_backward_matches_the_float64_composition(rng):
+    """DRELU_BGRAD's dx (the masked product, rounded once) and bias gradient (the column
+    sums of that dx), and the weight gradient, against float64."""
+    nb = NumpyBackend()
+    x, w1, b1 = normal(rng, (50, 30)), normal(rng, (20, 30), 30 ** -0.5), normal(rng, (20,))
+    w2, dz = normal(rng, (7, 20), 20 ** -0.5), normal(rng, (50, 7))
+    _, aux = nb.linear(x, w1, b1, "RELU_AUX_BIAS")
+    dh, db = nb.linear_dgrad(dz, w2, "DRELU_BGRAD", aux)
+    mask = unpack_relu_aux(aux, 20)
+    want = (f64(dz) @ f64(w2)) * mask
+    assert dh.dtype == db.dtype == BF16
+    np.testing.assert_allclose(f64(dh), want, rtol=ULP, atol=1e-6)
+    np.testing.assert_allclose(f64(db), f64(dh).sum(0), rtol=ULP, atol=1e-5)
+    dw, dbw = nb.linear_wgrad(dz, x, "BGRADB")
+    np.testing.assert_allclose(f64(dw), f64(dz).T @ f64(x), rtol=ULP, atol=1e-2 * ULP * 50)
+    np.testing.assert_allclose(f64(dbw), f64(dz).sum(0), rtol=ULP, atol=1e-5)
+
+
+def _model(seed=0):
+    model = nn.Serial(nn.Dense(64, "relu"), nn.Dense(48, "gelu"), nn.Dense(10))
+    _, params = model.init(ff.random.key(seed), (32,))
+    rng = np.random.default_rng(seed)
+    return model, params, rng.standard_normal((16, 32)).astype(np.float32), np.arange(16) % 10
+
+
+def test_mixed_precision_grads_match_float64_to_bfloat16_rounding():
+    """The bfloat16 forward and backward give the float64 model's loss and gradients (whose
+    own checks are finite differences, test_grad_check.py) to a few bfloat16 roundings;
+    the gradients come back in the params' float32."""
+    model, params, x, y = _model()
+    p64 = ff.tree.astype(params, np.float64)
+    loss64, g64 = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(
+        p64, x.astype(np.float64), y)
+    loss, g = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, "bfloat16")(
+        params, x, y, loss_scale=np.float32(1024))
+    assert abs(float(loss) - float(loss64)) < 4 * ULP * abs(float(loss64))
+    for a, b in zip(ff.tree.leaves(g), ff.tree.leaves(g64)):
+        assert a.dtype == np.float32
+        err = np.linalg.norm(f64(a) - b) / np.linalg.norm(b)
+        assert err < 4 * ULP, err
+
+
+def test_bfloat16_needs_no_loss_scale_where_float16_flushes():
+    """Gradients around 1e-8 are below float16's smallest subnormal (6e-8) but well inside
+    bfloat16's range: unscaled bfloat16 keeps them, unscaled float16 loses them."""
+    model, params, x, y = _model(1)
+    tiny = ff.tree.map(lambda p: p * 1e-3, params)
+    _, exact = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(tiny, x, y)
+    errs = {}
+    for cd in ("float16", "bfloat16"):
+        _, g = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, cd)(tiny, x, y)
+        errs[cd] = np.linalg.norm(g[0]["w"] - exact[0]["w"]) / np.linalg.norm(exact[0]["w"])
+    assert errs["bfloat16"] < 8 * ULP and errs["float16"] > 0.5, errs
+
+
+def test_step_with_a_bfloat16_compute_copy_matches_the_reference_update():
+    """make_step in bfloat16 with dynamic_loss_scaling's compute copy: the copy stays the
+    params cast to bfloat16 after every step, and the loss falls."""
+    model, params, x, y = _model(2)
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(3e-3), compute_dtype="bfloat16")
+    state = opt.init(params)
+    step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                              compute_dtype="bfloat16")
+    losses = []
+    for _ in range(40):
+        params, state, metrics = step(params, state, x, y)
+        losses.append(float(metrics["loss"]))
+        for p, c in zip(ff.tree.leaves(params), ff.tree.leaves(state.compute_params)):
+            assert c.dtype == BF16
+            np.testing.assert_array_equal(c, p.astype(BF16))
+    assert losses[-1] < 0.2 * losses[0]
+
+
+def test_cli_trains_mnist_in_bfloat16(cli, mnist_dir, tmp_path):
+    """One epoch of the default MLP on real MNIST with --precision bfloat16 (CPU here)."""
+    out = tmp_path / "run"
+    r = cli("train", "--data-dir", str(mnist_dir), "--precision", "bfloat16", "--epochs", "1",
+            "--out", str(out), "--no-progress", "--backend", "numpy")
+    assert r.returncode == 0, r.stderr
+    acc = float(r.stdout.strip().splitlines()[-1].split("=")[1])
+    assert acc > 0.95, r.stdout
+
+
+# ---- the GPU against the reference -----------------------------------------------------------
+def _cuda():
+    cupy = pytest.importorskip("cupy")
+    pytest.importorskip("nvmath")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA GPU visible")
+    except Exception:  # noqa: BLE001 - CuPy without a driver
+        pytest.skip("no CUDA GPU visible")
+    from fuseflow.backend import cuda_backend
+
+    if not cuda_backend._BFLOAT16:
+        pytest.skip("bfloat16 needs CuPy 14")
+    return cupy
+
+
+@pytest.mark.gpu
+def test_gpu_casts_round_as_numpy_does(rng):
+    """multi_tensor_cast and the compiled step's batch copy: float32/float64 to bfloat16
+    rounds to nearest even, bit for bit NumPy's (ml_dtypes) astype, and back exactly."""
+    cupy = _cuda()
+    from fuseflow.backend import _cuda_graph_inputs as GI
+    from fuseflow.backend import _cuda_fused as F
+
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1 + 2 ** -8, 1 + 3 * 2 ** -9,
+                        3.0e38, 1e-40], np.float64)
+    for src_dtype in (np.float32, np.float64):
+        host = np.concatenate([special, rng.standard_normal(10_007) * 300]).astype(src_dtype)
+        (got,) = F.multi_tensor_cast([cupy.asarray(host)], BF16)
+        np.testing.assert_array_equal(cupy.asnumpy(got).view(np.uint16),
+                                      host.astype(BF16).view(np.uint16))
+        dst = cupy.empty(host.shape, BF16)
+        GI.copy_arrays([(dst, cupy.asarray(host))])
+        np.testing.assert_array_equal(cupy.asnumpy(dst).view(np.uint16),
+                                      host.astype(BF16).view(np.uint16))
+        (back,) = F.multi_tensor_cast([got], np.float32)
+        np.testing.assert_array_equal(cupy.asnumpy(back), host.astype(BF16).astype(np.float32))
+    with pytest.raises(ValueError, match="16-bit"):
+        GI.conversion(cupy.empty(3, np.float16), cupy.empty(3, BF16))
+
+
+@pytest.mark.gpu
+def test_gpu_training_in_bfloat16_matches_the_numpy_reference(rng):
+    """Eager steps of a 3-layer MLP (ReLU and GELU epilogs, the skinny output layer) in
+    bfloat16 mixed precision: the GPU's losses follow the NumPy backend's over 30 steps,
+    and a compiled step gives the eager step's losses."""
+    cupy = _cuda()
+    model, params, x, y = _model(3)
+    x = rng.standard_normal((256, 32)).astype(np.float32)
+    y = rng.integers(0, 10, 256)
+
+    def run(params, x, y, compiled=False, steps=30):
+        opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-3), compute_dtype="bfloat16")
+        state = opt.init(params)
+        step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                                  compute_dtype="bfloat16")
+        if compiled:
+            step = ff.compile(step)
+        out = []
+        for _ in range(steps):
+            params, state, m = step(params, state, x, y)
+            out.append(float(m["loss"]))
+        return np.array(out)
+
+    ref = run(params, x, y)
+    gpu_params = ff.device_put(params, "cuda")
+    eager = run(gpu_params, cupy.asarray(x), cupy.asarray(y))
+    np.testing.assert_allclose(eager, ref, rtol=3e-2)
+    assert eager[-1] < eager[0]
+    compiled = run(ff.device_put(params, "cuda"), cupy.asarray(x), cupy.asarray(y), True)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_cli_trains_mnist_in_bfloat16(cli, mnist_dir, tmp_path):
+    _cuda()
+    out = tmp_path / "run"
+    r = cli("train", "--data-dir", str(mnist_dir), "--precision", "bfloat16", "--out",
+            str(out), "--no-progress", "--backend", "cuda")
+    assert r.returncode == 0, r.stderr
+    acc = float(r.stdout.strip().splitlines()[-1].split("=")[1])
+    assert acc > 0.97, r.stdout
