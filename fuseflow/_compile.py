@@ -36,6 +36,7 @@ import warnings
 import numpy as np
 
 from fuseflow import backend, tree
+from fuseflow._dtypes import FLOATS
 from fuseflow._namespace import is_array, is_cupy
 from fuseflow.backend import graph_capture
 from fuseflow.backend._env import AUTOTUNE_MODES, env_choice
@@ -93,7 +94,7 @@ def _donated(donate_argnums):
 
 
 #: The dtypes ``cast_args`` casts to and from.
-CAST_DTYPES = tuple(map(np.dtype, (np.float16, np.float32, np.float64)))
+CAST_DTYPES = FLOATS
 
 
 def _casts(cast_args, donate):
@@ -317,8 +318,8 @@ class CompiledStep:
                     "missing" if i >= len(args) else f"a {type(a).__name__}"
                 raise CompileError(
                     f"{self!r}: cast_args names argument {i}, which is {got}; it casts "
-                    f"float16, float32 or float64 arrays to {self.casts[i].name}. Fix: pass "
-                    f"a floating-point array there, or leave {i} out of cast_args")
+                    f"float16, bfloat16, float32 or float64 arrays to {self.casts[i].name}. "
+                    f"Fix: pass a floating-point array there, or leave {i} out of cast_args")
 
     def _cast(self, args):
         """``args`` with ``cast_args``' arguments cast (a no-op copy-free where they already

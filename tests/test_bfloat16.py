@@ -134,6 +134,21 @@ def test_step_with_a_bfloat16_compute_copy_matches_the_reference_update():
     assert losses[-1] < 0.2 * losses[0]
 
 
+def test_checkpoint_keeps_a_bfloat16_compute_copy_bit_for_bit(tmp_path):
+    """A state with a bfloat16 compute copy is saved as safetensors' BF16 and read back as
+    bfloat16, the same bits, with ``like`` and without."""
+    model, params, _, _ = _model(4)
+    opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-3), compute_dtype="bfloat16")
+    state = opt.init(ff.tree.map(lambda p: p * np.float32(1.0 + 2 ** -10), params))
+    path = tmp_path / "state.safetensors"
+    ff.checkpoint.save(path, {"opt": state})
+    for back in (ff.checkpoint.load(path, like={"opt": state}), ff.checkpoint.load(path)):
+        for a, b in zip(ff.tree.leaves(back["opt"].compute_params),
+                        ff.tree.leaves(state.compute_params)):
+            assert a.dtype == BF16
+            np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
 def test_cli_trains_mnist_in_bfloat16(cli, mnist_dir, tmp_path):
     """One epoch of the default MLP on real MNIST with --precision bfloat16 (CPU here)."""
     out = tmp_path / "run"
@@ -165,8 +180,8 @@ def test_gpu_casts_round_as_numpy_does(rng):
     """multi_tensor_cast and the compiled step's batch copy: float32/float64 to bfloat16
     rounds to nearest even, bit for bit NumPy's (ml_dtypes) astype, and back exactly."""
     cupy = _cuda()
-    from fuseflow.backend import _cuda_graph_inputs as GI
     from fuseflow.backend import _cuda_fused as F
+    from fuseflow.backend import _cuda_graph_inputs as GI
 
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1 + 2 ** -8, 1 + 3 * 2 ** -9,
                         3.0e38, 1e-40], np.float64)

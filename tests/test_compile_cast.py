@@ -73,9 +73,9 @@ def test_mixed_precision_step_is_unchanged_by_casting_its_batch_on_numpy():
 
 @pytest.mark.parametrize("cast_args, error, match", [
     ({0: "float16"}, ValueError, "names argument 0, which is donated"),
-    ({2: "int32"}, ValueError, r"cast_args\[2\] must be one of \['float16', 'float32', "
-                               r"'float64'\], got 'int32'"),
-    ({2: "bfloat16"}, ValueError, "got 'bfloat16'"),
+    ({2: "int32"}, ValueError, r"cast_args\[2\] must be one of \['float16', 'bfloat16', "
+                               r"'float32', 'float64'\], got 'int32'"),
+    ({2: "float8_e4m3fn"}, ValueError, "got 'float8_e4m3fn'"),
     ({2: None}, ValueError, "got None"),
     ([2], TypeError, "must be a dict"),
     ({"x": "float16"}, TypeError, r"keys must be argument indices \(ints >= 0\), got 'x'"),
@@ -94,7 +94,8 @@ def test_bad_cast_args_are_named_at_compile(cast_args, error, match):
 def test_a_cast_argument_must_be_a_float_array(x, got):
     compiled = ff.compile(lambda p, s, x, y: (p, s, {}), cast_args={2: "float16"})
     with pytest.raises(ff.CompileError, match=f"cast_args names argument 2, which is {got}; "
-                                              "it casts float16, float32 or float64 arrays"):
+                                              "it casts float16, bfloat16, float32 or "
+                                              "float64 arrays"):
         compiled({"w": np.ones(2)}, {}, x, np.zeros(2))
     with pytest.raises(ff.CompileError, match="names argument 2, which is missing"):
         compiled({"w": np.ones(2)}, {})
@@ -108,7 +109,7 @@ def test_batch_casts_names_the_batch_of_a_mixed_precision_step():
     assert ff.train.batch_casts("float32", x, 2) is None
     assert ff.train.batch_casts("float16", x.astype(np.int64), 2) is None  # token ids
     with pytest.raises(ValueError, match="compute dtype must be one of"):
-        ff.train.batch_casts("bfloat16", x, 2)
+        ff.train.batch_casts("float8_e4m3fn", x, 2)
 
 
 # ---- GPU: the graph's copy casts ---------------------------------------------------------------

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

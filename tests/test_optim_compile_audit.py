@@ -1,6 +1,6 @@
 """From an API audit of the optimizers, mixed precision and ``ff.compile``: states loaded
 without ``like``, the loss-scale rule's arguments, gradients wider than the optimizer state,
-``ff.compile``'s NumPy contract and ``donate_argnums``, bfloat16, empty trees.
+``ff.compile``'s NumPy contract and ``donate_argnums``, 8-bit floats, empty trees.
 
 Values are random (``rng``: a fresh seed per test, printed; ``FUSEFLOW_TEST_SEED`` repeats
 one).
@@ -331,15 +331,16 @@ def test_compile_refuses_bad_donate_argnums(bad):
         ff.compile(lambda p, s: (p, s), donate_argnums=bad)
 
 
-# ---- 5. bfloat16 ---------------------------------------------------------------------
+# ---- 5. 8-bit floats (bfloat16 is a compute dtype: test_bfloat16.py) -----------------
 
-def test_bfloat16_gets_the_mixed_precision_message():
+def test_float8_gets_the_mixed_precision_message():
     model = nn.Serial(nn.Dense(3))
-    for call in (lambda: mp.value_and_grad(model, ff.losses.softmax_cross_entropy, "bfloat16"),
-                 lambda: mp.dynamic_loss_scaling(optim.adam(1e-3), compute_dtype="bfloat16")):
-        with pytest.raises(ValueError, match=r"compute dtype must be one of \['float16', "
-                           r"'float32', 'float64'\], got bfloat16. \(bfloat16: see docs/gpu.md\)"
-                           r" Fix: compute_dtype='float16'"):
+    bad = "float8_e4m3fn"
+    for call in (lambda: mp.value_and_grad(model, ff.losses.softmax_cross_entropy, bad),
+                 lambda: mp.dynamic_loss_scaling(optim.adam(1e-3), compute_dtype=bad)):
+        with pytest.raises(ValueError, match=r"compute dtype must be one of \['bfloat16', "
+                           r"'float16', 'float32', 'float64'\], got float8_e4m3fn. "
+                           r"Fix: compute_dtype='bfloat16' or 'float16'"):
             call()
 
 

@@ -10,7 +10,6 @@ through the backend as the cuBLASLt path.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
