@@ -434,9 +434,11 @@ def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned, width=4):
     for k in range(len(sizes)):
         args += [f"const S* s{k}", f"D* d{k}"]
 
-    def element(k):  # a 16-bit source through float32 (exact): no cast between the two
-        value = (f"(float)s{k}[j] * sc" if scaled else  # 16-bit formats is defined in CUDA
-                 f"(float)s{k}[j]" if src_ctype in ("__half", "__nv_bfloat16") else f"s{k}[j]")
+    def element(k):
+        # a 16-bit source goes through float32 (exactly): CUDA defines no cast from one
+        # 16-bit format to the other
+        half = src_ctype in ("__half", "__nv_bfloat16")
+        value = f"(float)s{k}[j] * sc" if scaled else f"(float)s{k}[j]" if half else f"s{k}[j]"
         return f"d{k}[j] = (D)({value});"
 
     return _quad_kernel("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args,
