@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--optimizers", default="sgd,momentum,adam,adamw")
     ap.add_argument("--widths", default="6000,9000", help="two hidden widths")
     ap.add_argument("--src", help="a checkout whose fuseflow is measured instead")
-    ap.add_argument("--precision", default="float32", choices=("float32", "float16"))
+    ap.add_argument("--precision", default="float32", choices=("float32", "float16", "bfloat16"))
     ap.add_argument("--out", default="benchmarks/results/cpu_memory.json")
     args = ap.parse_args()
     small, large = (int(w) for w in args.widths.split(","))

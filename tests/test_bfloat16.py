@@ -134,6 +134,31 @@ def test_step_with_a_bfloat16_compute_copy_matches_the_reference_update():
     assert losses[-1] < 0.2 * losses[0]
 
 
+def test_step_without_loss_scaling_is_the_unscaled_composition():
+    """make_step in bfloat16 with a plain optimizer (no loss scaling): each step is
+    mixed precision's value_and_grad (float32 gradients, loss scale 1) followed by
+    update_and_apply, bit for bit; float16 still asks for the wrapper."""
+    model, params, x, y = _model(5)
+    opt = ff.optim.adam(1e-3)
+    step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                              compute_dtype="bfloat16")
+    grad_fn = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, "bfloat16")
+    p_ref, s_ref = params, opt.init(params)
+    p, s = params, opt.init(params)
+    for _ in range(5):
+        p, s, metrics = step(p, s, x, y)
+        loss, grads = grad_fn(p_ref, x, y)
+        assert all(g.dtype == np.float32 for g in ff.tree.leaves(grads))
+        p_ref, s_ref = ff.optim.update_and_apply(opt, grads, s_ref, p_ref)
+        assert float(metrics["loss"]) == float(loss)
+        for a, b in zip(ff.tree.leaves((p, s)), ff.tree.leaves((p_ref, s_ref))):
+            np.testing.assert_array_equal(a, b)
+    f16 = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                             compute_dtype="float16")
+    with pytest.raises(TypeError, match="no loss scale.*or compute in bfloat16"):
+        f16(params, opt.init(params), x, y)
+
+
 def test_checkpoint_keeps_a_bfloat16_compute_copy_bit_for_bit(tmp_path):
     """A state with a bfloat16 compute copy is saved as safetensors' BF16 and read back as
     bfloat16, the same bits, with ``like`` and without."""
@@ -207,17 +232,21 @@ def test_gpu_casts_round_as_numpy_does(rng):
 
 
 @pytest.mark.gpu
-def test_gpu_training_in_bfloat16_matches_the_numpy_reference(rng):
+@pytest.mark.parametrize("scaled", [True, False], ids=["loss_scaled", "unscaled"])
+def test_gpu_training_in_bfloat16_matches_the_numpy_reference(rng, scaled):
     """Eager steps of a 3-layer MLP (ReLU and GELU epilogs, the skinny output layer) in
-    bfloat16 mixed precision: the GPU's losses follow the NumPy backend's over 30 steps,
-    and a compiled step gives the eager step's losses."""
+    bfloat16 mixed precision, with dynamic loss scaling and its compute copy or with a
+    plain optimizer: the GPU's losses follow the NumPy backend's over 30 steps, and a
+    compiled step gives the eager step's losses."""
     cupy = _cuda()
     model, params, x, y = _model(3)
     x = rng.standard_normal((256, 32)).astype(np.float32)
     y = rng.integers(0, 10, 256)
 
     def run(params, x, y, compiled=False, steps=30):
-        opt = mp.dynamic_loss_scaling(ff.optim.adam(1e-3), compute_dtype="bfloat16")
+        opt = ff.optim.adam(1e-3)
+        if scaled:
+            opt = mp.dynamic_loss_scaling(opt, compute_dtype="bfloat16")
         state = opt.init(params)
         step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
                                   compute_dtype="bfloat16")

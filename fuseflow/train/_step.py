@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fuseflow import losses, mixed_precision, tree
-from fuseflow._dtypes import is_float
+from fuseflow._dtypes import bfloat16, is_float
 from fuseflow.grad import value_and_grad
 from fuseflow.optim import update_and_apply
 
@@ -28,7 +28,9 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     optimizers). ``compute_dtype="float16"`` is mixed precision: float32 params, 16-bit
     forward and backward, and an ``optimizer`` wrapped in
     ``ff.mixed_precision.dynamic_loss_scaling`` (its state carries the loss scale, and with
-    ``compute_dtype`` the float16 copy of the params that the step computes with).
+    ``compute_dtype`` the 16-bit copy of the params that the step computes with).
+    ``compute_dtype="bfloat16"`` takes the same wrapper, or none: bfloat16 has float32's
+    range, and without the wrapper the step runs unscaled and applies every update.
     ``comm`` (a ``ff.distributed.Communicator``): x and y are this rank's shard, and the
     gradients are averaged over the ranks (one collective) before the update.
     """
@@ -44,17 +46,24 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
                                                  with_outputs=True, unscaled=not scaled)
     else:
         grad_fn = value_and_grad(model, loss_fn, with_outputs=True)
+    # bfloat16 without loss scaling: float32 gradients of the unscaled loss, as float32 does
+    unscaled_fn = mixed_precision.value_and_grad(
+        model, loss_fn, compute_dtype, with_outputs=True) if compute_dtype == bfloat16 else None
 
     fresh_grads = _own_layers_only(model)
 
     def step(params, opt_state, x, y, key=None):
-        if mixed:
-            scale = getattr(opt_state, "scale", None)
+        scale = getattr(opt_state, "scale", None) if mixed else None
+        unscaled = mixed and scale is None and unscaled_fn is not None
+        if unscaled:
+            (loss, outputs), grads = unscaled_fn(params, x, y, key=key)
+        elif mixed:
             if scale is None:
                 raise TypeError(
                     f"make_step(compute_dtype={compute_dtype.name!r}): the optimizer "
                     f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
-                    "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init.")
+                    "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init "
+                    "(or compute in bfloat16, which needs none).")
             low = getattr(opt_state, "compute_params", None)
             if low is not None and tree.leaves(low)[0].dtype != compute_dtype:
                 raise TypeError(
@@ -69,18 +78,22 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
             grads = comm.allreduce_mean(grads)
         # The grads never leave this function: the update may reuse their buffers, where
         # no layer keeps them.
-        if scaled:
+        if scaled and not unscaled:
             params, opt_state = mixed_precision.update_and_apply_scaled(
                 optimizer, grads, opt_state, params)
         else:
             params, opt_state = update_and_apply(optimizer, grads, opt_state, params,
                                                  donate_grads=fresh_grads)
-        metrics = {"loss": loss}
-        if is_class_labels(y) and getattr(outputs, "ndim", 0) == 2:
-            metrics["accuracy"] = losses.accuracy(outputs, y)
-        return params, opt_state, metrics
+        return params, opt_state, _metrics(loss, outputs, y)
 
     return step
+
+
+def _metrics(loss, outputs, y):
+    metrics = {"loss": loss}
+    if is_class_labels(y) and getattr(outputs, "ndim", 0) == 2:
+        metrics["accuracy"] = losses.accuracy(outputs, y)
+    return metrics
 
 
 def batch_casts(compute_dtype, x, argnum):
