@@ -39,10 +39,11 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+
+from fuseflow._dtypes import bfloat16
 import safetensors
 
 from fuseflow import tree as _tree
-from fuseflow._dtypes import bfloat16
 from fuseflow._files import atomic_write, check_parent_folders
 from fuseflow._namespace import is_cupy, namespace
 
