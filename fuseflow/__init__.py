@@ -6,22 +6,11 @@
     loss, grads = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(params, x, y)
 """
 
-from fuseflow import (
-                      backend,
-                      checkpoint,
-                      data,
-                      distributed,
-                      losses,
-                      mixed_precision,
-                      nn,
-                      optim,
-                      random,
-                      train,
-                      tree,
-)
+from fuseflow import (backend, checkpoint, data, distributed, losses, mixed_precision, nn, optim,
+                      random, train, tree)
+from fuseflow.backend import asarray, device_put
 from fuseflow._compile import CompiledStep, CompileError, compile
 from fuseflow._dtypes import bfloat16
-from fuseflow.backend import asarray, device_put
 from fuseflow.grad import GradientCheckError, check_grads, value_and_grad
 
 __version__ = "0.1.0"

@@ -39,11 +39,10 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-
-from fuseflow._dtypes import bfloat16
 import safetensors
 
 from fuseflow import tree as _tree
+from fuseflow._dtypes import bfloat16
 from fuseflow._files import atomic_write, check_parent_folders
 from fuseflow._namespace import is_cupy, namespace
 
@@ -58,7 +57,7 @@ _DTYPES = {np.dtype(t): code for t, code in (
     ("bool", "BOOL"), ("u1", "U8"), ("i1", "I8"), ("<u2", "U16"), ("<i2", "I16"),
     ("<u4", "U32"), ("<i4", "I32"), ("<u8", "U64"), ("<i8", "I64"), ("<f2", "F16"),
     ("<f4", "F32"), ("<f8", "F64"))}
-_DTYPES[bfloat16] = "BF16"
+_DTYPES[bfloat16] = "BF16"  # ml_dtypes' (a mixed-precision state's bfloat16 compute copy)
 
 
 class CheckpointError(ValueError):

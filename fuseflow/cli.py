@@ -29,32 +29,16 @@ import numpy as np
 from fuseflow import __version__, backend, checkpoint, data, distributed, random
 from fuseflow._compile import compile as compile_step
 from fuseflow.data import num_batches
-from fuseflow.train import (
-    METRICS_FILE,
-    Interrupted,
-    Recipe,
-    RecipeError,
-    batch_casts,
-    evaluate,
-    fit,
-    init_state,
-    load_dataset,
-    load_state,
-    make_step,
-    read_metrics,
-)
-from fuseflow.train._datasets import _load_split
+from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError, batch_casts,
+                            evaluate, fit, init_state, load_dataset, load_state,
+                            make_step, read_metrics)
 from fuseflow.train._fit import Diverged, OutDirConflict
+from fuseflow.train._run_folder import (RunFolder, RunFolderError, latest_checkpoint, names,
+                                        resume_point)
+from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
+from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
 from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
-from fuseflow.train._run_folder import (
-    RunFolder,
-    RunFolderError,
-    latest_checkpoint,
-    names,
-    resume_point,
-)
-from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 
 __all__ = ["main", "build_parser"]
 

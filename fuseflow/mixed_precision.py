@@ -49,16 +49,8 @@ from fuseflow._dtypes import bfloat16, is_half
 from fuseflow._namespace import is_array, is_cupy, namespace
 from fuseflow.grad import _backward, _own_residuals, fused_loss_check, loss_and_output_grad
 from fuseflow.optim import GradientTransformation, apply_updates
-from fuseflow.optim._base import (
-    _is_float_array,
-    _widens,
-    check_float_updates,
-    check_like,
-    check_number,
-    check_state,
-    own_attribute,
-    zero_count,
-)
+from fuseflow.optim._base import (_is_float_array, _widens, check_float_updates, check_like,
+                                  check_number, check_state, own_attribute, zero_count)
 from fuseflow.optim._fused import fused_update, kept_unless_finite, update_and_apply
 
 __all__ = [

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

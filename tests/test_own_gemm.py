@@ -10,6 +10,7 @@ through the backend as the cuBLASLt path.
 
 from __future__ import annotations
 
+
 import numpy as np
 import pytest
 

@@ -11,6 +11,7 @@ from fuseflow.backend.base import BackendError
 from fuseflow.nn import LayerError
 from tests.test_compile import _cuda, gpu
 
+
 # Random123's published known-answer vectors for Philox4x32-10 (its tests/kat_vectors)
 KAT = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),

@@ -9,14 +9,8 @@ import pytest
 
 import fuseflow as ff
 from fuseflow import nn
-from tests.test_compile import (
-    _cuda,
-    assert_runs_equal,
-    compiled_runs_by_setting,
-    gpu,
-    make_problem,
-    run_side_by_side,
-)
+from tests.test_compile import (_cuda, assert_runs_equal, compiled_runs_by_setting, gpu,
+                                make_problem, run_side_by_side)
 
 
 def test_numpy_scopes_take_update_early_and_change_nothing():

@@ -14,14 +14,8 @@ import pytest
 import fuseflow as ff
 from fuseflow import nn
 from fuseflow import train as T
-from tests.test_cli_safety import (
-    DIGITS,
-    IDX_NAMES,
-    SMALL,
-    assert_one_line_error,
-    idx_folder,
-    write_idx,
-)
+from tests.test_cli_safety import (DIGITS, IDX_NAMES, SMALL, assert_one_line_error, idx_folder,
+                                   write_idx)
 
 
 @pytest.fixture(scope="module")

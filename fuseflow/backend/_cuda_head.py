@@ -34,7 +34,8 @@ import numpy as np
 
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
-from fuseflow.backend._cuda_fused import _CTYPES, _LABEL_CTYPES, MAX_STATIC_CLASSES, MUL_RN_SRC
+from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, MAX_STATIC_CLASSES,
+                                          MUL_RN_SRC)
 
 #: Threads of a block; they split the inputs (forward) and the columns (input gradient).
 THREADS = S.FORWARD_THREADS

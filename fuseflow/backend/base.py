@@ -22,14 +22,8 @@ import numpy as np
 
 from fuseflow import random
 from fuseflow._dtypes import is_half
-from fuseflow.backend.epilogs import (
-    ACTIVATIONS,
-    DGRAD_EPILOGS,
-    EPILOGS,
-    WGRAD_EPILOGS,
-    aux_shape,
-    lookup,
-)
+from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS,
+                                      aux_shape, lookup)
 
 #: DLPack device types whose memory the GPU reads in place (kDLCUDA, kDLCUDAManaged). Pinned
 #: host memory (kDLCUDAHost, 3) is CPU memory: it becomes a NumPy array like any other.

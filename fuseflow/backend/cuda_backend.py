@@ -69,9 +69,11 @@ from fuseflow.backend import _cuda_epilogs as E
 from fuseflow.backend import _cuda_gemm as G
 from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_kernels as K
-from fuseflow.backend import _cuda_overlap, _cuda_random, _k_split
+from fuseflow.backend import _cuda_overlap
+from fuseflow.backend import _cuda_random
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
+from fuseflow.backend import _k_split
 from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError, from_dlpack
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, relu_aux_rows

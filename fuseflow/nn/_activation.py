@@ -11,15 +11,8 @@ import numpy as np
 
 from fuseflow import backend
 from fuseflow.backend.epilogs import AUX_KEYS
-from fuseflow.nn._layer import (
-    Layer,
-    as_rows,
-    as_shape,
-    check_dtype,
-    check_float,
-    check_residuals,
-    check_saved_shape,
-)
+from fuseflow.nn._layer import (Layer, as_rows, as_shape, check_dtype, check_float,
+                                check_residuals, check_saved_shape)
 
 
 class _Activation(Layer):

@@ -5,23 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from fuseflow import random
-from fuseflow.backend.epilogs import ACTIVATIONS as FUSED_ACTIVATIONS
 from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn import initializers
-from fuseflow.nn._layer import (
-    RESIDUALS_FIX,
-    Layer,
-    check_2d,
-    check_array,
-    check_dtype,
-    check_in_shape,
-    check_keys,
-    check_param,
-    check_residuals,
-    float_dtype,
-    initializer,
-    positive_int,
-)
+from fuseflow.nn._layer import (RESIDUALS_FIX, Layer, check_2d, check_array, check_dtype,
+                                check_in_shape, check_keys, check_param, check_residuals,
+                                float_dtype, initializer, positive_int)
+from fuseflow.backend.epilogs import ACTIVATIONS as FUSED_ACTIVATIONS
 from fuseflow.ops.dense import dense_backward, dense_forward
 
 ACTIVATIONS = (None, *FUSED_ACTIVATIONS)

@@ -9,16 +9,8 @@ a key passed to it as a GPU array. The same key gives the same mask on every bac
 from __future__ import annotations
 
 from fuseflow import backend
-from fuseflow.nn._layer import (
-    Layer,
-    as_shape,
-    check_array,
-    check_dtype,
-    check_float,
-    check_residuals,
-    check_saved_shape,
-    number,
-)
+from fuseflow.nn._layer import (Layer, as_shape, check_array, check_dtype, check_float,
+                                check_residuals, check_saved_shape, number)
 
 
 class Dropout(Layer):

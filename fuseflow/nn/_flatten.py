@@ -6,14 +6,8 @@ import math
 
 import numpy as np
 
-from fuseflow.nn._layer import (
-    Layer,
-    as_rows,
-    as_shape,
-    check_array,
-    check_residuals,
-    check_saved_shape,
-)
+from fuseflow.nn._layer import (Layer, as_rows, as_shape, check_array, check_residuals,
+                                check_saved_shape)
 
 
 class Flatten(Layer):

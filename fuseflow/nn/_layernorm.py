@@ -8,21 +8,9 @@ import numpy as np
 
 from fuseflow import backend
 from fuseflow._dtypes import is_half
-from fuseflow.nn._layer import (
-    RESIDUALS_FIX,
-    Layer,
-    check_2d,
-    check_array,
-    check_dtype,
-    check_float,
-    check_in_shape,
-    check_keys,
-    check_param,
-    check_residuals,
-    check_saved_shape,
-    float_dtype,
-    number,
-)
+from fuseflow.nn._layer import (RESIDUALS_FIX, Layer, check_2d, check_array, check_dtype,
+                                check_float, check_in_shape, check_keys, check_param,
+                                check_residuals, check_saved_shape, float_dtype, number)
 
 _F32 = np.dtype(np.float32)
 

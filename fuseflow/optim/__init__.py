@@ -13,8 +13,8 @@ arrays on the params' device). A training step::
 """
 
 from fuseflow.optim._aliases import adam, adamw, sgd
-from fuseflow.optim._base import EmptyState, GradientTransformation, apply_updates, chain, identity
 from fuseflow.optim._fused import update_and_apply
+from fuseflow.optim._base import EmptyState, GradientTransformation, apply_updates, chain, identity
 from fuseflow.optim._schedules import (
     constant_schedule,
     cosine_decay_schedule,

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from fuseflow.optim._base import (
-    GradientTransformation,
-    chain,
-    check_flag,
-    check_lr,
-    check_number,
-    identity,
-)
+from fuseflow.optim._base import (GradientTransformation, chain, check_flag, check_lr,
+                                  check_number, identity)
 from fuseflow.optim._fused import fused_spec
 from fuseflow.optim._transforms import (
     add_decayed_weights,

@@ -21,6 +21,7 @@ import weakref
 from fuseflow._namespace import namespace
 from fuseflow.optim._base import check_number
 
+
 _HORIZONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

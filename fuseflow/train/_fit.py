@@ -22,28 +22,22 @@ import numpy as np
 from tqdm import tqdm
 
 from fuseflow import random, tree
-from fuseflow._compile import compile as compile_step
-from fuseflow._dtypes import is_float
+from fuseflow.checkpoint import metadata_json
 from fuseflow._namespace import device_of, is_array, namespace
 from fuseflow.backend import all_finite, device_put
-from fuseflow.checkpoint import metadata_json
+from fuseflow.distributed import abort_if_parallel
+from fuseflow._compile import compile as compile_step
+from fuseflow._dtypes import is_float
 from fuseflow.data import batches, num_batches
 from fuseflow.data._batches import _check_batch_size
-from fuseflow.distributed import abort_if_parallel
 from fuseflow.train._checkpoints import LAST, epoch_checkpoint, save_state
 from fuseflow.train._evaluate import EvalResult, evaluate
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
-from fuseflow.train._records import (
-    CURVES_FILE,
-    METRICS_FILE,
-    append_metrics,
-    kept_metrics,
-    plot_curves,
-    write_metrics,
-)
+from fuseflow.train._records import (CURVES_FILE, METRICS_FILE, append_metrics, kept_metrics,
+                                     plot_curves, write_metrics)
+from fuseflow.train._state import TrainState
 from fuseflow.train._run_folder import fit_folder, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
-from fuseflow.train._state import TrainState
 from fuseflow.train._step import batch_casts, make_step
 
 __all__ = ["fit", "FitResult", "Interrupted", "Diverged"]
