@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np  # dtype promotion rules only, never on leaves
 
 from fuseflow import tree
-from fuseflow._dtypes import is_float
+from fuseflow._dtypes import accumulation, is_float
 from fuseflow._namespace import is_array, namespace
 
 
@@ -354,3 +354,13 @@ def check_number(opt, name, value, *, low=None, high=None, low_open=False, examp
             want = f"in {'(' if low_open else '['}{low}, {high})"
         raise ValueError(f"{opt}: {name} must be {want}, got {value}. {fix}")
     return float(value)
+
+
+def bias_corrections(count, dtype, b1, b2):
+    """``(1 - b1**count, 1 - b2**count)`` as optax (JAX) forms them: in the leaf's dtype, or
+    in float32 for 16-bit leaves and then rounded (bfloat16's 0.999 is 1.0, so its own
+    powers would leave 0). float64 corrections of float32 leaves would be more exact but
+    differ from optax by up to 1e-5 in the first steps."""
+    acc = accumulation(dtype)
+    t, f = count.astype(acc), acc.type
+    return tuple((1 - f(b) ** t).astype(dtype, copy=False) for b in (b1, b2))

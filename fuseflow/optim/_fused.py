@@ -25,6 +25,7 @@ from fuseflow import backend, tree
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 from fuseflow.optim._base import (
     apply_updates,
+    bias_corrections,
     check_like,
     check_update_args,
     increment,
@@ -273,8 +274,7 @@ def _host_update(kind, params, grads, groups, donate_grads, *, step_const=None, 
         else:
             u = np.empty(np.shape(p), p.dtype)  # C order: its flat view is itself
         if kind == "adam":
-            t, f = count.astype(p.dtype), p.dtype.type
-            c1, c2 = 1 - f(b1) ** t, 1 - f(b2) ** t
+            c1, c2 = bias_corrections(count, p.dtype, b1, b2)
         state = [grp[k] for grp in groups]
         news = [np.empty(np.shape(p), p.dtype) for _ in groups]
         flat = [np.asarray(a).reshape(-1) for a in (p, g, u, *state, *news)]  # np.matrix too

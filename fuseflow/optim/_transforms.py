@@ -19,6 +19,7 @@ from fuseflow._namespace import namespace
 from fuseflow.optim._base import (
     EmptyState,
     GradientTransformation,
+    bias_corrections,
     check_empty_state,
     check_flag,
     check_float_updates,
@@ -155,10 +156,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
 
         def direction(m, v):
             if m.dtype not in corrections:
-                # In the leaf's dtype, as optax (JAX) does: float64 corrections would be
-                # more exact but differ from optax by up to 1e-5 in the first steps.
-                t, f = count.astype(m.dtype), m.dtype.type
-                corrections[m.dtype] = (1 - f(b1) ** t, 1 - f(b2) ** t)
+                corrections[m.dtype] = bias_corrections(count, m.dtype, b1, b2)
             c1, c2 = corrections[m.dtype]
             return (m / c1) / (namespace(m).sqrt(v / c2) + eps)
 
