@@ -296,9 +296,26 @@ def test_a_jax_array_gets_the_layer_error_and_goes_in_through_asarray():
     np.testing.assert_array_equal(y, model.apply(params, np.asarray(x)))
 
 
-def test_asarray_of_bfloat16_says_to_convert_first():
+def test_asarray_takes_jax_bfloat16_and_names_what_dlpack_cannot_carry():
+    """NumPy's DLPack has no bfloat16: JAX's bfloat16 arrays come through their own
+    conversion (ml_dtypes' dtype, the same bits); a dtype nothing here holds gets the
+    message that says to convert it first."""
     jnp = pytest.importorskip("jax.numpy")
-    with pytest.raises(TypeError, match=r"ff.asarray: cannot take a jaxlib \w+ of dtype "
-                                        r"bfloat16 through DLPack.*Fix: convert it to a "
+    x = jnp.arange(80, dtype=jnp.float32).reshape(4, 20).astype(jnp.bfloat16) / 7
+    got = ff.asarray(x)
+    assert isinstance(got, np.ndarray) and got.dtype == ff.bfloat16
+    np.testing.assert_array_equal(got.view(np.uint16), np.asarray(x).view(np.uint16))
+
+    class Float8:  # a DLPack producer whose dtype NumPy cannot take, as float8 is
+        dtype = "float8_e4m3fn"
+
+        def __dlpack__(self, **_):
+            raise BufferError("Unsupported dtype in DLTensor")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(TypeError, match=r"ff.asarray: cannot take a \w+ Float8 of dtype "
+                                        r"float8_e4m3fn through DLPack.*Fix: convert it to a "
                                         r"float32.*x.astype\(jnp.float32\)"):
-        ff.asarray(jnp.ones((4, 20), jnp.bfloat16))
+        ff.asarray(Float8())

@@ -21,7 +21,7 @@ from collections import Counter
 import numpy as np
 
 from fuseflow import random
-from fuseflow._dtypes import is_half
+from fuseflow._dtypes import bfloat16, is_half
 from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS,
                                       aux_shape, lookup)
 
@@ -32,11 +32,20 @@ DLPACK_GPU_DEVICES = (2, 13)
 
 def from_dlpack(take, x):
     """``take(x)`` (``np.from_dlpack`` or ``cupy.from_dlpack``), with a TypeError that says
-    what to do when the array library cannot hold ``x``'s dtype (bfloat16, for one: NumPy
-    and CuPy have none), where DLPack itself only says "Unsupported dtype"."""
+    what to do when the array library cannot hold ``x``'s dtype, where DLPack itself only
+    says "Unsupported dtype". NumPy's DLPack has no bfloat16: a host bfloat16 array that
+    converts itself (JAX's, through ml_dtypes, without a copy) is taken that way."""
     try:
         return take(x)
     except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        if take is np.from_dlpack and str(getattr(x, "dtype", "")) == "bfloat16" \
+                and hasattr(x, "__array__"):
+            try:
+                out = np.asarray(x)
+            except (RuntimeError, TypeError, ValueError):  # torch's bfloat16 tensors
+                out = None
+            if out is not None and out.dtype == bfloat16:
+                return out
         fix = ("convert it to a float32, float16 or float64 array first, e.g. "
                "x.astype(jnp.float32) (JAX) or x.float() (PyTorch)" if "dtype" in str(e).lower()
                else "pass a tensor that needs no gradient, e.g. x.detach() (PyTorch), or "
