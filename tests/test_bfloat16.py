@@ -1,5 +1,6 @@
-"""bfloat16 compute: the NumPy reference against float64, mixed precision against float32,
-training on real MNIST, and (marked ``gpu``) the CUDA backend against the NumPy reference.
+"""bfloat16 compute: the NumPy reference and mixed precision against float64, Adam against
+optax, training on real MNIST, and (marked ``gpu``) the CUDA backend against the NumPy
+reference.
 
 bfloat16 has float32's exponent range and 8 bits of mantissa (a unit roundoff of 2^-9), so
 results are judged at bfloat16's rounding, not float16's.
