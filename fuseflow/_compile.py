@@ -335,8 +335,9 @@ class CompiledStep:
         self._check_donation(args)
         capture = graph_capture()
         # cast_args: the graph's input buffers hold the cast batch, which its copy writes;
-        # or (CAST_IN_COPY off) the batch as given, cast at the start of the traced step
-        casts = self.casts if capture.casts_in_copy() else {}
+        # or (CAST_IN_COPY off, or a cast the copy has not) the batch as given, cast at the
+        # start of the traced step
+        casts = {i: d for i, d in self.casts.items() if capture.casts_in_copy(args[i].dtype, d)}
         # Private, contiguous copies of every input: the graph reads and writes only these.
         # in argument order: _flat_static hands the copies out in that order
         donated = [x for i in sorted(self.donate) for x in tree.leaves(args[i]) if is_cupy(x)]

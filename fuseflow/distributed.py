@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from fuseflow import backend, tree
-from fuseflow._dtypes import is_float, is_half
+from fuseflow._dtypes import bfloat16, is_float, is_half
 from fuseflow._namespace import is_array, is_cupy, namespace
 
 __all__ = ["Communicator", "DistributedError", "init", "launched_by_mpi"]
@@ -123,7 +123,9 @@ class Communicator:
         for leaf in leaves:
             # A private copy: Bcast writes into it, never into the caller's array.
             host = leaf.get() if is_cupy(leaf) else np.array(leaf, order="C", copy=True)
-            self._mpi.Bcast(host, root=int(root))
+            # MPI takes no bfloat16 buffer: its bytes, as uint16, land in host all the same
+            self._mpi.Bcast(host.view(np.uint16) if host.dtype == bfloat16 else host,
+                            root=int(root))
             # a step count (int) stays an int: a 0-d array would not go into JSON
             out.append(namespace(leaf).asarray(host) if is_array(leaf) else host.item())
         return tree.unflatten(treedef, out)

@@ -11,7 +11,7 @@ import math
 from typing import NamedTuple
 
 from fuseflow import backend
-from fuseflow._dtypes import is_half
+from fuseflow._dtypes import is_float, is_half
 from fuseflow._namespace import host_sync_allowed, is_cupy, namespace
 
 __all__ = [
@@ -163,7 +163,7 @@ def sigmoid_binary_cross_entropy(logits, targets, *, check=True):
                       "an array with one target per logit; with one logit per sample, "
                       "(batch, 1), pass targets.reshape(-1, 1). For class indices use "
                       "softmax_cross_entropy.")
-    if targets.dtype.kind not in "biuf":
+    if not (targets.dtype.kind in "biu" or is_float(targets.dtype)):
         raise LossError(f"{name}: targets must be real numbers in [0, 1], got dtype "
                         f"{targets.dtype}. Fix: targets.astype(np.float32).")
     _check_not_empty(name, logits)

@@ -90,14 +90,20 @@ def _model(seed=0):
 def test_mixed_precision_grads_match_float64_to_bfloat16_rounding():
     """The bfloat16 forward and backward give the float64 model's loss and gradients (whose
     own checks are finite differences, test_grad_check.py) to a few bfloat16 roundings;
-    the gradients come back in the params' float32."""
+    the gradients come back in the params' float32, the logits in bfloat16, and the error
+    is a bfloat16 one (float32 compute would be 1e-6 off, not 1e-3)."""
     model, params, x, y = _model()
     p64 = ff.tree.astype(params, np.float64)
     loss64, g64 = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)(
         p64, x.astype(np.float64), y)
-    loss, g = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, "bfloat16")(
+    (loss, logits), g = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, "bfloat16",
+                                          with_outputs=True)(
         params, x, y, loss_scale=np.float32(1024))
+    assert logits.dtype == BF16
     assert abs(float(loss) - float(loss64)) < 4 * ULP * abs(float(loss64))
+    errs = [np.linalg.norm(f64(a) - b) / np.linalg.norm(b)
+            for a, b in zip(ff.tree.leaves(g), ff.tree.leaves(g64))]
+    assert max(errs) > ULP / 64, errs  # computed in bfloat16, not float32
     for a, b in zip(ff.tree.leaves(g), ff.tree.leaves(g64)):
         assert a.dtype == np.float32
         err = np.linalg.norm(f64(a) - b) / np.linalg.norm(b)
@@ -118,21 +124,44 @@ def test_bfloat16_needs_no_loss_scale_where_float16_flushes():
 
 
 def test_step_with_a_bfloat16_compute_copy_matches_the_reference_update():
-    """make_step in bfloat16 with dynamic_loss_scaling's compute copy: the copy stays the
-    params cast to bfloat16 after every step, and the loss falls."""
+    """make_step in bfloat16 with dynamic_loss_scaling's compute copy, SGD (whose update
+    shows any slip in the unscaling): every step's params are bit for bit the reference
+    composition's (the float32 gradients of the scaled loss, unscaled, then
+    update_and_apply), the copy stays the params cast to bfloat16, and the loss falls."""
     model, params, x, y = _model(2)
-    opt = mp.dynamic_loss_scaling(ff.optim.adam(3e-3), compute_dtype="bfloat16")
+    sgd = ff.optim.sgd(0.3)
+    opt = mp.dynamic_loss_scaling(sgd, compute_dtype="bfloat16")
     state = opt.init(params)
     step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
                               compute_dtype="bfloat16")
+    grad_fn = mp.value_and_grad(model, ff.losses.softmax_cross_entropy, "bfloat16")
+    ref, ref_state = params, sgd.init(params)
     losses = []
     for _ in range(40):
+        _, grads = grad_fn(ref, x, y, loss_scale=state.scale)
+        ref, ref_state = ff.optim.update_and_apply(sgd, grads, ref_state, ref)
         params, state, metrics = step(params, state, x, y)
         losses.append(float(metrics["loss"]))
-        for p, c in zip(ff.tree.leaves(params), ff.tree.leaves(state.compute_params)):
+        for p, r, c in zip(ff.tree.leaves(params), ff.tree.leaves(ref),
+                           ff.tree.leaves(state.compute_params)):
+            np.testing.assert_array_equal(p, r)
             assert c.dtype == BF16
             np.testing.assert_array_equal(c, p.astype(BF16))
     assert losses[-1] < 0.2 * losses[0]
+
+
+def test_binary_cross_entropy_takes_bfloat16_targets():
+    """sigmoid_binary_cross_entropy on bfloat16 logits and targets: the loss and gradient
+    of the same values in float32, to bfloat16 rounding."""
+    rng = np.random.default_rng(7)
+    logits, targets = (rng.standard_normal((32, 1)).astype(BF16),
+                       rng.uniform(size=(32, 1)).astype(BF16))
+    want, dwant = ff.losses.sigmoid_binary_cross_entropy(logits.astype(np.float32),
+                                                         targets.astype(np.float32))
+    got, dgot = ff.losses.sigmoid_binary_cross_entropy(logits, targets)
+    assert dgot.dtype == BF16
+    assert abs(float(got) - float(want)) < 4 * ULP * abs(float(want))
+    np.testing.assert_allclose(f64(dgot), f64(dwant), rtol=4 * ULP, atol=1e-5)
 
 
 def test_step_without_loss_scaling_is_the_unscaled_composition():
@@ -212,13 +241,17 @@ def same_bits_or_both_nan(got, want):
 @pytest.mark.gpu
 def test_gpu_casts_round_as_numpy_does(rng):
     """multi_tensor_cast and the compiled step's batch copy: float32/float64 to bfloat16
-    rounds to nearest even, bit for bit NumPy's (ml_dtypes) astype, and back exactly."""
+    rounds to nearest even, bit for bit NumPy's (ml_dtypes) astype (float64 once, not
+    through float32), and back exactly; float16 and bfloat16 cast to each other through
+    float32; a compiled step casts a float16 batch to bfloat16 (not in its copy, which
+    has no such cast, but at the step's start)."""
     cupy = _cuda()
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_graph_inputs as GI
 
+    # the last rounds up from float64 directly, down through float32
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1 + 2 ** -8, 1 + 3 * 2 ** -9,
-                        3.0e38, 1e-40], np.float64)
+                        3.0e38, 1e-40, 1 + 2 ** -8 + 2 ** -30], np.float64)
     for src_dtype in (np.float32, np.float64):
         host = np.concatenate([special, rng.standard_normal(10_007) * 300]).astype(src_dtype)
         (got,) = F.multi_tensor_cast([cupy.asarray(host)], BF16)
@@ -226,10 +259,28 @@ def test_gpu_casts_round_as_numpy_does(rng):
         dst = cupy.empty(host.shape, BF16)
         GI.copy_arrays([(dst, cupy.asarray(host))])
         same_bits_or_both_nan(cupy.asnumpy(dst), host.astype(BF16))
-        (back,) = F.multi_tensor_cast([got], np.float32)
-        np.testing.assert_array_equal(cupy.asnumpy(back), cupy.asnumpy(got).astype(np.float32))
+        for wide in (np.float32, np.float64):  # back, exactly, by either path
+            (back,) = F.multi_tensor_cast([got], wide)
+            np.testing.assert_array_equal(cupy.asnumpy(back), cupy.asnumpy(got).astype(wide))
+            copied = cupy.empty(host.shape, wide)
+            GI.copy_arrays([(copied, got)])
+            np.testing.assert_array_equal(cupy.asnumpy(copied),
+                                          cupy.asnumpy(got).astype(wide))
+    x16 = (rng.standard_normal(4099) * 100).astype(np.float16)
+    (bf,) = F.multi_tensor_cast([cupy.asarray(x16)], BF16)
+    same_bits_or_both_nan(cupy.asnumpy(bf), x16.astype(np.float32).astype(BF16))
+    (h,) = F.multi_tensor_cast([bf], np.float16)
+    np.testing.assert_array_equal(cupy.asnumpy(h),
+                                  cupy.asnumpy(bf).astype(np.float32).astype(np.float16))
     with pytest.raises(ValueError, match="16-bit"):
         GI.conversion(cupy.empty(3, np.float16), cupy.empty(3, BF16))
+    assert not GI.casts(np.float16, BF16) and GI.casts(np.float32, BF16)
+    step = ff.compile(lambda p, x: (p, x * 2), donate_argnums=(0,), cast_args={1: "bfloat16"})
+    for _ in range(2):  # the capture's call, then a replay
+        _, y = step(cupy.zeros(3, np.float32), cupy.asarray(x16))
+        assert y.dtype == BF16
+        np.testing.assert_array_equal(cupy.asnumpy(y).view(np.uint16),
+                                      (x16.astype(np.float32).astype(BF16) * 2).view(np.uint16))
 
 
 @pytest.mark.gpu

@@ -130,6 +130,11 @@ def test_collectives_on_unusual_trees(tmp_path):
         h, i8 = got["float16_and_int"]
         assert h.dtype == np.float16 and np.all(h == 60000) and i8.dtype == np.float64
         assert got["empty"] == {"a": {}, "b": []} and got["python_only"] == [0.75, 0.5]
+        # bfloat16 (kind "V", which MPI takes no buffer of): averaged in float32, broadcast
+        # as its bytes
+        for name, want in (("bfloat16", 1.5), ("broadcast_bfloat16", 2.5)):
+            h = got[name]["h"]
+            assert h.dtype == ff.bfloat16 and np.all(h.astype(np.float32) == want), got[name]
         b = got["broadcast"]  # rank 1's tree, leaf types and dtypes kept
         np.testing.assert_array_equal(b["p"], np.arange(6, dtype=np.float32).reshape(2, 3).T + 1)
         assert b["p"].dtype == np.float32 and b["z"].dtype == np.int32 and b["z"] == 1

@@ -37,10 +37,11 @@ class GraphCapture:
         self.persist_hit_ratio = 0.0
 
     @staticmethod
-    def casts_in_copy() -> bool:
-        """Whether a compiled step's ``cast_args`` cast in the batch's copy (one pass over
-        the batch) rather than at the start of the graph (``_cuda_graph_inputs``)."""
-        return inputs_.CAST_IN_COPY
+    def casts_in_copy(src, dst) -> bool:
+        """Whether a compiled step's ``cast_args`` cast a ``src`` batch to ``dst`` in the
+        batch's copy (one pass over the batch) rather than at the start of the graph
+        (``_cuda_graph_inputs``; it casts no 16-bit format to the other)."""
+        return inputs_.CAST_IN_COPY and inputs_.casts(src, dst)
 
     @staticmethod
     def l2_persistence(nbytes: int) -> bool:

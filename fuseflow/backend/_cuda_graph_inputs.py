@@ -113,6 +113,11 @@ def _copy_kernel():
     return cupy.RawKernel(_COPY_SRC, "copy_batch")
 
 
+def casts(src, dst) -> bool:
+    """The copy kernel copies ``src`` into ``dst`` (dtypes): the same, or a cast it has."""
+    return np.dtype(src) == np.dtype(dst) or (np.dtype(src), np.dtype(dst)) in _CASTS
+
+
 def conversion(dst, src) -> tuple[int, int]:
     """``(count, conversion)`` of the copy kernel for ``dst[...] = src``: bytes and 0 for
     one dtype, elements and the cast's code for two floating dtypes (``ValueError`` for

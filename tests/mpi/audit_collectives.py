@@ -33,6 +33,7 @@ attempt("mixed", lambda: comm.allreduce_mean(mixed))
 attempt("float16", lambda: comm.allreduce_mean({"h": np.full(3, 40000 + 8 * r, np.float16)}))
 attempt("float16_and_int", lambda: comm.allreduce_mean([np.full(2, 60000, np.float16),
                                                          np.int8(r)]))
+attempt("bfloat16", lambda: comm.allreduce_mean({"h": np.full(3, 1 + r, ff.bfloat16)}))
 attempt("empty", lambda: comm.allreduce_mean({"a": {}, "b": []}))
 attempt("python_only", lambda: comm.allreduce_mean([1.5 * r, r]))
 
@@ -40,6 +41,8 @@ source = {"p": np.arange(6, dtype=np.float32).reshape(2, 3).T + r, "n": r + 5,
           "f": r + 0.5, "t": r == 1, "z": np.array(r, np.int32), "e": {}, "none": None}
 attempt("broadcast", lambda: comm.broadcast(source, root=1))
 got["source_after"] = source["p"].copy()  # the caller's array is not written
+attempt("broadcast_bfloat16",  # a mixed-precision state's bfloat16 compute copy
+        lambda: comm.broadcast({"h": np.full(3, 1.5 + r, ff.bfloat16)}, root=1))
 attempt("broadcast_empty", lambda: comm.broadcast({}))
 attempt("broadcast_roots_differ", lambda: comm.broadcast({"a": np.ones(2)}, root=r))
 attempt("broadcast_no_such_root", lambda: comm.broadcast({"a": np.ones(2)}, root=2))
