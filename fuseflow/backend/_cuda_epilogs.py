@@ -31,14 +31,11 @@ import functools
 import cupy
 import numpy as np
 
-from fuseflow._dtypes import bfloat16
+from fuseflow._dtypes import bfloat16, is_half
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 
-_HEAD = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-typedef {T} T; typedef {A} A;
+_HEAD = S.HALF_HEADERS + r"""typedef {T} T; typedef {A} A;
 struct __align__(8 * sizeof(T)) T8 { T v[8]; };
 """
 
@@ -190,7 +187,7 @@ def _split_source(out, partials):
     must then be float32 or float64 (the dtype the partials are added in)."""
     if partials is None:
         return np.uintp(0), 0, 0
-    if partials.dtype != out.dtype or out.dtype.itemsize == 2 or partials.ndim != 3 or \
+    if partials.dtype != out.dtype or is_half(out.dtype) or partials.ndim != 3 or \
             partials.shape[0] < 1 or partials.shape[1:] != out.shape or \
             not partials.flags.c_contiguous:
         raise ValueError(f"partials {partials.shape} {partials.dtype} do not match the "

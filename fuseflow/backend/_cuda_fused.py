@@ -24,12 +24,15 @@ import functools
 import cupy
 import numpy as np
 
-from fuseflow._dtypes import bfloat16
+from fuseflow._dtypes import HALF, bfloat16
 from fuseflow.backend._env import env_int
 
-#: The C type of each dtype in the generated kernels (every kernel module's, through this).
+#: The C type of each dtype in the generated kernels (every kernel module's, through this),
+#: and the headers that declare the 16-bit ones.
 _CTYPES = {np.dtype(np.float16): "__half", bfloat16: "__nv_bfloat16",
            np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+HALF_HEADERS = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+HALF_CTYPES = frozenset(_CTYPES[d] for d in HALF)
 _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
                  np.dtype(np.int16): "short", np.dtype(np.int8): "signed char",
                  np.dtype(np.uint64): "unsigned long long", np.dtype(np.uint32): "unsigned int",
@@ -121,7 +124,7 @@ XENT_THREADS = 256
 @functools.cache
 def _xent_kernel(dtype, label_dtype, classes=0, grad_dtype=None):
     acc = "double" if dtype == np.float64 else "float"
-    head = (f"#include <cuda_fp16.h>\n#include <cuda_bf16.h>\ntypedef {_CTYPES[dtype]} T; "
+    head = (f"{HALF_HEADERS}typedef {_CTYPES[dtype]} T; "
             f"typedef {_CTYPES[grad_dtype or dtype]} D; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
             f"#define C {classes if classes <= MAX_STATIC_CLASSES else 0}\n"
@@ -167,10 +170,8 @@ def softmax_xent(logits, labels, grad_scale=None, grad_dtype=None):
 # are); a tensor's last partial vector, or a misaligned tensor, takes the scalar path.
 # Tensor k owns vectors [Q_k, Q_k + ceil(n_k / W)) of one flat index space (compile-time
 # offsets), which a grid-stride loop walks.
-_VEC_HEAD = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-template <typename X, int N> struct alignas(N * sizeof(X)) ffv { X v[N]; };
+_VEC_HEAD = HALF_HEADERS + r"""template <typename X, int N>
+struct alignas(N * sizeof(X)) ffv { X v[N]; };
 template <typename X, int N> __device__ __forceinline__ ffv<X, N> ldv(const X* p) {
     return *reinterpret_cast<const ffv<X, N>*>(p);
 }
@@ -437,7 +438,7 @@ def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned, width=4):
     def element(k):
         # a 16-bit source goes through float32 (exactly): CUDA defines no cast from one
         # 16-bit format to the other
-        half = src_ctype in ("__half", "__nv_bfloat16")
+        half = src_ctype in HALF_CTYPES
         value = f"(float)s{k}[j] * sc" if scaled else f"(float)s{k}[j]" if half else f"s{k}[j]"
         return f"d{k}[j] = (D)({value});"
 

@@ -26,8 +26,9 @@ import functools
 import cupy
 import numpy as np
 
-from fuseflow._dtypes import bfloat16
+from fuseflow._dtypes import bfloat16, is_half
 from fuseflow.backend import _libcuda
+from fuseflow.backend._cuda_fused import HALF_HEADERS
 
 #: Arrays that one launch of the copy kernel copies.
 COPY_PAIRS = 4
@@ -39,12 +40,9 @@ _TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.flo
                bfloat16: 4}
 #: The casts the kernel has (the two 16-bit formats are not cast to each other).
 _CASTS = {(a, b) for a in _TYPE_CODES for b in _TYPE_CODES
-          if a != b and {a.itemsize, b.itemsize} != {2}}
+          if a != b and not (is_half(a) and is_half(b))}
 
-_COPY_SRC = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-template <typename X> struct alignas(8 * sizeof(X)) vec8 { X v[8]; };
+_COPY_SRC = HALF_HEADERS + r"""template <typename X> struct alignas(8 * sizeof(X)) vec8 { X v[8]; };
 
 // n elements from S to D, each as (D)(s): the rounding of multi_tensor_cast's kernel.
 // 8 elements a step where both addresses allow, one at a time elsewhere.
@@ -137,7 +135,7 @@ def conversion(dst, src) -> tuple[int, int]:
 
 def copy_arrays(pairs):
     """``dst[...] = src`` for each ``(dst, src)`` of C-contiguous arrays of equal size (in
-    bytes, or in elements where a float16/32/64 source is cast to another of these), on the
+    bytes, or in elements where a floating source is cast to another floating dtype), on the
     current stream, in one kernel launch per ``COPY_PAIRS`` pairs (no copy-engine work)."""
     for k in range(0, len(pairs), COPY_PAIRS):
         _copy_launch(pairs[k:k + COPY_PAIRS])

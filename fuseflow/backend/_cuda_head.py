@@ -34,8 +34,8 @@ import numpy as np
 
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
-from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, MAX_STATIC_CLASSES,
-                                          MUL_RN_SRC)
+from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, HALF_HEADERS,
+                                          MAX_STATIC_CLASSES, MUL_RN_SRC)
 
 #: Threads of a block; they split the inputs (forward) and the columns (input gradient).
 THREADS = S.FORWARD_THREADS
@@ -195,8 +195,7 @@ SUM_GROUPS = 16
 
 
 def _typedefs(dtype):
-    return ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
-            f"typedef {_CTYPES[dtype]} T; "
+    return (f"{HALF_HEADERS}typedef {_CTYPES[dtype]} T; "
             f"typedef {'double' if dtype == np.float64 else 'float'} A;\n")
 
 

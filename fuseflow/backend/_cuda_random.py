@@ -16,7 +16,7 @@ import cupy
 import numpy as np
 
 from fuseflow import random
-from fuseflow.backend._cuda_fused import _CTYPES
+from fuseflow.backend._cuda_fused import _CTYPES, HALF_HEADERS
 
 _SRC = r"""
 // SCALE 0: out[i] = the bits; 1: out[i] = bits < threshold ? inv : 0 (Dropout's factor);
@@ -67,8 +67,7 @@ MAX_BLOCKS = 65535
 def _kernel(ctype: str, mode: int):
     """``mode`` 0: bits; 1: Dropout's factors; 2: the factors and x times them (``SCALE``)."""
     acc = "double" if ctype == "double" else "float"  # exact: the factor is a T value
-    defines = (f"#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
-               f"typedef {ctype} T; typedef {acc} ACC;\n"
+    defines = (f"{HALF_HEADERS}typedef {ctype} T; typedef {acc} ACC;\n"
                f"#define SCALE {int(mode)}\n"
                f"#define M0 {random.PHILOX_M[0]}u\n#define M1 {random.PHILOX_M[1]}u\n"
                f"#define W0 {random.PHILOX_W[0]}u\n#define W1 {random.PHILOX_W[1]}u\n")

@@ -32,7 +32,7 @@ import functools
 import cupy
 import numpy as np
 
-from fuseflow.backend._cuda_fused import _CTYPES
+from fuseflow.backend._cuda_fused import _CTYPES, HALF_HEADERS
 
 MAX_N = 32              # the largest small side handled here
 #: The forward reads w from cache once per sample: past this many multiply-adds (a long
@@ -50,10 +50,7 @@ VECTOR_MIN_ELEMENTS = 2 ** 21
 WGRAD_SMEM_BYTES = 24 * 1024
 
 
-_HEAD = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-typedef {T} T; typedef {A} A;
+_HEAD = HALF_HEADERS + r"""typedef {T} T; typedef {A} A;
 #define N {N}
 """
 
