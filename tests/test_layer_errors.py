@@ -44,7 +44,7 @@ def test_dense_bias_of_another_dtype(dtype):
     bad = {"w": p["w"], "b": p["b"].astype(dtype)}
     x = randn(size(), inp)
     if dtype == np.int32:
-        want = ("expected params['b'] of a floating dtype (float16, float32 or float64), "
+        want = ("expected params['b'] of a floating dtype (float16, bfloat16, float32 or float64), "
                 "got int32", "Fix: ff.tree.astype(params, np.float32)")
     else:
         want = (f"expected params['b'] of dtype float32 (the dtype of params['w']), got "
@@ -134,7 +134,8 @@ def test_dense_features_accepts_numpy_ints():
 def test_dense_param_dtype_must_be_a_float_dtype(dtype):
     f = size()
     shown = str(np.dtype(dtype)) if dtype != "nonsense" else "'nonsense'"
-    with raises(LayerError, f"Dense: param_dtype must be float16, float32 or float64, got {shown}",
+    with raises(LayerError, "Dense: param_dtype must be float16, bfloat16, float32 or float64, "
+                            f"got {shown}",
                 f"Fix: Dense({f}, param_dtype=np.float32)"):
         nn.Dense(f, param_dtype=dtype)
 
@@ -275,8 +276,8 @@ def test_activation_input_must_be_a_float_batch(act, bad):
         x, want = x[0], (f"expected input of shape (batch, features), got ({width},)",
                          "Fix: keep the batch axis")
     else:
-        x, want = x.astype(bad), (f"expected input of a floating dtype (float16, float32 or "
-                                  f"float64), got {bad}", "Fix: x.astype(np.float32)")
+        x, want = x.astype(bad), ("expected input of a floating dtype (float16, bfloat16, "
+                                  f"float32 or float64), got {bad}", "Fix: x.astype(np.float32)")
     with raises(LayerError, f"{layer!r}: ", *want):
         layer.forward({}, x)
 
@@ -352,8 +353,9 @@ def test_layernorm_init_needs_one_positive_width(in_shape):
 def test_layernorm_input_of_a_non_float_dtype(dtype):
     layer, p, width = layernorm()
     x = (randn(size(), width) * 5).astype(dtype)
-    with raises(LayerError, "LayerNorm(): expected input of a floating dtype (float16, float32 or "
-                f"float64), got {np.dtype(dtype)}", "Fix: x.astype(np.float32)"):
+    with raises(LayerError, "LayerNorm(): expected input of a floating dtype (float16, "
+                            f"bfloat16, float32 or float64), got {np.dtype(dtype)}",
+                "Fix: x.astype(np.float32)"):
         layer.forward(p, x)
 
 
@@ -430,7 +432,8 @@ def test_layernorm_hyperparameters_show_in_errors():
     with raises(LayerError, "LayerNorm(eps=0.001, param_dtype=float64): expected input of dtype "
                 "float64, got float32"):
         layer.forward(p, randn(size(), width))
-    with raises(LayerError, "LayerNorm: param_dtype must be float16, float32 or float64, got int8",
+    with raises(LayerError, "LayerNorm: param_dtype must be float16, bfloat16, float32 or "
+                            "float64, got int8",
                 "Fix: LayerNorm(param_dtype=np.float32)"):
         nn.LayerNorm(param_dtype=np.int8)
 
@@ -504,7 +507,7 @@ def test_dropout_input_must_be_a_float_array(bad):
     x = randn(size(), size())
     x = x.tolist() if bad == "list" else (x * 4).astype(bad)
     want = "must be an array (NumPy or CuPy), got list" if bad == "list" else \
-        f"expected input of a floating dtype (float16, float32 or float64), got {bad}"
+        f"expected input of a floating dtype (float16, bfloat16, float32 or float64), got {bad}"
     with raises(LayerError, "Dropout(0.3): ", want, "Fix:"):
         nn.Dropout(0.3).forward({}, x, key=ff.random.key(0))
 

@@ -57,8 +57,9 @@ class Layer:
 
 #: the dtypes every backend computes in, for params and activations
 FLOAT_DTYPES = FLOATS
-_FLOAT_CHARS = "efd"  # their dtype.char: a string test is the cheapest check per call
-_FLOATS = "float16, float32 or float64"
+#: their dtype.char: a string test is the cheapest check per call
+_FLOAT_CHARS = "".join(d.char for d in FLOAT_DTYPES)
+_FLOATS = ", ".join(d.name for d in FLOAT_DTYPES[:-1]) + f" or {FLOAT_DTYPES[-1].name}"
 PARAMS_FIX = "Fix: use the params returned by this model's init."
 RESIDUALS_FIX = "Fix: pass the residuals of the forward call that produced this output."
 
@@ -75,7 +76,7 @@ def _is_backend_array(a) -> bool:
 
 
 def _is_float(a) -> bool:
-    """``a`` is a NumPy/CuPy array of float16, float32 or float64."""
+    """``a`` is a NumPy/CuPy array of a floating dtype (``FLOAT_DTYPES``)."""
     return _is_backend_array(a) and a.dtype.char in _FLOAT_CHARS
 
 
@@ -116,7 +117,7 @@ def check_dtype(layer, x, dtype, what="input", fix=None):
 
 
 def check_float(layer, a, what="input", fix="x.astype(np.float32)."):
-    """``a`` is an array of a dtype the backends compute in (float16/32/64)."""
+    """``a`` is an array of a dtype the backends compute in (``FLOAT_DTYPES``)."""
     if _is_float(a):
         return
     check_array(layer, a, what)
