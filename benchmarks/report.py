@@ -72,10 +72,15 @@ def step_table(ff, jx, th, hand):
               f"| {fmt(j)} | {fmt(tc[0])} | {fmt(tc[1])} / {fmt(tc[2])} | {ratio} |")
 
 
+def low_adam_step(ff):
+    """fuseflow's 16-bit Adam row of a call (the 80% target's step), or None."""
+    return next((r for r in ff["steps"] if r["precision"] in LOW and r["optimizer"] == "adam"),
+                None)
+
+
 def references(ff, jx):
     """The 16-bit Adam step's TFLOP/s against each plain-matmul reference of the call."""
-    step = next((r for r in ff["steps"] if r["precision"] in LOW and r["optimizer"] == "adam"),
-                None)
+    step = low_adam_step(ff)
     if step is None:
         return
     each = ff.get("matmul_rate_each_tflops") or {"uniform": ff["matmul_rate_tflops"]}
@@ -117,8 +122,7 @@ def targets(ff, jx):
             rows.append((f"{model}, fp32: compiled <= {limit}x JAX jit",
                          ", ".join(f"{o} {v:.2f}x" for o, v in ratios.items()),
                          all(v <= limit for v in ratios.values())))
-    step = next((r for r in ff["steps"] if r["precision"] in LOW and r["optimizer"] == "adam"),
-                None)
+    step = low_adam_step(ff)
     rates = (jx or {}).get("matmul_rate_tflops")
     if step is not None and isinstance(rates, dict) and "bf16_uniform" in rates:
         share = step["tflops_compiled"] / rates["bf16_uniform"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fuseflow._namespace import device_of, is_array, is_cupy, namespace
 from fuseflow import tree as _tree
 from fuseflow._dtypes import is_float
-from fuseflow._namespace import device_of, is_array, is_cupy, namespace
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
 

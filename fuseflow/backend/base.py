@@ -25,6 +25,7 @@ from fuseflow._dtypes import bfloat16, is_half
 from fuseflow.backend.epilogs import (ACTIVATIONS, DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS,
                                       aux_shape, lookup)
 
+
 #: DLPack device types whose memory the GPU reads in place (kDLCUDA, kDLCUDAManaged). Pinned
 #: host memory (kDLCUDAHost, 3) is CPU memory: it becomes a NumPy array like any other.
 DLPACK_GPU_DEVICES = (2, 13)

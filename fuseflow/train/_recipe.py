@@ -11,8 +11,8 @@ import dataclasses
 import math
 
 from fuseflow import mixed_precision, nn, optim, tree
-from fuseflow.backend.epilogs import ACTIVATIONS
 from fuseflow.nn._layer import shape_tuple
+from fuseflow.backend.epilogs import ACTIVATIONS
 
 __all__ = ["Recipe", "RecipeError", "mlp", "OPTIMIZERS", "ACTIVATIONS", "SCHEDULES",
            "PRECISIONS", "DEFAULT_LR"]
