@@ -1,8 +1,9 @@
-"""The float16 output layer's tensor-core forward with its softmax cross-entropy in one kernel
+"""The 16-bit output layer's tensor-core forward with its softmax cross-entropy in one kernel
 (``_cuda_skinny_tc.forward_xent``, the backend call ``linear_xent``): logits and loss
 gradient bit for bit those of the forward kernel and the loss kernel, the loss added in
 another order; in a training step, the same gradients and params. GPU only (marked)."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -17,14 +18,15 @@ def _bits(a):
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
-def _operands(cp, n, batch=2070, k=2048, label_dtype=np.int64, bias=True, seed=0):
-    """float16 x (batch, k), w (n, k), bias (n,), labels: batch x k x 10 above 2**25 (where
+def _operands(cp, n, batch=2070, k=2048, label_dtype=np.int64, bias=True, seed=0,
+              dtype=np.float16):
+    """16-bit x (batch, k), w (n, k), bias (n,), labels: batch x k x 10 above 2**25 (where
     the backend's forward leaves the SIMT kernel for the tensor-core one), batch not a
     multiple of the kernel's 16 rows."""
     rng = np.random.default_rng(seed)
-    x = cp.asarray(rng.standard_normal((batch, k)).astype(np.float16))
-    w = cp.asarray((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16))
-    b = cp.asarray(rng.standard_normal(n).astype(np.float16)) if bias else None
+    x = cp.asarray(rng.standard_normal((batch, k)).astype(dtype))
+    w = cp.asarray((rng.standard_normal((n, k)) / np.sqrt(k)).astype(dtype))
+    b = cp.asarray(rng.standard_normal(n).astype(dtype)) if bias else None
     labels = cp.asarray(rng.integers(0, n, batch).astype(label_dtype))
     return x, w, b, labels
 
@@ -33,22 +35,29 @@ def _operands(cp, n, batch=2070, k=2048, label_dtype=np.int64, bias=True, seed=0
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("label_dtype", [np.int64, np.int32, np.uint8])
 @pytest.mark.parametrize("scale", [None, 1024.0, 2.0 ** 30])  # the last overflows float16
-def test_forward_xent_is_the_forward_and_the_loss_kernel(cp, n, bias, label_dtype, scale):
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16],
+                         ids=lambda d: np.dtype(d).name)
+def test_forward_xent_is_the_forward_and_the_loss_kernel(cp, n, bias, label_dtype, scale,
+                                                         dtype):
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_skinny_tc as TC
+    from fuseflow.backend.cuda_backend import _BFLOAT16
 
-    x, w, b, labels = _operands(cp, n, label_dtype=label_dtype, bias=bias)
+    if dtype != np.float16 and not _BFLOAT16:
+        pytest.skip("bfloat16 needs CuPy 14")
+    x, w, b, labels = _operands(cp, n, label_dtype=label_dtype, bias=bias, dtype=dtype)
     gs = None if scale is None else cp.asarray(np.float32(scale))
     assert TC.forward_supported(x, w, b, None) and TC.xent_supported(x, labels)
     loss, y, dy = TC.forward_xent(x, w, b, labels, gs)
     y_ref, _ = TC.forward(x, w, b)
-    loss_ref, dy_ref = F.softmax_xent(y_ref, labels, gs, None if gs is None else cp.float16)
-    assert y.dtype == dy.dtype == cp.float16 and loss.dtype == cp.float32
+    loss_ref, dy_ref = F.softmax_xent(y_ref, labels, gs, None if gs is None else dtype)
+    assert y.dtype == dy.dtype == dtype and loss.dtype == cp.float32
     np.testing.assert_array_equal(_bits(cp.asnumpy(y)), _bits(cp.asnumpy(y_ref)))
     np.testing.assert_array_equal(_bits(cp.asnumpy(dy)), _bits(cp.asnumpy(dy_ref)))
     np.testing.assert_allclose(float(loss), float(loss_ref), rtol=2e-6)
-    if scale == 2.0 ** 30 and n > 1:  # the overflow the loss scaler must see (one class:
-        # every gradient is 0)
+    # the overflow the loss scaler must see (one class: every gradient is 0; bfloat16's
+    # range holds it)
+    if scale == 2.0 ** 30 and n > 1 and dtype == np.float16:
         assert not bool(cp.isfinite(dy).all())
 
 

@@ -137,19 +137,22 @@ def _generated_sources(monkeypatch):
     R._kernel("unsigned int", 0)  # ff.random.bits, Dropout's factors and forward per dtype
     for ct, mode in itertools.product((*halves, "float", "double"), (1, 2)):
         R._kernel(ct, mode)
-    for n in (1, 10, 16):  # tensor-core skinny kernels (float16 only)
+    # tensor-core skinny kernels (the two 16-bit formats)
+    for n, dt in itertools.product((1, 10, 16), (np.dtype(np.float16), bfloat16)):
+        u = TC.GRAD_UNROLL
         for hb in (False, True):
-            TC._kernel("tc_forward", n, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)
+            TC._kernel("tc_forward", n, u, dt, HAS_BIAS=hb, WARPS=TC.FORWARD_WARPS)
             for labels in (np.int64, np.int32, np.uint8):  # the forward with the loss
-                TC._xent_kernel(n, hb, np.dtype(labels))
+                TC._xent_kernel(n, hb, np.dtype(labels), dt)
         for b, rows in itertools.product((False, True), (16, 48, TC.MAX_ROWS_PER_CHUNK)):
-            TC._kernel("tc_wgrad", n, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
+            TC._kernel("tc_wgrad", n, u, dt, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
             for d in (False, True):
-                TC._kernel("tc_dgrad", n, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS, RPC=rows)
+                TC._kernel("tc_dgrad", n, u, dt, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS,
+                           RPC=rows)
         for bw, bx, d, rows in itertools.product((False, True), (False, True), (False, True),
                                                  (16, 48, TC.MAX_ROWS_PER_CHUNK)):
-            TC._kernel("tc_grads", n, BGRADB=bw, DRELU=d, BGRAD=bx, WARPS=TC.GRAD_WARPS,
-                       RPC=rows)
+            TC._kernel("tc_grads", n, u, dt, BGRADB=bw, DRELU=d, BGRAD=bx,
+                       WARPS=TC.GRAD_WARPS, RPC=rows)
     # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
         TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,

@@ -1,4 +1,4 @@
-"""Tensor-core forms of the skinny float16 matmuls (``_cuda_skinny``): the output layer.
+"""Tensor-core forms of the skinny 16-bit matmuls (``_cuda_skinny``): the output layer.
 
 The float16 output layer of 784-4096-4096-10 at batch 8192 is memory-bound: each of its
 three matmuls reads or writes the 67 MB activation once. The SIMT skinny kernels spend
@@ -41,6 +41,7 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow._dtypes import is_half
 from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
@@ -70,6 +71,7 @@ MAX_CHUNKS = 65535   # chunks are the grid's y dimension
 
 _COMMON = r"""
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 typedef __half T;
 #define N {N}
 
@@ -504,14 +506,35 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
 """, WPART="wpart", DB="dxb", XPART="xpart", DACC="d", DROW="2 * g + h")
 
 
+#: The bfloat16 form of the kernels' text: the same fragments (m16n8k16 has one layout for
+#: both 16-bit formats), its MMA type and conversions in place of float16's.
+_BF16_FORM = (("typedef __half T;", "typedef __nv_bfloat16 T;"),
+              (".f32.f16.f16.f32", ".f32.bf16.bf16.f32"),
+              ("__float2half_rn(", "__float2bfloat16_rn("),
+              ("__float2half(", "__float2bfloat16("),
+              ("__half2float(", "__bfloat162float("),
+              ("__half_as_ushort(", "__bfloat16_as_ushort("),
+              ("__half lo", "T lo"), ("__half hi", "T hi"))
+_F16 = np.dtype(np.float16)
+
+
+def _source(text, dtype):
+    """``text`` for float16 or bfloat16 operands."""
+    if np.dtype(dtype) == _F16:
+        return text
+    for old, new in _BF16_FORM:
+        text = text.replace(old, new)
+    return text
+
+
 @functools.cache
-def _kernel(name, n, unroll=GRAD_UNROLL, **flags):
+def _kernel(name, n, unroll=GRAD_UNROLL, dtype=_F16, **flags):
     src = {"tc_forward": _FORWARD, "tc_wgrad": _WGRAD, "tc_dgrad": _DGRAD,
            "tc_grads": _GRADS}[name]
     src = src.replace("UNROLL_ROWS", str(int(unroll)))  # a literal: #pragma unroll takes one
     head = _COMMON.replace("{N}", str(n))
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
-    return cupy.RawKernel(head + src, name)
+    return cupy.RawKernel(_source(head + src, dtype), name)
 
 
 def _aligned(*arrays):
@@ -519,18 +542,18 @@ def _aligned(*arrays):
 
 
 def forward_supported(x, w, bias, activation) -> bool:
-    """float16, at most 16 outputs, no activation, inputs a multiple of 8, 16-byte aligned
-    x and w, and at least ``MIN_ELEMENTS`` batch x inputs."""
-    return (x.dtype == np.float16 and activation is None and 0 < w.shape[0] <= MAX_N
+    """float16 or bfloat16, at most 16 outputs, no activation, inputs a multiple of 8,
+    16-byte aligned x and w, and at least ``MIN_ELEMENTS`` batch x inputs."""
+    return (is_half(x.dtype) and activation is None and 0 < w.shape[0] <= MAX_N
             and x.shape[1] % 8 == 0 and x.shape[0] * x.shape[1] >= MIN_ELEMENTS
             and _aligned(x, w))
 
 
 def grad_supported(dy, big) -> bool:
-    """wgrad (``big`` = x) and dgrad (``big`` = w): float16, at most 16 gradient columns, a
-    multiple of 64 features, 16-byte aligned, at least ``MIN_ELEMENTS`` batch x features,
-    and at most ``MAX_CHUNKS`` chunks of rows (a grid dimension)."""
-    return (dy.dtype == np.float16 and 0 < dy.shape[1] <= MAX_N and big.shape[1] % 64 == 0
+    """wgrad (``big`` = x) and dgrad (``big`` = w): float16 or bfloat16, at most 16 gradient
+    columns, a multiple of 64 features, 16-byte aligned, at least ``MIN_ELEMENTS`` batch x
+    features, and at most ``MAX_CHUNKS`` chunks of rows (a grid dimension)."""
+    return (is_half(dy.dtype) and 0 < dy.shape[1] <= MAX_N and big.shape[1] % 64 == 0
             and MIN_ELEMENTS <= dy.shape[0] * big.shape[1]
             and dy.shape[0] <= MAX_CHUNKS * ROWS_PER_CHUNK and _aligned(big))
 
@@ -541,7 +564,8 @@ def forward(x, w, bias):
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=x.dtype)
     if batch:
-        kern = _kernel("tc_forward", n, HAS_BIAS=bias is not None, WARPS=FORWARD_WARPS)
+        kern = _kernel("tc_forward", n, dtype=x.dtype, HAS_BIAS=bias is not None,
+                       WARPS=FORWARD_WARPS)
         kern((-(-batch // 16),), (32 * FORWARD_WARPS,),
              (x, w, bias if bias is not None else np.uintp(0), y, np.int64(batch),
               np.int64(k)))
@@ -549,12 +573,12 @@ def forward(x, w, bias):
 
 
 @functools.cache
-def _xent_kernel(n, has_bias, label_dtype):
+def _xent_kernel(n, has_bias, label_dtype, dtype=_F16):
     head = _COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
     head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
     defines = {"HAS_BIAS": int(has_bias), "WARPS": FORWARD_WARPS, "SPB": 16}
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
-    return cupy.RawKernel(head + _FORWARD_XENT, "tc_forward_xent")
+    return cupy.RawKernel(_source(head + _FORWARD_XENT, dtype), "tc_forward_xent")
 
 
 def xent_supported(x, labels) -> bool:
@@ -577,7 +601,7 @@ def forward_xent(x, w, bias, labels, grad_scale):
     losspart = cupy.empty(blocks, dtype=cupy.float32)
     loss = cupy.empty((), dtype=cupy.float32)
     null = np.uintp(0)
-    _xent_kernel(n, bias is not None, np.dtype(labels.dtype))(
+    _xent_kernel(n, bias is not None, np.dtype(labels.dtype), x.dtype)(
         (blocks,), (32 * FORWARD_WARPS,),
         (x, w, bias if bias is not None else null, y, np.int64(batch), np.int64(k), labels,
          grad_scale if grad_scale is not None else null, dy, losspart, loss,
@@ -626,7 +650,7 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, warps=None, unroll=None):
         return dw, db
     rows, chunks = _chunks(batch, rows)
     part = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
-    kern = _kernel("tc_wgrad", n, unroll, BGRADB=bgrad, WARPS=warps, RPC=rows)
+    kern = _kernel("tc_wgrad", n, unroll, dy.dtype, BGRADB=bgrad, WARPS=warps, RPC=rows)
     kern((-(-features // (64 * warps)), chunks), (32 * warps,),
          (dy, x, part if part is not None else np.uintp(0), dw,
           db if bgrad else np.uintp(0), np.int64(batch), np.int64(features)))
@@ -663,7 +687,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=Non
     rows, chunks = _chunks(batch, rows)
     aux, ld = _aux_aligned(aux, ld, batch)
     part = cupy.empty((chunks, features), dtype=np.float32) if bgrad and chunks > 1 else None
-    kern = _kernel("tc_dgrad", n, unroll, DRELU=aux is not None, BGRAD=bgrad, WARPS=warps,
+    kern = _kernel("tc_dgrad", n, unroll, dy.dtype, DRELU=aux is not None, BGRAD=bgrad, WARPS=warps,
                    RPC=rows)
     kern((-(-features // (64 * warps)), chunks), (32 * warps,),
          (dy, w, aux if aux is not None else np.uintp(0), dx,
@@ -706,7 +730,7 @@ def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, wa
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
     xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
         else None
-    kern = _kernel("tc_grads", n, unroll, BGRADB=bgrad_w, DRELU=aux is not None,
+    kern = _kernel("tc_grads", n, unroll, dy.dtype, BGRADB=bgrad_w, DRELU=aux is not None,
                    BGRAD=bgrad_x, WARPS=warps, RPC=rows)
     smem = grads_shared_bytes(rows, warps)
     if smem > S._SMEM_LIMIT and kern.max_dynamic_shared_size_bytes < smem:

@@ -179,7 +179,7 @@ class CudaBackend(Backend):
         self.skinny_max = min(S.MAX_N, env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
         #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
         self.skinny_ops = env_subset("FUSEFLOW_SKINNY_OPS", SKINNY_OPS, ",".join(SKINNY_OPS))
-        #: float16 ones with at most 16 on the small side and long batches run their
+        #: 16-bit ones with at most 16 on the small side and long batches run their
         #: tensor-core forms (``_cuda_skinny_tc``; the forward too, instead of cuBLASLt),
         #: FUSEFLOW_SKINNY_TC=0 keeps the SIMT kernels.
         self.skinny_tc = env_choice("FUSEFLOW_SKINNY_TC", {"1": True, "0": False}, True)
@@ -195,7 +195,7 @@ class CudaBackend(Backend):
         #: steps on the H100 beyond their rounds' spread, and the H200's A/B is not run yet.
         self.fused_skinny_grads = env_choice("FUSEFLOW_FUSED_SKINNY_GRADS",
                                              {"1": True, "0": False}, False)
-        #: Where a classifier's output layer takes its tensor-core forward (float16, long
+        #: Where a classifier's output layer takes its tensor-core forward (16-bit, long
         #: batches), its softmax cross-entropy runs in the same kernel (``linear_xent``:
         #: two launches fewer); FUSEFLOW_FUSED_TC_XENT=0 runs the forward and the loss apart.
         self.fused_tc_xent = env_choice("FUSEFLOW_FUSED_TC_XENT", {"1": True, "0": False}, True)
@@ -855,7 +855,7 @@ class CudaBackend(Backend):
         would be its tensor-core skinny kernel and no side stream takes the weight
         gradient; else None (see base), having copied and counted nothing."""
         n = w.shape[0]
-        if not (dy.dtype == np.float16 and dspec.activation in (None, "relu")
+        if not (is_half(dy.dtype) and dspec.activation in (None, "relu")
                 and self._takes_skinny_tc("wgrad", n) and self._takes_skinny_tc("dgrad", n)):
             return None
         op = f"linear_grads/{wspec.name}+{dspec.name}"
@@ -1089,7 +1089,7 @@ class CudaBackend(Backend):
     def _linear_xent(self, x, w, bias, labels, grad_scale, grad_dtype):
         """The tensor-core forward with the loss in one kernel (``_cuda_skinny_tc.
         forward_xent``) where the forward would be the tensor-core kernel, else None (see
-        base). The loss gradient comes out in float16 (the logits' dtype)."""
+        base). The loss gradient comes out in the logits' 16-bit dtype."""
         op = "linear_xent"
         self._check_device(op, x=x, w=w, bias=bias, labels=labels)
         self._check_dtype(op, x.dtype)
