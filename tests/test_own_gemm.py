@@ -34,7 +34,11 @@ LAUNCHES = [dict(), dict(warps=(1, 2), splits=1), dict(warps=(4, 2), splits=3, b
             # in a cluster
             dict(mma="f64", splits=1), dict(mma="f64", warps=(1, 2), splits=3, bk=8, dmma_k=8),
             dict(mma="f64", warps=(2, 1), splits=4, cluster=True, dmma_k=4), dict(mma="f64"),
-            dict(mma="f64", splits=2, dmma_k=4), dict(mma="f64", warps=(1, 1), dmma_k=8)]
+            dict(mma="f64", splits=2, dmma_k=4), dict(mma="f64", warps=(1, 1), dmma_k=8),
+            # 3xTF32 on the TF32 tensor cores: alone, split by the last block, in a cluster
+            dict(mma="tf32x3", splits=1), dict(mma="tf32x3"),
+            dict(mma="tf32x3", warps=(1, 2), splits=3, bk=8),
+            dict(mma="tf32x3", warps=(2, 1), splits=4, cluster=True)]
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +163,10 @@ def test_f64_mma_needs_a_tile_that_fits_and_a_known_name(G, rng):
         G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), mma="f64")
     with pytest.raises(ValueError, match="mma must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="tf32")
+    with pytest.raises(ValueError, match="no tf32x3 tensor-core launch for warps"):
+        G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), mma="tf32x3")
+    with pytest.raises(ValueError, match="k-tile must be a multiple"):
+        G.forward(x, x, None, relu=False, aux_rows=None, mma="tf32x3", bk=4)
     with pytest.raises(ValueError, match="dmma_k must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="f64", dmma_k=16, bk=8)
     with pytest.raises(ValueError, match="dmma_k must be one of"):
@@ -195,7 +203,29 @@ def test_f64_mma_rounds_the_exact_product_once(G, rng, op, dmma_k):
     assert ulps.max() <= 1.0, f"{op}: {ulps.max():.1f} ulp from the rounded float64 product"
 
 
-@pytest.mark.parametrize("mma", ["simt", "f64"])
+@pytest.mark.parametrize("op", ["forward", "dgrad", "wgrad"])
+def test_tf32x3_is_as_accurate_as_float32_fmas(G, rng, op):
+    """3xTF32 keeps about 21 bits of each operand (plain TF32: 11), so its products carry
+    the error of float32 sums, not of TF32: against the float64 product its error is
+    within a small factor of the SIMT kernel's on the same operands, and far below what
+    one TF32 rounding of the operands alone costs."""
+    m, n, k = 256, 1024, 1024
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    run = {"forward": lambda mma: G.forward(cupy.asarray(a), cupy.asarray(b.T.copy()), None,
+                                            relu=False, aux_rows=None, mma=mma)[0],
+           "dgrad": lambda mma: G.dgrad(cupy.asarray(a), cupy.asarray(b), None, 0,
+                                        bgrad=False, mma=mma)[0],
+           "wgrad": lambda mma: G.wgrad(cupy.asarray(a.T.copy()), cupy.asarray(b), mma=mma)}
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    errors = {mma: _rel(cupy.asnumpy(run[op](mma)), ref) for mma in ("simt", "tf32x3")}
+    tf32 = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+    tf32_error = _rel(tf32 @ b.astype(np.float64), ref)  # a alone truncated to TF32
+    assert errors["tf32x3"] <= 3 * errors["simt"] + 1e-7, errors
+    assert errors["tf32x3"] < tf32_error / 100, (errors, tf32_error)
+
+
+@pytest.mark.parametrize("mma", ["simt", "f64", "tf32x3"])
 def test_backend_routes_float32_and_matches_cublaslt(G, rng, mma):
     """Full float32 dense matmuls run the own kernel (counted); TF32, float16 and a zero
     ``own_gemm_max_macs`` do not; forward, input and weight gradients agree with cuBLASLt."""
@@ -268,7 +298,7 @@ def test_unsupported_layouts_fall_back(G, rng):
     assert _rel(cupy.asnumpy(y), ref(x40, w44.T)) <= TOL
 
 
-@pytest.mark.parametrize("mma", ["simt", "f64"])
+@pytest.mark.parametrize("mma", ["simt", "f64", "tf32x3"])
 def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch, mma):
     """``ff.compile`` captures the own matmul (workspaces from the step's pool, arrival
     counters made in the warm-up on the capture stream): the same losses as the eager step."""

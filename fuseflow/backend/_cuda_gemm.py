@@ -21,7 +21,8 @@ the GPU by splitting K across blocks, and ends in one launch:
 
 The inner product (``MMAS``) is SIMT float32 FMAs by default; ``mma="f64"`` runs it on the
 float64 tensor cores instead and hands the rounded sums to the same split and epilog code
-(measured no faster, see ``MMAS``).
+(measured no faster, see ``MMAS``); ``mma="tf32x3"`` runs it on the TF32 tensor cores as
+3xTF32 (CUTLASS's float32 emulation), about 21 bits of each operand in three products.
 
 Operands are addressed as A(m, k) and B(k, n) with one stride 1, so the three products of a
 dense layer (``x @ w.T``, ``dy @ w``, ``dy.T @ x``) need no transposed copies. Float32
@@ -67,7 +68,12 @@ WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: a block with one warp per scheduler (about 45% of either pipe's peak), 4.0 us fixed per
 #: launch and 4.6 us more with 4 K splits. Staging the tiles as float64 in shared memory
 #: (no conversion per fragment) measured no faster (``session18_s18b``). docs/gpu.md.
-MMAS = ("simt", "f64")
+#: "tf32x3" runs it on the TF32 tensor cores as 3xTF32 (each operand split into two TF32
+#: numbers, three products of them summed: float32-grade products at TF32 speed), its sums
+#: in the tensor cores' float32 accumulators; "tf32x3p" sums each k-tile there and adds it
+#: to the accumulators with round-to-nearest (the tensor cores add with truncation).
+#: Accuracy against float64 beside cuBLASLt's float32: ``tf32x3_probe.py``.
+MMAS = ("simt", "f64", "tf32x3", "tf32x3p")
 MMA = "simt"
 #: k of the float64 tensor cores' ``mma.m16n8k*`` shape (4, 8 or 16; the k-tile a multiple).
 DMMA_KS = (4, 8, 16)
@@ -79,10 +85,11 @@ _SRC = r"""
 #define BM (32 * WM)
 #define BN (64 * WN)
 #define THREADS (32 * WM * WN)
-// F64MMA reads its fragments as S[k0 + lane % 4][r0 + lane / 4]: rows 8 floats apart mod 32
-// keep the four k of a fragment in different banks.
-#define APAD (F64MMA ? 8 : (A_KMAJOR ? 4 : 0))
-#define BPAD (F64MMA ? 8 : (B_KMAJOR ? 4 : 0))
+// F64MMA and TF32X3 read their fragments as S[k0 + lane % 4][r0 + lane / 4]: rows 8 floats
+// apart mod 32 keep the four k of a fragment in different banks.
+#define FRAG_MMA (F64MMA || TF32X3)
+#define APAD (FRAG_MMA ? 8 : (A_KMAJOR ? 4 : 0))
+#define BPAD (FRAG_MMA ? 8 : (B_KMAJOR ? 4 : 0))
 #define A4 (BM * BK / 4)
 #define B4 (BN * BK / 4)
 #define LA ((A4 + THREADS - 1) / THREADS)
@@ -90,9 +97,9 @@ _SRC = r"""
 #define AS_FLOATS (2 * BK * (BM + APAD))
 #define PIPE_FLOATS (AS_FLOATS + 2 * BK * (BN + BPAD))
 // With CLUSTER > 1 the K splits of a tile form a thread-block cluster that adds its
-// partials through distributed shared memory, and F64MMA stages its accumulators into the
-// SIMT layout: both reuse the pipeline's shared memory for the tile.
-#define PART_FLOATS ((CLUSTER > 1 || F64MMA) ? BM * BN : 0)
+// partials through distributed shared memory, and F64MMA and TF32X3 stage their
+// accumulators into the SIMT layout: both reuse the pipeline's shared memory for the tile.
+#define PART_FLOATS ((CLUSTER > 1 || FRAG_MMA) ? BM * BN : 0)
 #define SMEM_FLOATS (PIPE_FLOATS > PART_FLOATS ? PIPE_FLOATS : PART_FLOATS)
 // The blocks of a tile that finish it: one (no cluster: the last split to arrive, or the
 // only one), else every block of the cluster, rank z taking rows i of each thread's 8 x 8
@@ -146,6 +153,29 @@ __device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[FA], cons
         : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]),
           "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
 #endif
+}
+#endif
+
+#if TF32X3
+// 3xTF32 (CUTLASS's "fast accurate" float32 on the TF32 tensor cores): each float32 operand
+// is split into x = hi + lo, hi = x rounded to TF32 (10 explicit mantissa bits), lo = the
+// rest (exact in float32) rounded to TF32, so hi + lo carries 21-22 bits of x; a product is
+// lo_a hi_b + hi_a lo_b + hi_a hi_b (lo_a lo_b, about 2^-22 of it, is dropped), all three
+// summed into float32 accumulators by mma.m16n8k8.tf32, whose fragments sit where the
+// float64 m16n8k8's do: a[i] = A(g + 8 (i % 2), t + 4 (i / 2)), b[i] = B(t + 4 i, g),
+// d[i] = D(g + 8 (i / 2), 2 t + i % 2) (PTX ISA, "Matrix Fragments for mma.m16n8k8").
+__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    hi &= 0xffffe000u;  // the TF32 bits alone (PTX leaves the low 13 unspecified), so the
+                        // difference below is x's exact remainder
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+__device__ __forceinline__ void tf32_mma(float (&d)[4], const unsigned int (&a)[4],
+                                         const unsigned int (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
 
@@ -236,6 +266,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
         }
     }
     const int fg = lane >> 2, ft = lane & 3;
+#elif TF32X3
+    // The warp's 32 x 64 block as 2 x 8 m16n8 tiles of float32 sums.
+    float tacc[2][8][4];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) tacc[i][j][e] = 0.f;
+        }
+    }
+    const int fg = lane >> 2, ft = lane & 3;
 #else
     #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -280,6 +322,57 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
                 for (int i = 0; i < 2; ++i) dmma(dacc[i][j], a[i], b);
             }
         }
+#elif TF32X3
+#if TF32X3_PROMOTE
+        // The tensor cores add with truncation; summed over one k-tile here and added to
+        // the accumulators with round-to-nearest, the truncated sums stay k-tile sized.
+        float part[2][8][4];
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) part[i][j][e] = 0.f;
+            }
+        }
+#define TF32_SUMS part
+#else
+#define TF32_SUMS tacc
+#endif
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8) {
+            unsigned int ahi[2][4], alo[2][4];
+            #pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                #pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    split_tf32(As[cur][kk + ft + 4 * (q / 2)][wm * 32 + 16 * i + 8 * (q % 2) + fg],
+                               ahi[i][q], alo[i][q]);
+            }
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                unsigned int bhi[2], blo[2];
+                #pragma unroll
+                for (int q = 0; q < 2; ++q)
+                    split_tf32(Bs[cur][kk + ft + 4 * q][wn * 64 + 8 * j + fg], bhi[q], blo[q]);
+                #pragma unroll
+                for (int i = 0; i < 2; ++i) {  // the small terms first
+                    tf32_mma(TF32_SUMS[i][j], alo[i], bhi);
+                    tf32_mma(TF32_SUMS[i][j], ahi[i], blo);
+                    tf32_mma(TF32_SUMS[i][j], ahi[i], bhi);
+                }
+            }
+        }
+#if TF32X3_PROMOTE
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) tacc[i][j][e] += part[i][j][e];
+            }
+        }
+#endif
 #else
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
@@ -305,9 +398,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 
     // Row i of the thread's block is rbase + i (i < 4) or rbase + 12 + i; column j is
     // cbase + j (j < 4) or cbase + 28 + j.
+#if FRAG_MMA
+    // (F64MMA: rounded to float32 and) moved to that layout through the warp's part of the
+    // tile in shared memory (free after the loop's last barrier); what follows is the SIMT
+    // kernel's.
 #if F64MMA
-    // Rounded to float32 and moved to that layout through the warp's part of the tile in
-    // shared memory (free after the loop's last barrier); what follows is the SIMT kernel's.
+#define FRAG_ACC(i, j, e) ((float)dacc[i][j][e])
+#else
+#define FRAG_ACC(i, j, e) (tacc[i][j][e])
+#endif
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
         #pragma unroll
@@ -316,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
             for (int h = 0; h < 2; ++h)
                 *reinterpret_cast<float2*>(smem + (wm * 32 + 16 * i + 8 * h + fg) * BN +
                                            wn * 64 + 8 * j + 2 * ft) =
-                    make_float2((float)dacc[i][j][2 * h], (float)dacc[i][j][2 * h + 1]);
+                    make_float2(FRAG_ACC(i, j, 2 * h), FRAG_ACC(i, j, 2 * h + 1));
         }
     }
     __syncwarp();
@@ -505,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
     defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn, "BK": bk,
                "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
-               "CLUSTER": 0, "F64MMA": 0, "DMMA_K": DMMA_K,
+               "CLUSTER": 0, "F64MMA": 0, "TF32X3": 0, "TF32X3_PROMOTE": 0, "DMMA_K": DMMA_K,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
     return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
@@ -560,9 +659,12 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
     dmma_k = dmma_k or DMMA_K
     if mma not in MMAS:
         raise ValueError(f"own matmul: mma must be one of {MMAS}, got {mma!r}")
-    if mma == "f64" and not tile_fits((wm, wn)):
-        raise ValueError(f"no float64 tensor-core launch for warps {(wm, wn)}: its tile must "
+    if mma != "simt" and not tile_fits((wm, wn)):
+        raise ValueError(f"no {mma} tensor-core launch for warps {(wm, wn)}: its tile must "
                          f"fit in 48 KiB of shared memory")
+    if mma.startswith("tf32x3") and bk % 8:
+        raise ValueError(f"no {mma} launch with bk={bk}: the k-tile must be a multiple of "
+                         f"the TF32 tensor cores' k of 8")
     if mma == "f64" and (dmma_k not in DMMA_KS or bk % dmma_k):
         raise ValueError(f"no float64 tensor-core launch with dmma_k={dmma_k} and bk={bk}: "
                          f"dmma_k must be one of {DMMA_KS} and divide bk")
@@ -585,6 +687,7 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
                    BGRAD=db is not None, SPLIT=by_last_block,
                    CLUSTER=s if in_cluster else 0, F64MMA=mma == "f64",
+                   TF32X3=mma in ("tf32x3", "tf32x3p"), TF32X3_PROMOTE=mma == "tf32x3p",
                    DMMA_K=dmma_k if mma == "f64" else DMMA_K)
     null = np.uintp(0)
     kern((gx, gy, s), (32 * wm * wn,),
