@@ -3,7 +3,7 @@
 # mma="tf32x3", and "tf32x3p", whose tensor-core sums are added per k-tile with
 # round-to-nearest): its accuracy against float64 beside cuBLASLt's float32 and TF32
 # (tf32x3_probe.py), the compiled full-float32 steps with it on and off side by side
-# (settings_ab.py), JAX's steps in the same call. Then every GPU test on the tree: the
+# (settings_ab.py), JAX's steps in the same call (full float32 and its 3xTF32). Then every GPU test on the tree: the
 # thirtieth session's final code with the bfloat16 tensor-core output-layer kernels
 # re-applied (commit 65d2a8f, which no GPU had run) and the tf32x3 tests. Results:
 # $OUT/results-s34a.tgz.
@@ -18,6 +18,6 @@ TAILN=8 run ab_tf32x3 150 python3 benchmarks/settings_ab.py --out "$res" --name 
   --setting own_gemm_max_macs=0 --setting "$ON,own_gemm_mma=tf32x3" \
   --setting "$ON,own_gemm_mma=tf32x3p" --rounds 3
 TAILN=3 peers peers_jax 90 --worker jax --tag "${TAG}_fp32" \
-  --models 784-30-10,784-1024-1024-10 --precisions fp32 --no-mnist
+  --models 784-30-10,784-1024-1024-10 --precisions fp32,tf32x3 --no-mnist
 all_gpu_tests $((580 - SECONDS))
 tar czf "$OUT/results-$TAG.tgz" -C "$res" .

@@ -16,7 +16,7 @@ TAILN=8 run ab_tf32x3 150 python3 benchmarks/settings_ab.py --out "$res" --name 
   --setting own_gemm_max_macs=0 --setting "$ON,own_gemm_mma=tf32x3" \
   --setting "$ON,own_gemm_mma=tf32x3p" --setting "$ON,own_gemm_mma=simt" --rounds 3
 TAILN=3 peers peers_jax 90 --worker jax --tag "${TAG}_fp32" \
-  --models 784-30-10,784-1024-1024-10 --precisions fp32 --no-mnist
+  --models 784-30-10,784-1024-1024-10 --precisions fp32,tf32x3 --no-mnist
 TAILN=15 run pytest_own_gemm 170 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   $(xdist load) tests/test_own_gemm.py
 TAILN=8 run gemm_sweep 120 python3 benchmarks/gemm_sweep.py --out "$res" --name gemm_sweep_tf32x3 \

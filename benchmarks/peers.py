@@ -5,7 +5,8 @@
 
 Models (ReLU MLPs, softmax cross-entropy): 784-30-10 and 784-1024-1024-10 at batch 256,
 784-4096-4096-10 at batch 8192; SGD (lr 0.01) and Adam (1e-3). Precisions: "fp32" (full
-float32, no TF32 anywhere), "tf32" (TF32 tensor cores allowed: JAX's default), and 16-bit
+float32, no TF32 anywhere), "tf32" (TF32 tensor cores allowed: JAX's default), "tf32x3"
+(3xTF32, on request: fuseflow's own matmul, JAX's TF32_TF32_F32_X3), and 16-bit
 compute for the large model ("bf16" for JAX/torch; "fp16" mixed precision for fuseflow).
 Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
 synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
@@ -47,6 +48,12 @@ WORKERS = ("fuseflow", "jax", "torch", "hand_nvmath")
 SELECTED = list(MODELS)
 #: precisions to run (``--precisions``); "16bit" stands for each framework's low precision
 PRECISIONS = ["fp32", "tf32", "16bit"]
+#: float32 precisions: full, TF32, and 3xTF32 (each float32 operand as two TF32 numbers,
+#: three tensor-core products: fuseflow's own matmul with ``mma=TF32X3_MMA``, JAX's
+#: TF32_TF32_F32_X3 algorithm; not run unless ``--precisions`` names it)
+FP32_KINDS = ("fp32", "tf32", "tf32x3")
+KNOWN_PRECISIONS = PRECISIONS + ["tf32x3"]
+TF32X3_MMA = "tf32x3p"
 #: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16 with loss scaling, or
 #: bfloat16 (JAX's and torch's here), by the name its JSON rows carry
 FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}
@@ -56,8 +63,8 @@ FUSEFLOW_LOW = ["fp16"]
 def configs(low_precision):
     for model in SELECTED:
         for opt in ("sgd", "adam"):
-            for prec in ("fp32", "tf32") + ((low_precision,) if model.endswith("4096-10") else ()):
-                if (prec if prec in ("fp32", "tf32") else "16bit") in PRECISIONS:
+            for prec in FP32_KINDS + ((low_precision,) if model.endswith("4096-10") else ()):
+                if (prec if prec in FP32_KINDS else "16bit") in PRECISIONS:
                     yield model, opt, prec
 
 
@@ -128,6 +135,15 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     return model, params, opt.init(params), step, x, y
 
 
+def set_fp32_matmuls(be, prec, own_default):
+    """The CUDA backend's float32 matmuls for ``prec``: TF32 for "tf32", the own matmul's
+    3xTF32 at every size for "tf32x3", else full float32 as ``own_default`` (the backend's
+    ``(own_gemm_max_macs, own_gemm_mma)`` before any change) has them."""
+    be.tf32 = prec == "tf32"
+    be.own_gemm_max_macs, be.own_gemm_mma = ((2 ** 62, TF32X3_MMA) if prec == "tf32x3"
+                                             else own_default)
+
+
 def compiled_step_us(ff, cp, model, opt_name, prec="fp32", steps=200, repeats=7,
                      batches=1, info=None):
     """``(us, loss)``: a fresh compiled fuseflow step of ``model`` (a MODELS key), warmed up
@@ -173,10 +189,11 @@ def worker_fuseflow(args):
         cp.cuda.Device().synchronize()
 
     rates = plain_matmul_rates(cp, "before")  # the reference, before the models and after
+    own_default = be.own_gemm_max_macs, be.own_gemm_mma
     for name, opt_name, prec in configs(FUSEFLOW_LOW[0]):
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
-        be.tf32 = prec == "tf32"
+        set_fp32_matmuls(be, prec, own_default)
         model, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt_name, prec)
         st = {"p": params, "s": state}
 
@@ -212,9 +229,9 @@ def worker_fuseflow(args):
     out["matmul_rate_tflops"], out["matmul_rate_each_tflops"] = max(rates.values()), rates
     if not args.no_mnist:
         for prec in args.mnist_precisions.split(","):
-            be.tf32 = prec == "tf32"
+            set_fp32_matmuls(be, prec, own_default)
             out[MNIST_KEY[prec]] = fuseflow_time_to_98(ff, cp, args, prec)
-    be.tf32 = False
+    set_fp32_matmuls(be, "fp32", own_default)
     return out
 
 
@@ -256,7 +273,7 @@ def plain_matmul_rates(cp, when):
 
 
 #: the JSON key of each precision's time-to-98 record ("mnist" keeps its earlier meaning)
-MNIST_KEY = {"fp32": "mnist", "tf32": "mnist_tf32"}
+MNIST_KEY = {"fp32": "mnist", "tf32": "mnist_tf32", "tf32x3": "mnist_tf32x3"}
 
 
 def fuseflow_time_to_98(ff, cp, args, prec="fp32"):
@@ -396,7 +413,8 @@ def jax_step(sizes, batch, opt_name, prec):
     return step, (params, opt.init(params), x, y)
 
 
-JAX_PRECISION = {"fp32": "highest", "tf32": "default", "bf16": "default"}
+JAX_PRECISION = {"fp32": "highest", "tf32": "default", "tf32x3": "TF32_TF32_F32_X3",
+                 "bf16": "default"}
 
 
 def worker_jax(args):
@@ -523,6 +541,8 @@ def worker_torch(args):
         torch.cuda.synchronize()
 
     for name, opt_name, prec in configs("bf16"):
+        if prec == "tf32x3":
+            continue  # torch has no 3xTF32 float32 matmul
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
         torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
@@ -603,7 +623,7 @@ def worker_hand_nvmath(args):
     out = {"steps": []}
     ct = {"compute_type": __import__("nvmath").linalg.ComputeType.COMPUTE_32F}
     for name, opt_name, prec in configs("fp16"):
-        if prec == "tf32":
+        if prec in ("tf32", "tf32x3"):
             continue  # the tutorial's pattern is full float32 (or 16-bit) only
         sizes, batch = MODELS[name]
         steps, repeats = reps(name, args.quick)
@@ -693,10 +713,11 @@ def main():
     ap.add_argument("--mnist-seeds", type=int, default=5,
                     help="time-to-98%% runs, one per seed (init and shuffles); the median counts")
     ap.add_argument("--mnist-precisions", default="fp32",
-                    help="comma-separated subset of fp32,tf32: a time-to-98%% record for each "
-                         "(JSON keys mnist, mnist_tf32)")
+                    help="comma-separated subset of fp32,tf32,tf32x3: a time-to-98%% record "
+                         "for each (JSON keys mnist, mnist_tf32, mnist_tf32x3)")
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
-                    help="comma-separated subset of fp32,tf32,16bit")
+                    help="comma-separated subset of fp32,tf32,16bit,tf32x3 (default: all but "
+                         "tf32x3)")
     ap.add_argument("--fuseflow-16bit", choices=sorted(FUSEFLOW_16BIT), default="fp16",
                     help="fuseflow's 16-bit compute dtype on the large model (default fp16)")
     ap.add_argument("--no-torch-compile", action="store_true")
@@ -705,7 +726,7 @@ def main():
                          "and reduce-overhead), in fp32 and bf16; TF32 runs eager only")
     args = ap.parse_args()
     for flag, given, known in (("--models", args.models, MODELS),
-                               ("--precisions", args.precisions, PRECISIONS),
+                               ("--precisions", args.precisions, KNOWN_PRECISIONS),
                                ("--mnist-precisions", args.mnist_precisions, MNIST_KEY)):
         unknown = [x for x in given.split(",") if x not in known]
         if unknown:  # a typo would otherwise drop a model or precision without a word
