@@ -53,7 +53,7 @@ PRECISIONS = ["fp32", "tf32", "16bit"]
 #: TF32_TF32_F32_X3 algorithm; not run unless ``--precisions`` names it)
 FP32_KINDS = ("fp32", "tf32", "tf32x3")
 KNOWN_PRECISIONS = PRECISIONS + ["tf32x3"]
-TF32X3_MMA = "tf32x3p"
+TF32X3_MMA = "tf32x3"
 #: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16 with loss scaling, or
 #: bfloat16 (JAX's and torch's here), by the name its JSON rows carry
 FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}

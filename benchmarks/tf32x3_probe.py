@@ -7,9 +7,9 @@ scaled as in ``gemm_sweep.py``) and a 1024^3 product of standard normals, the pr
 every path against the float64 product of the same float32 operands:
 
 - ``cublaslt_fp32``: the backend's full-float32 path (cuBLASLt's SIMT kernels);
-- ``own_simt``, ``own_tf32x3``, ``own_tf32x3p``: fuseflow's own kernel with float32 FMAs,
-  3xTF32 summed in the tensor cores' accumulators, and 3xTF32 summed per k-tile and
-  added with round-to-nearest (``tf32x3p``);
+- ``own_simt``, ``own_tf32x3``: fuseflow's own kernel with float32 FMAs and with 3xTF32
+  (call 129 also ran a form that summed every k-tile in the tensor cores' accumulators,
+  named ``own_tf32x3`` there; the form kept was ``own_tf32x3p``);
 - ``cublaslt_tf32``: cuBLASLt with TF32 (one TF32 rounding of each operand).
 
 Errors: the norm-relative error ``|C - R| / |R|``, and the componentwise error
@@ -81,7 +81,7 @@ def main():
                 paths[name] = be.linear_dgrad(A, B, "DEFAULT", None)[0]
             else:
                 paths[name] = be.linear_wgrad(cp.ascontiguousarray(A.T), B, "DEFAULT")[0]
-        for mma in ("simt", "tf32x3", "tf32x3p"):
+        for mma in ("simt", "tf32x3"):
             if op == "forward":
                 paths[f"own_{mma}"] = G.forward(A, cp.ascontiguousarray(B.T), None, relu=False,
                                                 aux_rows=None, mma=mma)[0]

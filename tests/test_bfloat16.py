@@ -242,9 +242,9 @@ def same_bits_or_both_nan(got, want):
 def test_gpu_casts_round_as_numpy_does(rng):
     """multi_tensor_cast and the compiled step's batch copy: float32/float64 to bfloat16
     rounds to nearest even, bit for bit NumPy's (ml_dtypes) astype (float64 once, not
-    through float32), and back exactly; float16 and bfloat16 cast to each other through
-    float32; a compiled step casts a float16 batch to bfloat16 (not in its copy, which
-    has no such cast, but at the step's start)."""
+    through float32), and back exactly, subnormals included; float16 and bfloat16 cast to
+    each other through float32; a compiled step casts a float16 batch to bfloat16 (not in
+    its copy, which has no such cast, but at the step's start)."""
     cupy = _cuda()
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_graph_inputs as GI
@@ -266,6 +266,13 @@ def test_gpu_casts_round_as_numpy_does(rng):
             GI.copy_arrays([(copied, got)])
             np.testing.assert_array_equal(cupy.asnumpy(copied),
                                           cupy.asnumpy(got).astype(wide))
+    # float32 subnormals widen exactly too (CuPy's -ftz=true flushes a plain (double) cast)
+    tiny = np.array([1e-40, -3e-42, 1.4e-45, -0.0, 1.2e-38], np.float32)
+    (wide,) = F.multi_tensor_cast([cupy.asarray(tiny)], np.float64)
+    np.testing.assert_array_equal(cupy.asnumpy(wide), tiny.astype(np.float64))
+    copied = cupy.empty(tiny.shape, np.float64)
+    GI.copy_arrays([(copied, cupy.asarray(tiny))])
+    np.testing.assert_array_equal(cupy.asnumpy(copied), tiny.astype(np.float64))
     x16 = (rng.standard_normal(4099) * 100).astype(np.float16)
     (bf,) = F.multi_tensor_cast([cupy.asarray(x16)], BF16)
     same_bits_or_both_nan(cupy.asnumpy(bf), x16.astype(np.float32).astype(BF16))

@@ -168,10 +168,10 @@ def _generated_sources(monkeypatch):
                       {"BGRAD": 1}):
             G._kernel(ak, bk, *warps, G.BK, SPLIT=split, **flags)
     G._kernel(1, 1, 2, 2, 8, SPLIT=1, HAS_BIAS=1, RELU=1, AUX_OUT=1)
-    # the tensor-core inner products (float64; 3xTF32, its sums per k-tile or not), split by
-    # the last block or in a cluster
+    # the tensor-core inner products (float64, 3xTF32), split by the last block or in a
+    # cluster
     for mma, (ak, bk), (split, cluster) in itertools.product(
-            ({"F64MMA": 1}, {"TF32X3": 1}, {"TF32X3": 1, "TF32X3_PROMOTE": 1}),
+            ({"F64MMA": 1}, {"TF32X3": 1}),
             ((1, 1), (1, 0), (0, 0)), ((0, 0), (1, 0), (0, 4))):
         for flags in ({"HAS_BIAS": 1, "RELU": 1, "AUX_OUT": 1}, {"DRELU": 1, "BGRAD": 1}, {}):
             G._kernel(ak, bk, 2, 2, G.BK, SPLIT=split, CLUSTER=cluster, **mma, **flags)

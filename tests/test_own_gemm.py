@@ -163,7 +163,7 @@ def test_f64_mma_needs_a_tile_that_fits_and_a_known_name(G, rng):
         G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), mma="f64")
     with pytest.raises(ValueError, match="mma must be one of"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="tf32")
-    with pytest.raises(ValueError, match="no tf32x3 tensor-core launch for warps"):
+    with pytest.raises(ValueError, match="no 3xTF32 tensor-core launch for warps"):
         G.forward(x, x, None, relu=False, aux_rows=None, warps=(4, 2), mma="tf32x3")
     with pytest.raises(ValueError, match="k-tile must be a multiple"):
         G.forward(x, x, None, relu=False, aux_rows=None, mma="tf32x3", bk=4)

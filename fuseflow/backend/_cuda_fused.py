@@ -32,6 +32,25 @@ from fuseflow.backend._env import env_int
 _CTYPES = {np.dtype(np.float16): "__half", bfloat16: "__nv_bfloat16",
            np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 HALF_HEADERS = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+#: ``ff_cast<D>(s)``: ``(D)(s)``, but exact where CuPy's -ftz=true (which it always passes
+#: to NVRTC) would flush a subnormal on the way: ``(float)`` of a bfloat16 and
+#: ``(double)`` of a float32 (a bfloat16 subnormal is a float32 one) widen by the bits.
+#: For the kernels that cast (``multi_tensor_cast``, the compiled step's batch copy).
+EXACT_CASTS = HALF_HEADERS + r"""
+template <typename D, typename S> __device__ __forceinline__ D ff_cast(S s) { return (D)(s); }
+template <> __device__ __forceinline__ float ff_cast<float, __nv_bfloat16>(__nv_bfloat16 h) {
+    return __uint_as_float((unsigned int)__bfloat16_as_ushort(h) << 16);
+}
+template <> __device__ __forceinline__ double ff_cast<double, float>(float f) {
+    const int b = __float_as_int(f);
+    if (b & 0x7f800000) return (double)f;
+    const double m = (double)(b & 0x7fffff) * 0x1p-149;  // subnormal (or zero): exact
+    return b < 0 ? -m : m;
+}
+template <> __device__ __forceinline__ double ff_cast<double, __nv_bfloat16>(__nv_bfloat16 h) {
+    return ff_cast<double>(ff_cast<float>(h));
+}
+"""
 HALF_CTYPES = frozenset(_CTYPES[d] for d in HALF)
 _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
                  np.dtype(np.int16): "short", np.dtype(np.int8): "signed char",
@@ -439,10 +458,12 @@ def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned, width=4):
         # a 16-bit source goes through float32 (exactly): CUDA defines no cast from one
         # 16-bit format to the other
         half = src_ctype in HALF_CTYPES
-        value = f"(float)s{k}[j] * sc" if scaled else f"(float)s{k}[j]" if half else f"s{k}[j]"
-        return f"d{k}[j] = (D)({value});"
+        wide = f"ff_cast<float>(s{k}[j])" if half else f"s{k}[j]"
+        value = f"ff_cast<float>(s{k}[j]) * sc" if scaled else wide
+        return f"d{k}[j] = ff_cast<D>({value});"
 
-    return _quad_kernel("cast", f"typedef {src_ctype} S; typedef {dst_ctype} D;\n", args,
+    return _quad_kernel("cast", f"{EXACT_CASTS}typedef {src_ctype} S; typedef {dst_ctype} D;\n",
+                        args,
                         lambda k: [(f"s{k}", "S", False), (f"d{k}", "D", True)], element,
                         {"sizes": sizes, "aligned": aligned, "width": width},
                         "  const float sc = scale_ptr ? scale_ptr[0] : 1.0f;\n")

@@ -22,7 +22,8 @@ the GPU by splitting K across blocks, and ends in one launch:
 The inner product (``MMAS``) is SIMT float32 FMAs by default; ``mma="f64"`` runs it on the
 float64 tensor cores instead and hands the rounded sums to the same split and epilog code
 (measured no faster, see ``MMAS``); ``mma="tf32x3"`` runs it on the TF32 tensor cores as
-3xTF32 (CUTLASS's float32 emulation), about 21 bits of each operand in three products.
+3xTF32 (CUTLASS's float32 emulation), about 21 bits of each operand in three products
+(as accurate as float32, measured no faster either).
 
 Operands are addressed as A(m, k) and B(k, n) with one stride 1, so the three products of a
 dense layer (``x @ w.T``, ``dy @ w``, ``dy.T @ x``) need no transposed copies. Float32
@@ -69,11 +70,14 @@ WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: launch and 4.6 us more with 4 K splits. Staging the tiles as float64 in shared memory
 #: (no conversion per fragment) measured no faster (``session18_s18b``). docs/gpu.md.
 #: "tf32x3" runs it on the TF32 tensor cores as 3xTF32 (each operand split into two TF32
-#: numbers, three products of them summed: float32-grade products at TF32 speed), its sums
-#: in the tensor cores' float32 accumulators; "tf32x3p" sums each k-tile there and adds it
-#: to the accumulators with round-to-nearest (the tensor cores add with truncation).
-#: Accuracy against float64 beside cuBLASLt's float32: ``tf32x3_probe.py``.
-MMAS = ("simt", "f64", "tf32x3", "tf32x3p")
+#: numbers, three products of them), each k-tile summed there and added to float32
+#: accumulators with round-to-nearest. Measured on an H100 (calls 129-131,
+#: ``tf32x3_probe.py``, ``gemm_sweep.py``): as accurate as float32 FMAs against float64
+#: (norm-relative 1.5-2.0e-7, cuBLASLt's float32 1.5-5.8e-7, TF32 2.9e-4), but no faster:
+#: the medium model's matmuls 15.1-24.3 us at their best launches against cuBLASLt's
+#: 15.3-21.4, the compiled medium steps 4% and the large full-float32 ones 4-5% slower.
+MMAS = ("simt", "f64", "tf32x3")
+_MMA_NAMES = {"f64": "float64", "tf32x3": "3xTF32"}
 MMA = "simt"
 #: k of the float64 tensor cores' ``mma.m16n8k*`` shape (4, 8 or 16; the k-tile a multiple).
 DMMA_KS = (4, 8, 16)
@@ -323,9 +327,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
             }
         }
 #elif TF32X3
-#if TF32X3_PROMOTE
-        // The tensor cores add with truncation; summed over one k-tile here and added to
-        // the accumulators with round-to-nearest, the truncated sums stay k-tile sized.
+        // The tensor cores add with truncation: summed over one k-tile here and added to
+        // the accumulators with round-to-nearest, the truncated sums stay k-tile sized
+        // (summed in the accumulators, the products' error was 7-12x float32's, call 129).
         float part[2][8][4];
         #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -335,10 +339,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
                 for (int e = 0; e < 4; ++e) part[i][j][e] = 0.f;
             }
         }
-#define TF32_SUMS part
-#else
-#define TF32_SUMS tacc
-#endif
         #pragma unroll
         for (int kk = 0; kk < BK; kk += 8) {
             unsigned int ahi[2][4], alo[2][4];
@@ -357,13 +357,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
                     split_tf32(Bs[cur][kk + ft + 4 * q][wn * 64 + 8 * j + fg], bhi[q], blo[q]);
                 #pragma unroll
                 for (int i = 0; i < 2; ++i) {  // the small terms first
-                    tf32_mma(TF32_SUMS[i][j], alo[i], bhi);
-                    tf32_mma(TF32_SUMS[i][j], ahi[i], blo);
-                    tf32_mma(TF32_SUMS[i][j], ahi[i], bhi);
+                    tf32_mma(part[i][j], alo[i], bhi);
+                    tf32_mma(part[i][j], ahi[i], blo);
+                    tf32_mma(part[i][j], ahi[i], bhi);
                 }
             }
         }
-#if TF32X3_PROMOTE
         #pragma unroll
         for (int i = 0; i < 2; ++i) {
             #pragma unroll
@@ -372,7 +371,6 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
                 for (int e = 0; e < 4; ++e) tacc[i][j][e] += part[i][j][e];
             }
         }
-#endif
 #else
         #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
@@ -604,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) CLUSTER_DIMS simt_gemm(
 def _kernel(a_kmajor, b_kmajor, wm, wn, bk=BK, **flags):
     defines = {"A_KMAJOR": a_kmajor, "B_KMAJOR": b_kmajor, "WM": wm, "WN": wn, "BK": bk,
                "HAS_BIAS": 0, "RELU": 0, "AUX_OUT": 0, "DRELU": 0, "BGRAD": 0, "SPLIT": 0,
-               "CLUSTER": 0, "F64MMA": 0, "TF32X3": 0, "TF32X3_PROMOTE": 0, "DMMA_K": DMMA_K,
+               "CLUSTER": 0, "F64MMA": 0, "TF32X3": 0, "DMMA_K": DMMA_K,
                **flags}
     head = "".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
     return cupy.RawKernel(head + T.TICKET_SRC + _SRC, "simt_gemm")
@@ -660,10 +658,10 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
     if mma not in MMAS:
         raise ValueError(f"own matmul: mma must be one of {MMAS}, got {mma!r}")
     if mma != "simt" and not tile_fits((wm, wn)):
-        raise ValueError(f"no {mma} tensor-core launch for warps {(wm, wn)}: its tile must "
-                         f"fit in 48 KiB of shared memory")
-    if mma.startswith("tf32x3") and bk % 8:
-        raise ValueError(f"no {mma} launch with bk={bk}: the k-tile must be a multiple of "
+        raise ValueError(f"no {_MMA_NAMES[mma]} tensor-core launch for warps {(wm, wn)}: its "
+                         f"tile must fit in 48 KiB of shared memory")
+    if mma == "tf32x3" and bk % 8:
+        raise ValueError(f"no tf32x3 launch with bk={bk}: the k-tile must be a multiple of "
                          f"the TF32 tensor cores' k of 8")
     if mma == "f64" and (dmma_k not in DMMA_KS or bk % dmma_k):
         raise ValueError(f"no float64 tensor-core launch with dmma_k={dmma_k} and bk={bk}: "
@@ -687,7 +685,7 @@ def _run(a, b, c, m, n, k, lda, ldb, *, a_kmajor, b_kmajor, bias=None, relu=Fals
                    AUX_OUT=aux_out is not None, DRELU=aux_in is not None,
                    BGRAD=db is not None, SPLIT=by_last_block,
                    CLUSTER=s if in_cluster else 0, F64MMA=mma == "f64",
-                   TF32X3=mma in ("tf32x3", "tf32x3p"), TF32X3_PROMOTE=mma == "tf32x3p",
+                   TF32X3=mma == "tf32x3",
                    DMMA_K=dmma_k if mma == "f64" else DMMA_K)
     null = np.uintp(0)
     kern((gx, gy, s), (32 * wm * wn,),

@@ -28,7 +28,7 @@ import numpy as np
 
 from fuseflow._dtypes import bfloat16, is_half
 from fuseflow.backend import _libcuda
-from fuseflow.backend._cuda_fused import HALF_HEADERS
+from fuseflow.backend._cuda_fused import EXACT_CASTS
 
 #: Arrays that one launch of the copy kernel copies.
 COPY_PAIRS = 4
@@ -42,9 +42,9 @@ _TYPE_CODES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.flo
 _CASTS = {(a, b) for a in _TYPE_CODES for b in _TYPE_CODES
           if a != b and not (is_half(a) and is_half(b))}
 
-_COPY_SRC = HALF_HEADERS + r"""template <typename X> struct alignas(8 * sizeof(X)) vec8 { X v[8]; };
+_COPY_SRC = EXACT_CASTS + r"""template <typename X> struct alignas(8 * sizeof(X)) vec8 { X v[8]; };
 
-// n elements from S to D, each as (D)(s): the rounding of multi_tensor_cast's kernel.
+// n elements from S to D, each as ff_cast<D>(s): the rounding of multi_tensor_cast's kernel.
 // 8 elements a step where both addresses allow, one at a time elsewhere.
 template <typename S, typename D>
 __device__ void convert(const char* s_, char* d_, long long n, long long first,
@@ -59,12 +59,12 @@ __device__ void convert(const char* s_, char* d_, long long n, long long first,
             const vec8<S> a = reinterpret_cast<const vec8<S>*>(s)[i];
             vec8<D> b;
             #pragma unroll
-            for (int u = 0; u < 8; ++u) b.v[u] = (D)(a.v[u]);
+            for (int u = 0; u < 8; ++u) b.v[u] = ff_cast<D>(a.v[u]);
             reinterpret_cast<vec8<D>*>(d)[i] = b;
         }
         done = vecs * 8;
     }
-    for (long long i = done + first; i < n; i += step) d[i] = (D)(s[i]);
+    for (long long i = done + first; i < n; i += step) d[i] = ff_cast<D>(s[i]);
 }
 
 // Block row p copies pair p. Conversion 0: n bytes, 16-byte words where both addresses
