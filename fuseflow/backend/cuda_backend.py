@@ -228,8 +228,9 @@ class CudaBackend(Backend):
         #: cuBLASLt's SIMT kernels plus a split-K reduction and an epilog pass
         #: (``FUSEFLOW_OWN_GEMM_MAX_MACS``; 0 turns it off).
         self.own_gemm_max_macs = env_int("FUSEFLOW_OWN_GEMM_MAX_MACS", G.DEFAULT_MAX_MACS)
-        #: its inner product (``FUSEFLOW_OWN_GEMM_MMA``): "simt" (float32 FMAs) or "f64"
-        #: (the float64 tensor cores, each float32 product exact, rounded once at the end).
+        #: its inner product (``FUSEFLOW_OWN_GEMM_MMA``): "simt" (float32 FMAs), "f64"
+        #: (the float64 tensor cores, each float32 product exact, rounded once at the end)
+        #: or "tf32x3" (3xTF32 on the TF32 tensor cores, as accurate as float32 FMAs).
         self.own_gemm_mma = env_choice("FUSEFLOW_OWN_GEMM_MMA", {m: m for m in G.MMAS}, G.MMA)
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
         #: dense layers) run on a second stream beside the input-gradient chain
