@@ -95,7 +95,7 @@ def references(ff, jx):
 
 
 def time_to_98(ff, jx):
-    for k in ("mnist", "mnist_tf32"):
+    for k in ("mnist", "mnist_tf32", "mnist_tf32x3"):
         a, b = (ff or {}).get(k), (jx or {}).get(k)
         if not a and not b:
             continue
