@@ -165,7 +165,7 @@ __device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[FA], cons
 // is split into x = hi + lo, hi = x rounded to TF32 (10 explicit mantissa bits), lo = the
 // rest (exact in float32) rounded to TF32, so hi + lo carries 21-22 bits of x; a product is
 // lo_a hi_b + hi_a lo_b + hi_a hi_b (lo_a lo_b, about 2^-22 of it, is dropped), all three
-// summed into float32 accumulators by mma.m16n8k8.tf32, whose fragments sit where the
+// added to a k-tile's float32 sums by mma.m16n8k8.tf32, whose fragments sit where the
 // float64 m16n8k8's do: a[i] = A(g + 8 (i % 2), t + 4 (i / 2)), b[i] = B(t + 4 i, g),
 // d[i] = D(g + 8 (i / 2), 2 t + i % 2) (PTX ISA, "Matrix Fragments for mma.m16n8k8").
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
