@@ -266,13 +266,16 @@ def test_gpu_casts_round_as_numpy_does(rng):
             GI.copy_arrays([(copied, got)])
             np.testing.assert_array_equal(cupy.asnumpy(copied),
                                           cupy.asnumpy(got).astype(wide))
-    # float32 subnormals widen exactly too (CuPy's -ftz=true flushes a plain (double) cast)
-    tiny = np.array([1e-40, -3e-42, 1.4e-45, -0.0, 1.2e-38], np.float32)
-    (wide,) = F.multi_tensor_cast([cupy.asarray(tiny)], np.float64)
-    np.testing.assert_array_equal(cupy.asnumpy(wide), tiny.astype(np.float64))
-    copied = cupy.empty(tiny.shape, np.float64)
-    GI.copy_arrays([(copied, cupy.asarray(tiny))])
-    np.testing.assert_array_equal(cupy.asnumpy(copied), tiny.astype(np.float64))
+    # float32 subnormals widen exactly and float64 ones narrow to them (CuPy's -ftz=true
+    # flushes a plain conversion either way), in the vector loops and their scalar tails
+    tiny = np.tile(np.array([1e-40, -3e-42, 1.4e-45, -0.0, 1.2e-38, -1e-39], np.float32), 4)[:23]
+    for src, dst in ((tiny, np.float64), (tiny.astype(np.float64), np.float32)):
+        (cast,) = F.multi_tensor_cast([cupy.asarray(src)], dst)
+        copied = cupy.empty(src.shape, dst)
+        GI.copy_arrays([(copied, cupy.asarray(src))])
+        bits = np.uint64 if dst == np.float64 else np.uint32
+        for got in (cast, copied):
+            np.testing.assert_array_equal(cupy.asnumpy(got).view(bits), src.astype(dst).view(bits))
     x16 = (rng.standard_normal(4099) * 100).astype(np.float16)
     (bf,) = F.multi_tensor_cast([cupy.asarray(x16)], BF16)
     same_bits_or_both_nan(cupy.asnumpy(bf), x16.astype(np.float32).astype(BF16))

@@ -205,10 +205,12 @@ def test_f64_mma_rounds_the_exact_product_once(G, rng, op, dmma_k):
 
 @pytest.mark.parametrize("op", ["forward", "dgrad", "wgrad"])
 def test_tf32x3_is_as_accurate_as_float32_fmas(G, rng, op):
-    """3xTF32 keeps about 21 bits of each operand (plain TF32: 11), so its products carry
-    the error of float32 sums, not of TF32: against the float64 product its error is
-    within a small factor of the SIMT kernel's on the same operands, and far below what
-    one TF32 rounding of the operands alone costs."""
+    """3xTF32 keeps about 21 bits of each operand (plain TF32: 11), and the tensor cores'
+    truncating sums are added per k-tile with round-to-nearest, so its products carry the
+    error of float32 sums, not of TF32: against the float64 product its error is within a
+    small factor of the SIMT kernel's on the same operands (summed in the accumulators
+    over all of K it was 7-12x), and far below what truncating one operand to TF32
+    costs."""
     m, n, k = 256, 1024, 1024
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -222,7 +224,7 @@ def test_tf32x3_is_as_accurate_as_float32_fmas(G, rng, op):
     tf32 = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
     tf32_error = _rel(tf32 @ b.astype(np.float64), ref)  # a alone truncated to TF32
     assert errors["tf32x3"] <= 3 * errors["simt"] + 1e-7, errors
-    assert errors["tf32x3"] < tf32_error / 100, (errors, tf32_error)
+    assert errors["tf32x3"] < tf32_error / 1000, (errors, tf32_error)
 
 
 @pytest.mark.parametrize("mma", ["simt", "f64", "tf32x3"])

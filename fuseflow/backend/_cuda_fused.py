@@ -33,22 +33,24 @@ _CTYPES = {np.dtype(np.float16): "__half", bfloat16: "__nv_bfloat16",
            np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 HALF_HEADERS = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
 #: ``ff_cast<D>(s)``: ``(D)(s)``, but exact where CuPy's -ftz=true (which it always passes
-#: to NVRTC) would flush a subnormal on the way: ``(float)`` of a bfloat16 and
-#: ``(double)`` of a float32 (a bfloat16 subnormal is a float32 one) widen by the bits.
-#: For the kernels that cast (``multi_tensor_cast``, the compiled step's batch copy).
+#: to NVRTC) would flush a subnormal: there ``(double)`` of a float32 compiles to
+#: ``cvt.ftz.f64.f32`` and ``(float)`` of a float64 to ``cvt.rn.ftz.f32.f64``, so those two
+#: (and bfloat16 to float64, through float32) are written without ``.ftz``. For the kernels
+#: that cast (``multi_tensor_cast``, the compiled step's batch copy).
 EXACT_CASTS = HALF_HEADERS + r"""
 template <typename D, typename S> __device__ __forceinline__ D ff_cast(S s) { return (D)(s); }
-template <> __device__ __forceinline__ float ff_cast<float, __nv_bfloat16>(__nv_bfloat16 h) {
-    return __uint_as_float((unsigned int)__bfloat16_as_ushort(h) << 16);
-}
 template <> __device__ __forceinline__ double ff_cast<double, float>(float f) {
-    const int b = __float_as_int(f);
-    if (b & 0x7f800000) return (double)f;
-    const double m = (double)(b & 0x7fffff) * 0x1p-149;  // subnormal (or zero): exact
-    return b < 0 ? -m : m;
+    double d;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(d) : "f"(f));
+    return d;
+}
+template <> __device__ __forceinline__ float ff_cast<float, double>(double d) {
+    float f;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(f) : "d"(d));
+    return f;
 }
 template <> __device__ __forceinline__ double ff_cast<double, __nv_bfloat16>(__nv_bfloat16 h) {
-    return ff_cast<double>(ff_cast<float>(h));
+    return ff_cast<double>((float)h);  // (float) of a bfloat16 is exact (cvt.f32.bf16)
 }
 """
 HALF_CTYPES = frozenset(_CTYPES[d] for d in HALF)

@@ -76,6 +76,8 @@ WARPS = (2, 2)  # warps along M and N: a 64 x 128 tile, 128 threads
 #: (norm-relative 1.5-2.0e-7, cuBLASLt's float32 1.5-5.8e-7, TF32 2.9e-4), but no faster:
 #: the medium model's matmuls 15.1-24.3 us at their best launches against cuBLASLt's
 #: 15.3-21.4, the compiled medium steps 4% and the large full-float32 ones 4-5% slower.
+#: As in CUTLASS's 3xTF32, an infinite operand (or one within 2^-12 of float32's largest,
+#: whose TF32 rounding overflows) gives NaN, where float32 FMAs give an infinity.
 MMAS = ("simt", "f64", "tf32x3")
 _MMA_NAMES = {"f64": "float64", "tf32x3": "3xTF32"}
 MMA = "simt"
