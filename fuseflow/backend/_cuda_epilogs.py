@@ -31,7 +31,7 @@ import functools
 import cupy
 import numpy as np
 
-from fuseflow._dtypes import bfloat16, is_half
+from fuseflow._dtypes import accumulation, bfloat16, is_half
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 
@@ -235,7 +235,7 @@ def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
     # 8 columns per thread; 1 row each on short batches (latency), more on long ones
     rpt, chunks = S.row_chunks(batch, min(32, max(1, batch // 512)))
     db = cupy.empty(features, dtype=dx.dtype) if bgrad else None
-    part = cupy.empty((chunks, features), dtype=S._acc(dx.dtype)) if bgrad and chunks > 1 \
+    part = cupy.empty((chunks, features), dtype=accumulation(dx.dtype)) if bgrad and chunks > 1 \
         else None
     if not batch or not features:
         if bgrad:

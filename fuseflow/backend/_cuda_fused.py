@@ -459,10 +459,9 @@ def _cast_kernel(src_ctype, dst_ctype, sizes, scaled, aligned, width=4):
     def element(k):
         # a 16-bit source goes through float32 (exactly): CUDA defines no cast from one
         # 16-bit format to the other
-        half = src_ctype in HALF_CTYPES
-        wide = f"ff_cast<float>(s{k}[j])" if half else f"s{k}[j]"
-        value = f"ff_cast<float>(s{k}[j]) * sc" if scaled else wide
-        return f"d{k}[j] = ff_cast<D>({value});"
+        wide = (f"ff_cast<float>(s{k}[j])" if scaled or src_ctype in HALF_CTYPES
+                else f"s{k}[j]")
+        return f"d{k}[j] = ff_cast<D>({wide}{' * sc' if scaled else ''});"
 
     return _quad_kernel("cast", f"{EXACT_CASTS}typedef {src_ctype} S; typedef {dst_ctype} D;\n",
                         args,

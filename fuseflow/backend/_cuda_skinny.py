@@ -32,6 +32,7 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow._dtypes import accumulation
 from fuseflow.backend._cuda_fused import _CTYPES, HALF_HEADERS
 
 MAX_N = 32              # the largest small side handled here
@@ -301,10 +302,6 @@ extern "C" __global__ void sum_chunks(const A* __restrict__ part, T* __restrict_
 """
 
 
-def _acc(dtype):
-    return np.float64 if dtype == np.float64 else np.float32
-
-
 def columns_per_thread(n, dtype, batch, features, *arrays):
     """V of dgrad/wgrad: ``_width`` from ``VECTOR_MIN_ELEMENTS`` batch x features on, else 1."""
     return _width(n, dtype, features, *arrays) if batch * features >= VECTOR_MIN_ELEMENTS \
@@ -431,12 +428,12 @@ STAGE_MAX_BLOCK_BYTES = 32 * 1024
 
 def dgrad_shared_bytes(v: int, dtype, bgrad: bool) -> int:
     """The input gradient's static shared memory: its ``red`` array of bias-gradient sums."""
-    return (8 if bgrad else 1) * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
+    return (8 if bgrad else 1) * (32 * v + 1) * accumulation(dtype).itemsize
 
 
 def wgrad_shared_bytes(v: int, dtype, per_round: int) -> int:
     """The weight gradient's static shared memory: 8 row groups x R outputs of sums."""
-    return 8 * per_round * (32 * v + 1) * np.dtype(_acc(np.dtype(dtype))).itemsize
+    return 8 * per_round * (32 * v + 1) * accumulation(dtype).itemsize
 
 
 def stage_bytes(rows: int, n: int, dtype, static_bytes: int, stage=None) -> int:
@@ -463,7 +460,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rpt=None, stage=None):
     v = columns_per_thread(n, dy.dtype, batch, features, dx)
     rpt, chunks = row_chunks(batch, rpt or dgrad_rows_per_thread(batch))
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
-    part = cupy.empty((chunks, features), dtype=_acc(dy.dtype)) if bgrad and chunks > 1 \
+    part = cupy.empty((chunks, features), dtype=accumulation(dy.dtype)) if bgrad and chunks > 1 \
         else None
     if not batch:
         if bgrad:
@@ -508,7 +505,7 @@ def wgrad(dy, x, *, bgrad: bool, rows=None, per_round=None, stage=None):
     v = columns_per_thread(n, dy.dtype, batch, features, x)
     rows = rows or wgrad_rows_per_chunk(batch, fc, v)
     chunks = -(-batch // rows)
-    part = cupy.empty((chunks, n, fc), dtype=_acc(dy.dtype)) if chunks > 1 else None
+    part = cupy.empty((chunks, n, fc), dtype=accumulation(dy.dtype)) if chunks > 1 else None
     most = outputs_per_round(n, v, dy.dtype, 48 * 1024)
     if per_round is not None and not 1 <= per_round <= most:
         raise ValueError(f"skinny wgrad: per_round={per_round} is outside 1..{most} for {n} "

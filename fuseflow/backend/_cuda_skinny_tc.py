@@ -45,7 +45,7 @@ from fuseflow._dtypes import is_half
 from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
-from fuseflow.backend._cuda_fused import _LABEL_CTYPES, MUL_RN_SRC
+from fuseflow.backend._cuda_fused import _LABEL_CTYPES, HALF_HEADERS, MUL_RN_SRC
 
 MAX_N = 16           # the small side, padded to one m16/k16 tile
 #: From this many batch x features elements on (like ``_cuda_skinny.VECTOR_MIN_ELEMENTS``):
@@ -69,10 +69,7 @@ ROWS_PER_CHUNK = 512
 MAX_ROWS_PER_CHUNK = 512
 MAX_CHUNKS = 65535   # chunks are the grid's y dimension
 
-_COMMON = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-typedef __half T;
+_COMMON = HALF_HEADERS + r"""typedef __half T;
 #define N {N}
 
 // d += a @ b over one m16n8k16 tile, float16 in, float32 accumulate

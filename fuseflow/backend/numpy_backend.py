@@ -50,11 +50,6 @@ def gelu_grad(x):
     return 0.5 * (1.0 + t) + np.where(u == 0, np.zeros_like(slope), slope)
 
 
-def _acc(dtype):
-    """Accumulation dtype: half precision accumulates in float32, as cuBLASLt does."""
-    return accumulation(dtype)
-
-
 class NumpyBackend(Backend):
     name = "numpy"
     device = "cpu"
@@ -104,7 +99,7 @@ class NumpyBackend(Backend):
         if activation == "relu":
             y = np.maximum(x, 0).astype(x.dtype, copy=False)
             return y, (pack_relu_aux(x) if want_aux else None)
-        y = gelu(x.astype(_acc(x.dtype))).astype(x.dtype)  # "gelu" (base checked the name)
+        y = gelu(x.astype(accumulation(x.dtype))).astype(x.dtype)  # "gelu" (base checked the name)
         return y, (x.T if want_aux else None)
 
     def _activation_grad(self, dy, activation, aux):
@@ -112,7 +107,7 @@ class NumpyBackend(Backend):
             dx = dy.copy()
             _relu_mask_in_place(dx, aux)
             return dx
-        pre = aux.T.astype(_acc(dy.dtype))
+        pre = aux.T.astype(accumulation(dy.dtype))
         return (dy.astype(pre.dtype) * gelu_grad(pre)).astype(dy.dtype)
 
     def _sum_rows(self, a):
