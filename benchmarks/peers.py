@@ -49,11 +49,10 @@ SELECTED = list(MODELS)
 #: precisions to run (``--precisions``); "16bit" stands for each framework's low precision
 PRECISIONS = ["fp32", "tf32", "16bit"]
 #: float32 precisions: full, TF32, and 3xTF32 (each float32 operand as two TF32 numbers,
-#: three tensor-core products: fuseflow's own matmul with ``mma=TF32X3_MMA``, JAX's
+#: three tensor-core products: fuseflow's own matmul with ``mma="tf32x3"``, JAX's
 #: TF32_TF32_F32_X3 algorithm; not run unless ``--precisions`` names it)
 FP32_KINDS = ("fp32", "tf32", "tf32x3")
 KNOWN_PRECISIONS = PRECISIONS + ["tf32x3"]
-TF32X3_MMA = "tf32x3"
 #: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16 with loss scaling, or
 #: bfloat16 (JAX's and torch's here), by the name its JSON rows carry
 FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}
@@ -140,7 +139,7 @@ def set_fp32_matmuls(be, prec, own_default):
     3xTF32 at every size for "tf32x3", else full float32 as ``own_default`` (the backend's
     ``(own_gemm_max_macs, own_gemm_mma)`` before any change) has them."""
     be.tf32 = prec == "tf32"
-    be.own_gemm_max_macs, be.own_gemm_mma = ((2 ** 62, TF32X3_MMA) if prec == "tf32x3"
+    be.own_gemm_max_macs, be.own_gemm_mma = ((2 ** 62, "tf32x3") if prec == "tf32x3"
                                              else own_default)
 
 
@@ -747,6 +746,7 @@ def main():
         cmd += ["--quick"] * args.quick + ["--no-torch-compile"] * args.no_torch_compile
         cmd += ["--torch-compile-models", args.torch_compile_models]
         cmd += ["--models", args.models, "--precisions", args.precisions]
+        cmd += ["--fuseflow-16bit", args.fuseflow_16bit]
         cmd += ["--no-mnist"] * args.no_mnist + ["--mnist-seeds", str(args.mnist_seeds)]
         cmd += ["--mnist-precisions", args.mnist_precisions]
         cmd += ["--data-dir", args.data_dir] if args.data_dir else []
