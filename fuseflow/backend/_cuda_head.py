@@ -32,6 +32,7 @@ import functools
 import cupy
 import numpy as np
 
+from fuseflow._dtypes import accumulation
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, HALF_HEADERS,
@@ -244,7 +245,7 @@ def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, 
     n = w.shape[0]
     spb = S.forward_samples_per_block(k)
     blocks = -(-batch // spb)
-    acc = S._acc(x.dtype)
+    acc = accumulation(x.dtype)
     y = cupy.empty((batch, n), dtype=x.dtype)
     dy = cupy.empty((batch, n), dtype=x.dtype)
     dx = cupy.empty((batch, k), dtype=x.dtype) if dgrad else None
