@@ -240,11 +240,11 @@ def same_bits_or_both_nan(got, want):
 
 def to_bfloat16_once(x):
     """``x.astype(bfloat16)`` rounded once to nearest even, whatever ml_dtypes does: its
-    releases before the double-rounding fix (jax-ml/ml_dtypes#401) narrow float64 to float32
-    first, and the device machine's ml_dtypes is one of them (call 133). Normal float64
-    values round their significand to bfloat16's 8 bits on the integer bits (the result is
-    exact in float32, so the two casts after it do not round); other values (zeros,
-    subnormals, infinities, NaN) take ml_dtypes' path."""
+    releases before the double-rounding fix (jax-ml/ml_dtypes#401) narrow float64 to
+    float32 first; the device machine's 0.6.0 does (call 133), 0.7.0 rounds once. Normal
+    float64 values round their significand to bfloat16's 8 bits on the integer bits (the
+    result is exact in float32, so the two casts after it do not round); other values
+    (zeros, subnormals, infinities, NaN) take ml_dtypes' path."""
     x = np.asarray(x)
     if x.dtype != np.float64:
         return x.astype(BF16)
