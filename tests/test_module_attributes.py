@@ -1,6 +1,7 @@
 """Every ``module.name`` that fuseflow's code, its tests and its benchmarks read from one
-of fuseflow's modules names something that module defines, checked on the source text,
-without importing it.
+of fuseflow's modules names something that module defines, and every call
+``module.function(...)`` fits that function's parameters; checked on the source text,
+without importing anything.
 
 Most of the CUDA backend runs only on a GPU, so a name removed from one module and still
 read in another passes every CPU test; call 133 found one that way
@@ -134,7 +135,70 @@ def test_attributes_read_from_fuseflow_modules_exist(path):
     assert not missing, f"{path.relative_to(ROOT)}: " + "; ".join(missing)
 
 
-def test_the_check_finds_a_removed_name(tmp_path):
+def _signatures(path):
+    """``{function: (positional names, keyword-only names, names with defaults, takes
+    *args)}`` for a module's top-level functions without ``**kwargs``."""
+    out = {}
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.args.kwarg:
+            a = node.args
+            positional = [x.arg for x in a.posonlyargs + a.args]
+            defaults = set(positional[len(positional) - len(a.defaults):])
+            defaults |= {x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None}
+            out[node.name] = (positional, [x.arg for x in a.kwonlyargs], defaults,
+                              a.vararg is not None)
+    return out
+
+
+def _call_mismatches(tree, aliases, signatures):
+    """Calls ``alias.function(...)`` that pass an unknown keyword, too many positional
+    arguments, or leave a required parameter out (calls with ``*`` or ``**`` are skipped)."""
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in aliases):
+            continue
+        dotted = aliases[node.func.value.id]
+        if dotted not in signatures:
+            signatures[dotted] = _signatures(_module_path(dotted))
+        sig = signatures[dotted].get(node.func.attr)
+        if sig is None or any(isinstance(a, ast.Starred) for a in node.args) \
+                or any(k.arg is None for k in node.keywords):
+            continue
+        positional, kwonly, defaults, varargs = sig
+        keywords = {k.arg for k in node.keywords}
+        problems = [f"no parameter {k!r}" for k in sorted(keywords - {*positional, *kwonly})]
+        if not varargs and len(node.args) > len(positional):
+            problems.append(f"{len(node.args)} positional arguments, at most {len(positional)}")
+        given = {*positional[:len(node.args)], *keywords}
+        problems += [f"{name!r} left out" for name in [*positional, *kwonly]
+                     if name not in given and name not in defaults]
+        if problems:
+            out.append(f"line {node.lineno}: {node.func.value.id}.{node.func.attr}: "
+                       + ", ".join(problems))
+    return out
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_calls_of_fuseflow_functions_fit_their_parameters(path):
+    tree = ast.parse(path.read_text(), str(path))
+    bad = _call_mismatches(tree, _aliases(tree, path), {})
+    assert not bad, f"{path.relative_to(ROOT)}: " + "; ".join(bad)
+
+
+def test_the_call_check_finds_a_renamed_parameter():
+    aliases = {"G": "fuseflow.backend._cuda_graph_inputs"}
+    ok = ast.parse("G.copy_arrays([])\n")
+    renamed = ast.parse("G.copy_arrays(pairz=[])\n")
+    extra = ast.parse("G.copy_arrays([], [])\n")
+    missing = ast.parse("G.copy_arrays()\n")
+    assert _call_mismatches(ok, aliases, {}) == []
+    assert "no parameter 'pairz'" in _call_mismatches(renamed, aliases, {})[0]
+    assert "at most 1" in _call_mismatches(extra, aliases, {})[0]
+    assert "'pairs' left out" in _call_mismatches(missing, aliases, {})[0]
+
+
+def test_the_check_finds_a_removed_name():
     """The check itself: a module that reads a name its import does not define fails."""
     names = _top_level_names(_module_path("fuseflow.backend._cuda_skinny"))
     assert names is not None and "forward_samples_per_block" in names
