@@ -140,6 +140,18 @@ def fd_params(f, params, eps=1e-6):
     return walk(params)
 
 
+def same_bits_or_both_nan(got, want):
+    """Bit for bit, except that a NaN may carry another payload: conversions disagree on
+    it (CUDA's float to bfloat16 gives 0x7FFF where ml_dtypes keeps the quiet NaN 0x7FC0;
+    CuPy's -ftz float32 to float64 another NaN than NumPy's exact widening)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
+    bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[want.dtype.itemsize]
+    nan = np.isnan(want)
+    assert np.isnan(got[nan]).all()
+    np.testing.assert_array_equal(got[~nan].view(bits), want[~nan].view(bits))
+
+
 def close(got, want, rtol, atol, what="", seed=None):
     """assert_allclose in float64; the message names what is compared and the test seed."""
     msg = what + (f" (seed {seed})" if seed is not None else "")

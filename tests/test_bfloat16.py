@@ -16,6 +16,7 @@ import fuseflow as ff
 from fuseflow import mixed_precision as mp
 from fuseflow import nn
 from fuseflow.backend.numpy_backend import NumpyBackend, unpack_relu_aux
+from tests.reference import same_bits_or_both_nan
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ULP = 2.0 ** -8  # the spacing of bfloat16 values in [1, 2)
@@ -228,14 +229,6 @@ def _cuda():
     if not cuda_backend._BFLOAT16:
         pytest.skip("bfloat16 needs CuPy 14")
     return cupy
-
-
-def same_bits_or_both_nan(got, want):
-    """Bit for bit, except that a NaN may carry another payload (CUDA's conversion gives
-    0x7FFF, ml_dtypes keeps the float's quiet NaN, 0x7FC0)."""
-    nan = np.isnan(want.astype(np.float32))
-    assert np.isnan(got[nan].astype(np.float32)).all()
-    np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
 def to_bfloat16_once(x):
