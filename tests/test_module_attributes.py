@@ -11,6 +11,7 @@ read in another passes every CPU test; call 133 found one that way
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ def _module_path(dotted):
     return None
 
 
+@functools.cache
 def _top_level_names(path):
     """The names a module defines at its top level (in ``if`` / ``try`` / ``with`` blocks
     too), plus its submodules where it is a package; None where it defines names
@@ -85,9 +87,8 @@ def _aliases(tree, path):
     """``{local name: dotted fuseflow module}`` for the modules a file imports whole
     (relative imports only inside the package)."""
     inside = path.is_relative_to(PACKAGE)
+    # a package's __init__ keeps its name here, so level 1 is the package itself
     package = ".".join(path.relative_to(ROOT).with_suffix("").parts) if inside else ""
-    if path.name == "__init__.py":
-        package = package.rsplit(".", 1)[0] + ".__init__"
     out = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -120,21 +121,19 @@ def test_attributes_read_from_fuseflow_modules_exist(path):
     tree = ast.parse(path.read_text(), str(path))
     aliases = _aliases(tree, path)
     missing = []
-    defined = {}
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id in aliases):
             continue
         dotted = aliases[node.value.id]
-        if dotted not in defined:
-            defined[dotted] = _top_level_names(_module_path(dotted))
-        names = defined[dotted]
+        names = _top_level_names(_module_path(dotted))
         if names is not None and node.attr not in names:
             missing.append(f"line {node.lineno}: {node.value.id}.{node.attr} "
                            f"({dotted} defines no {node.attr!r})")
     assert not missing, f"{path.relative_to(ROOT)}: " + "; ".join(missing)
 
 
+@functools.cache
 def _signatures(path):
     """``{function: (positional names, keyword-only names, names with defaults, takes
     *args)}`` for a module's top-level functions without ``**kwargs``."""
@@ -150,7 +149,7 @@ def _signatures(path):
     return out
 
 
-def _call_mismatches(tree, aliases, signatures):
+def _call_mismatches(tree, aliases):
     """Calls ``alias.function(...)`` that pass an unknown keyword, too many positional
     arguments, or leave a required parameter out (calls with ``*`` or ``**`` are skipped)."""
     out = []
@@ -158,10 +157,7 @@ def _call_mismatches(tree, aliases, signatures):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and isinstance(node.func.value, ast.Name) and node.func.value.id in aliases):
             continue
-        dotted = aliases[node.func.value.id]
-        if dotted not in signatures:
-            signatures[dotted] = _signatures(_module_path(dotted))
-        sig = signatures[dotted].get(node.func.attr)
+        sig = _signatures(_module_path(aliases[node.func.value.id])).get(node.func.attr)
         if sig is None or any(isinstance(a, ast.Starred) for a in node.args) \
                 or any(k.arg is None for k in node.keywords):
             continue
@@ -182,7 +178,7 @@ def _call_mismatches(tree, aliases, signatures):
 @pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_calls_of_fuseflow_functions_fit_their_parameters(path):
     tree = ast.parse(path.read_text(), str(path))
-    bad = _call_mismatches(tree, _aliases(tree, path), {})
+    bad = _call_mismatches(tree, _aliases(tree, path))
     assert not bad, f"{path.relative_to(ROOT)}: " + "; ".join(bad)
 
 
@@ -192,10 +188,10 @@ def test_the_call_check_finds_a_renamed_parameter():
     renamed = ast.parse("G.copy_arrays(pairz=[])\n")
     extra = ast.parse("G.copy_arrays([], [])\n")
     missing = ast.parse("G.copy_arrays()\n")
-    assert _call_mismatches(ok, aliases, {}) == []
-    assert "no parameter 'pairz'" in _call_mismatches(renamed, aliases, {})[0]
-    assert "at most 1" in _call_mismatches(extra, aliases, {})[0]
-    assert "'pairs' left out" in _call_mismatches(missing, aliases, {})[0]
+    assert _call_mismatches(ok, aliases) == []
+    assert "no parameter 'pairz'" in _call_mismatches(renamed, aliases)[0]
+    assert "at most 1" in _call_mismatches(extra, aliases)[0]
+    assert "'pairs' left out" in _call_mismatches(missing, aliases)[0]
 
 
 def test_the_check_finds_a_removed_name():
