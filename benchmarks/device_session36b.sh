@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Thirty-third session, on an H200: as device_session36a.sh (call 137 ran that on an H100):
+# tests/reference.py after call 135), then fuseflow and JAX on the whole matrix (every
+# model, fp32 / TF32 / 16-bit, the time to 98% and memory; the last whole matrix on an
+# H200 was call 110), the CLI on the GPU, and the 16-bit large Adam step spread over
+# processes. Results: $OUT/results-s36b.tgz.
+set -uo pipefail
+TAG=s36b
+source "$(dirname "$0")/_device_lib.sh"
+TAILN=10 run pytest_moved_helper 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+  tests/test_bfloat16.py tests/test_compile_cast.py
+TAILN=4 peers peers_fuseflow 150 --worker fuseflow --tag s36b
+TAILN=4 peers peers_jax 200 --worker jax --tag s36b
+cli_runs 60
+spread_16bit 60
