@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Thirty-third session, on an H200: as device_session36a.sh (call 137 ran that on an H100):
-# tests/reference.py after call 135), then fuseflow and JAX on the whole matrix (every
+# Thirty-third session, on an H200: as device_session36a.sh (call 137 ran that on an H100),
+# the GPU tests of the shared NaN-tolerant bit comparison, then fuseflow and JAX on the whole matrix (every
 # model, fp32 / TF32 / 16-bit, the time to 98% and memory; the last whole matrix on an
 # H200 was call 110), the CLI on the GPU, and the 16-bit large Adam step spread over
 # processes. Results: $OUT/results-s36b.tgz.
