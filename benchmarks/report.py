@@ -65,7 +65,8 @@ def step_table(ff, jx, th, hand):
         # fuseflow does with peers.py --fuseflow-16bit bf16)
         j, h = jax_us.get(jk), hand_us.get(k)
         tc = [torch_us.get((jk, m)) for m in ("eager", "default", "reduce-overhead")]
-        precision = "16-bit (fuseflow fp16; JAX, torch bf16)" if low else k[2]
+        precision = ("16-bit (fuseflow fp16; JAX, torch bf16)" if low
+                     else "16-bit (bf16)" if k[2] == "bf16" else k[2])
         ratio = f"{r['compiled_us'] / j:.2f}x" if j else "-"
         print(f"| {k[0]}, {r['batch']} | {k[1]} | {precision} | {fmt(r['eager_us'])} "
               f"| **{fmt(r['compiled_us'])}** | {fmt(h[0]) + ' / ' + fmt(h[1]) if h else '-'} "

@@ -647,7 +647,7 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     and counts nothing; a side stream that would take the weight gradient (overlap) also
     keeps the two calls."""
     cb = CudaBackend(tf32=False)
-    cb.fused_skinny_grads = True  # off by default until timed in the steps on the H200
+    cb.fused_skinny_grads = True  # the default, unless FUSEFLOW_FUSED_SKINNY_GRADS=0
     f32 = np.float32
     wide = 1 if f16 == np.float16 else 8  # bfloat16's rounding against float16's
     h, aux = cb.activation(dev(normal(rng, (8192, 1024), f16)), "relu")
