@@ -12,7 +12,7 @@ Backward, for a layer whose gradient w.r.t. its own pre-activation is ``dpre``:
   ``dpre`` and bias gradient ready-made and runs no mask or reduction step of its own.
 
 Where the backend has one pass for both gradients of a layer (``linear_grads``: on the
-GPU, a skinny float16 output layer at long batches), they are one call.
+GPU, a skinny 16-bit output layer at long batches, by default), they are one call.
 
 An output layer with its softmax cross-entropy (``dense_softmax_xent``) goes one step
 further: forward, loss and input gradient are one backend call where the backend fuses
