@@ -24,7 +24,7 @@ import functools
 import cupy
 import numpy as np
 
-from fuseflow._dtypes import HALF, bfloat16
+from fuseflow._dtypes import HALF, accumulation, bfloat16
 from fuseflow.backend._env import env_int
 
 #: The C type of each dtype in the generated kernels (every kernel module's, through this),
@@ -144,7 +144,7 @@ XENT_THREADS = 256
 
 @functools.cache
 def _xent_kernel(dtype, label_dtype, classes=0, grad_dtype=None):
-    acc = "double" if dtype == np.float64 else "float"
+    acc = _CTYPES[accumulation(dtype)]
     head = (f"{HALF_HEADERS}typedef {_CTYPES[dtype]} T; "
             f"typedef {_CTYPES[grad_dtype or dtype]} D; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
@@ -374,8 +374,8 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     launch of a split update, whose partner stores the counters).
     """
     dtype = params[0].dtype
-    wtype = "double" if dtype == np.float64 else "float"
-    wnp = np.float64 if dtype == np.float64 else np.float32
+    wnp = accumulation(dtype).type  # the update's arithmetic: float32 for 16-bit params
+    wtype = _CTYPES[np.dtype(wnp)]
     sizes = tuple(int(p.size) for p in params)
     decays = tuple(bool(d) for d in (decays or [False] * len(params)))
     new_params = params if in_place else [cupy.empty_like(p) for p in params]

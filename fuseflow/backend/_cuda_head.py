@@ -197,7 +197,7 @@ SUM_GROUPS = 16
 
 def _typedefs(dtype):
     return (f"{HALF_HEADERS}typedef {_CTYPES[dtype]} T; "
-            f"typedef {'double' if dtype == np.float64 else 'float'} A;\n")
+            f"typedef {_CTYPES[accumulation(dtype)]} A;\n")
 
 
 @functools.cache
