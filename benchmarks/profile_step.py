@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from peers import JAX_PRECISION, MODELS, fuseflow_casts, fuseflow_step, jax_step  # noqa: E402
+from peers import (FUSEFLOW_LOW, JAX_PRECISION, MODELS, fuseflow_casts,  # noqa: E402
+                   fuseflow_step, jax_step)
 
 DEFAULT_CONFIGS = ("784-30-10:sgd:fp32,784-30-10:adam:fp32,784-1024-1024-10:sgd:fp32,"
                    "784-1024-1024-10:adam:fp32,784-4096-4096-10:adam:fp32,"
@@ -110,7 +111,7 @@ def profile_fuseflow(configs, steps):
     for model, opt, prec in configs:
         sizes, batch = MODELS[model]
         be.tf32 = prec == "tf32"
-        fprec = "fp16" if prec == "16bit" else prec
+        fprec = FUSEFLOW_LOW[0] if prec == "16bit" else prec  # peers.py's 16-bit dtype
         _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, opt, fprec)
         compiled = ff.compile(step, cast_args=fuseflow_casts(fprec))
         st = {"p": params, "s": state}

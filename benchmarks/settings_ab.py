@@ -2,7 +2,7 @@
 
     python benchmarks/settings_ab.py --out DIR --name NAME \\
         --setting overlap_skinny_tc=0 --setting overlap_skinny_tc=1 \\
-        [--config 784-4096-4096-10:adam:fp16 ...] [--rounds 3]
+        [--config 784-4096-4096-10:adam:bf16 ...] [--rounds 3]
 
 Each ``--setting`` is one arm: comma-separated ``attribute=value`` pairs set on the
 process's CUDA backend (values parsed as Python literals where they parse: ``0``, ``1``,
@@ -69,7 +69,7 @@ def main():
     args = ap.parse_args()
     arms = [parse_setting(s) for s in args.setting]
     configs = [tuple(c.split(":")) for c in (args.config or [
-        "784-4096-4096-10:adam:fp16", "784-4096-4096-10:sgd:fp16"])]
+        "784-4096-4096-10:adam:bf16", "784-4096-4096-10:sgd:bf16"])]
     for model, _, _ in configs:
         if model not in MODELS:
             raise SystemExit(f"--config: unknown model {model!r}; one of {list(MODELS)}")
