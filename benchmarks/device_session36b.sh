@@ -1,15 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-third session, on an H200: as device_session36a.sh (call 137 ran that on an H100),
-# the GPU tests of the shared NaN-tolerant bit comparison, then fuseflow and JAX on the whole matrix (every
-# model, fp32 / TF32 / 16-bit, the time to 98% and memory; the last whole matrix on an
-# H200 was call 110), the CLI on the GPU, and the 16-bit large Adam step spread over
-# processes. Results: $OUT/results-s36b.tgz.
-set -uo pipefail
-TAG=s36b
-source "$(dirname "$0")/_device_lib.sh"
-TAILN=10 run pytest_moved_helper 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  tests/test_bfloat16.py tests/test_compile_cast.py
-TAILN=4 peers peers_fuseflow 150 --worker fuseflow --tag s36b
-TAILN=4 peers peers_jax 200 --worker jax --tag s36b
-cli_runs 60
-spread_16bit 60
+# Thirty-third session, meant for an H200 (call 138 got an H100): device_session36a.sh's
+# runs again (the moved comparison's GPU tests, the whole matrix, the CLI, the 16-bit
+# spread), tagged s36b. Results: $OUT/results-s36b.tgz.
+TAG=s36b exec bash "$(dirname "$0")/device_session36a.sh"
