@@ -3,7 +3,10 @@
 # tests/reference.py after call 135), then fuseflow and JAX on the whole matrix (every
 # model, fp32 / TF32 / 16-bit, the time to 98% and memory; the last whole matrix on an
 # H200 was call 110), the CLI on the GPU, and the 16-bit large Adam step spread over
-# processes. Results: $OUT/results-$TAG.tgz (s36a unless TAG is set).
+# processes. Results: $OUT/results-$TAG.tgz (s36a unless TAG is set). Calls 137-138 ran it
+# with float16 as peers.py's 16-bit dtype and the one-pass output gradients off; since
+# call 139 the defaults are bfloat16 and the pass on (FUSEFLOW_FUSED_SKINNY_GRADS=0 and
+# --fuseflow-16bit fp16 give the earlier form).
 set -uo pipefail
 TAG=${TAG:-s36a}  # device_session36b.sh runs this script as TAG=s36b
 source "$(dirname "$0")/_device_lib.sh"

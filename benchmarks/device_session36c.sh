@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Thirty-third session: the large 16-bit Adam step in float16 (loss-scaled, peers.py's
-# default), in bfloat16 (JAX's dtype; no loss scale, no finiteness check) and in bfloat16
-# with the output layer's two gradients in one pass (FUSEFLOW_FUSED_SKINNY_GRADS=1),
+# Thirty-third session: the large 16-bit Adam step in float16 (peers.py's default then),
+# in bfloat16 (JAX's dtype; peers.py's fuseflow step keeps dynamic loss scaling in both)
+# and in bfloat16 with the output layer's two gradients in one pass (FUSEFLOW_FUSED_SKINNY_GRADS=1),
 # alternating over four rounds, JAX's bf16 step and 8192^3 matmul in rounds 2 and 4.
 # Results: $OUT/results-s36c.tgz.
 set -uo pipefail

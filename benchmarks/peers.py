@@ -7,8 +7,9 @@ Models (ReLU MLPs, softmax cross-entropy): 784-30-10 and 784-1024-1024-10 at bat
 784-4096-4096-10 at batch 8192; SGD (lr 0.01) and Adam (1e-3). Precisions: "fp32" (full
 float32, no TF32 anywhere), "tf32" (TF32 tensor cores allowed: JAX's default), "tf32x3"
 (3xTF32, on request: fuseflow's own matmul, JAX's TF32_TF32_F32_X3), and 16-bit
-compute for the large model ("bf16" everywhere; ``--fuseflow-16bit fp16`` runs fuseflow's
-loss-scaled float16 instead).
+compute for the large model ("bf16" everywhere; ``--fuseflow-16bit fp16`` runs fuseflow in
+float16 instead; fuseflow's 16-bit step keeps float32 master weights and dynamic loss
+scaling in either dtype).
 Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
 synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
 fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, data on the
@@ -54,8 +55,8 @@ PRECISIONS = ["fp32", "tf32", "16bit"]
 #: TF32_TF32_F32_X3 algorithm; not run unless ``--precisions`` names it)
 FP32_KINDS = ("fp32", "tf32", "tf32x3")
 KNOWN_PRECISIONS = PRECISIONS + ["tf32x3"]
-#: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16 with loss scaling, or
-#: bfloat16 (JAX's and torch's here), by the name its JSON rows carry
+#: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16, or bfloat16 (JAX's and
+#: torch's here), by the name its JSON rows carry; both with dynamic loss scaling
 FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}
 FUSEFLOW_LOW = ["bf16"]
 

@@ -138,6 +138,7 @@ def profile_fuseflow(configs, steps):
             for _ in range(steps):
                 call()
         row = {"framework": "fuseflow", "model": model, "optimizer": opt, "precision": prec,
+               "compute": fprec,
                "host_call_us": round(host, 2), "graph_replay_us": round(replay_us, 2),
                **summarize(gpu_events(run, steps), steps)}
         results.append(row)

@@ -334,7 +334,7 @@ def _kernel(name, dtype, n, **flags):
     defines["UNROLL_ROWS"] = '_Pragma("unroll 4")' \
         if (name, dtype.itemsize) in unrolled and defines["V"] > 1 else ""
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
-        "{A}", "double" if dtype == np.float64 else "float").replace("{N}", str(n))
+        "{A}", _CTYPES[accumulation(dtype)]).replace("{N}", str(n))
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(head + src, name)
 

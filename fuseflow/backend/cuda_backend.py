@@ -190,10 +190,11 @@ class CudaBackend(Backend):
         #: Where both gradients of a layer would be the tensor-core skinny kernels, one
         #: ``_cuda_skinny_tc.grads`` pass takes them (``linear_grads``: x read once, dx
         #: written once; dx is allocated while x is still alive). On by default since call
-        #: 139 (H100): the compiled 16-bit large Adam step 1,547 against 1,561 us without it
-        #: (bfloat16, medians of four alternating rounds, faster in three); the pass alone
-        #: 71.4 against 81.9 us for the two kernels (call 116). FUSEFLOW_FUSED_SKINNY_GRADS=0
-        #: runs the two kernels.
+        #: 139 (H100): the compiled bfloat16 large Adam step 1,547 against 1,561 us without
+        #: it (medians of four alternating rounds, faster in three); the pass alone 71.4
+        #: against 81.9 us for the two kernels (call 116). float16 in one call side by side
+        #: and the H200 are not measured yet. FUSEFLOW_FUSED_SKINNY_GRADS=0 runs the two
+        #: kernels.
         self.fused_skinny_grads = env_choice("FUSEFLOW_FUSED_SKINNY_GRADS",
                                              {"1": True, "0": False}, True)
         #: Where a classifier's output layer takes its tensor-core forward (16-bit, long

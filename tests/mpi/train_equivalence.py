@@ -1,8 +1,9 @@
 """Run under ``mpiexec -n N`` (or alone): 20 data-parallel adam steps on fixed global
 batches; rank 0 saves the final params to the path given as argv[1]. Alone with
-``--emulate-ranks N``: one process forms the N ranks' gradients on their shares one after
-another and averages them as ``allreduce_mean`` does (a float32 sum, then / N), so the
-result should be the N-rank run's bit for bit."""
+``--emulate-ranks 2``: one process forms the two ranks' gradients on their halves one after
+the other and averages them as ``allreduce_mean`` does (a float32 sum, then / 2), so the
+result should be the 2-rank run's bit for bit (with more ranks MPI may add in another
+order)."""
 
 import sys
 
@@ -31,6 +32,7 @@ for step in range(20):
     if "--die" in sys.argv and comm.rank == 1 and step == 5:
         raise RuntimeError("simulated failure on rank 1")
     if emulated_ranks:
+        assert len(x) % emulated_ranks == 0, "equal shares, as comm.shard requires"
         k = len(x) // emulated_ranks
         shares = [grad_fn(params, x[r * k:(r + 1) * k], y[r * k:(r + 1) * k])[1]
                   for r in range(emulated_ranks)]
