@@ -168,7 +168,7 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
 def _kernel(name, dtype, **flags):
     dtype = np.dtype(dtype)
     head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
-        "{A}", S._CTYPES[accumulation(dtype)])
+        "{A}", S.acc_ctype(dtype))
     flags = {"TAIL": DRELU_TAIL.get(dtype, 1), **flags}
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
     return cupy.RawKernel(head + tickets.TICKET_SRC + _LOAD_SUM +

@@ -32,6 +32,12 @@ from fuseflow.backend._env import env_int
 _CTYPES = {np.dtype(np.float16): "__half", bfloat16: "__nv_bfloat16",
            np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 HALF_HEADERS = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+
+
+def acc_ctype(dtype) -> str:
+    """The C type a kernel sums ``dtype`` values in (``_dtypes.accumulation``)."""
+    return _CTYPES[accumulation(dtype)]
+
 #: ``ff_cast<D>(s)``: ``(D)(s)``, but exact where CuPy's -ftz=true (which it always passes
 #: to NVRTC) would flush a subnormal: there ``(double)`` of a float32 compiles to
 #: ``cvt.ftz.f64.f32`` and ``(float)`` of a float64 to ``cvt.rn.ftz.f32.f64``, so those two
@@ -144,7 +150,7 @@ XENT_THREADS = 256
 
 @functools.cache
 def _xent_kernel(dtype, label_dtype, classes=0, grad_dtype=None):
-    acc = _CTYPES[accumulation(dtype)]
+    acc = acc_ctype(dtype)
     head = (f"{HALF_HEADERS}typedef {_CTYPES[dtype]} T; "
             f"typedef {_CTYPES[grad_dtype or dtype]} D; "
             f"typedef {_LABEL_CTYPES[label_dtype]} L; typedef {acc} ACC;\n"
@@ -375,7 +381,7 @@ def multi_tensor_update(kind, params, grads, states, *, step=None, step_const=0.
     """
     dtype = params[0].dtype
     wnp = accumulation(dtype).type  # the update's arithmetic: float32 for 16-bit params
-    wtype = _CTYPES[np.dtype(wnp)]
+    wtype = acc_ctype(dtype)
     sizes = tuple(int(p.size) for p in params)
     decays = tuple(bool(d) for d in (decays or [False] * len(params)))
     new_params = params if in_place else [cupy.empty_like(p) for p in params]

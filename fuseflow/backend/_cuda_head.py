@@ -36,7 +36,7 @@ from fuseflow._dtypes import accumulation
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, HALF_HEADERS,
-                                          MAX_STATIC_CLASSES, MUL_RN_SRC)
+                                          MAX_STATIC_CLASSES, MUL_RN_SRC, acc_ctype)
 
 #: Threads of a block; they split the inputs (forward) and the columns (input gradient).
 THREADS = S.FORWARD_THREADS
@@ -197,7 +197,7 @@ SUM_GROUPS = 16
 
 def _typedefs(dtype):
     return (f"{HALF_HEADERS}typedef {_CTYPES[dtype]} T; "
-            f"typedef {_CTYPES[accumulation(dtype)]} A;\n")
+            f"typedef {acc_ctype(dtype)} A;\n")
 
 
 @functools.cache

@@ -33,7 +33,7 @@ import cupy
 import numpy as np
 
 from fuseflow._dtypes import accumulation
-from fuseflow.backend._cuda_fused import _CTYPES, HALF_HEADERS
+from fuseflow.backend._cuda_fused import _CTYPES, HALF_HEADERS, acc_ctype
 
 MAX_N = 32              # the largest small side handled here
 #: The forward reads w from cache once per sample: past this many multiply-adds (a long
@@ -334,7 +334,7 @@ def _kernel(name, dtype, n, **flags):
     defines["UNROLL_ROWS"] = '_Pragma("unroll 4")' \
         if (name, dtype.itemsize) in unrolled and defines["V"] > 1 else ""
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
-        "{A}", _CTYPES[accumulation(dtype)]).replace("{N}", str(n))
+        "{A}", acc_ctype(dtype)).replace("{N}", str(n))
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(head + src, name)
 
