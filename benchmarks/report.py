@@ -67,9 +67,12 @@ def step_table(ff, jx, th, hand):
         hk = (k[0], k[1], "fp16") if k[2] == "bf16" else k
         j, h = jax_us.get(jk), hand_us.get(hk)
         tc = [torch_us.get((jk, m)) for m in ("eager", "default", "reduce-overhead")]
-        precision = ("16-bit (fuseflow fp16; JAX, torch bf16)" if low
-                     else k[2] if k[2] != "bf16"
-                     else "16-bit (bf16; hand nvmath fp16)" if h else "16-bit (bf16)")
+        if low:
+            precision = "16-bit (fuseflow fp16; JAX, torch bf16)"
+        elif k[2] == "bf16":
+            precision = "16-bit (bf16; hand nvmath fp16)" if h else "16-bit (bf16)"
+        else:
+            precision = k[2]
         ratio = f"{r['compiled_us'] / j:.2f}x" if j else "-"
         print(f"| {k[0]}, {r['batch']} | {k[1]} | {precision} | {fmt(r['eager_us'])} "
               f"| **{fmt(r['compiled_us'])}** | {fmt(h[0]) + ' / ' + fmt(h[1]) if h else '-'} "
