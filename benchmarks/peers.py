@@ -8,8 +8,9 @@ Models (ReLU MLPs, softmax cross-entropy): 784-30-10 and 784-1024-1024-10 at bat
 float32, no TF32 anywhere), "tf32" (TF32 tensor cores allowed: JAX's default), "tf32x3"
 (3xTF32, on request: fuseflow's own matmul, JAX's TF32_TF32_F32_X3), and 16-bit
 compute for the large model ("bf16" everywhere; ``--fuseflow-16bit fp16`` runs fuseflow in
-float16 instead; fuseflow's 16-bit step keeps float32 master weights and dynamic loss
-scaling in either dtype).
+float16 instead; fuseflow's 16-bit step keeps float32 master weights and a 16-bit copy,
+with dynamic loss scaling, or with ``--fuseflow-loss-scaling none`` none, as JAX's and
+torch's bfloat16 steps).
 Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
 synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
 fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, data on the
@@ -56,9 +57,13 @@ PRECISIONS = ["fp32", "tf32", "16bit"]
 FP32_KINDS = ("fp32", "tf32", "tf32x3")
 KNOWN_PRECISIONS = PRECISIONS + ["tf32x3"]
 #: fuseflow's 16-bit compute dtype (``--fuseflow-16bit``): float16, or bfloat16 (JAX's and
-#: torch's here), by the name its JSON rows carry; both with dynamic loss scaling
+#: torch's here), by the name its JSON rows carry
 FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}
 FUSEFLOW_LOW = ["bf16"]
+#: fuseflow's 16-bit step (``--fuseflow-loss-scaling``): "dynamic" (dynamic_loss_scaling: a
+#: finiteness check, skipped steps, the scale's update) or "none" (compute_copy: every step
+#: applied, as JAX's and torch's bfloat16 steps); both keep the params' 16-bit copy
+FUSEFLOW_LOSS_SCALING = ["dynamic"]
 
 
 def configs(low_precision):
@@ -112,15 +117,24 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
         low = FUSEFLOW_16BIT[prec]
         # the update kernel keeps the 16-bit params (PEERS_COMPUTE_COPY=0: cast each step)
         copy = os.environ.get("PEERS_COMPUTE_COPY", "1") != "0"
-        opt = ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype=low if copy else None)
-        # the scaled 16-bit grads go straight into the update, which unscales them
+        # the (scaled) 16-bit grads go straight into the update, which unscales them
         grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
                                                     low, unscaled=False)
+        if FUSEFLOW_LOSS_SCALING[0] == "none":
+            opt = ff.mixed_precision.compute_copy(opt, low)
 
-        def step(p, s, x, y):
-            loss, g = grad_fn(p, x, y, loss_scale=s.scale, compute_params=s.compute_params)
-            p, s = ff.mixed_precision.update_and_apply_scaled(opt, g, s, p)
-            return p, s, loss
+            def step(p, s, x, y):
+                loss, g = grad_fn(p, x, y, compute_params=s.compute_params)
+                p, s = ff.optim.update_and_apply(opt, g, s, p)
+                return p, s, loss
+        else:
+            opt = ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype=low if copy
+                                                          else None)
+
+            def step(p, s, x, y):
+                loss, g = grad_fn(p, x, y, loss_scale=s.scale, compute_params=s.compute_params)
+                p, s = ff.mixed_precision.update_and_apply_scaled(opt, g, s, p)
+                return p, s, loss
     else:
         grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
 
@@ -216,6 +230,7 @@ def worker_fuseflow(args):
         us = median_step_us(graphed, sync, steps, repeats)
         flops = matmul_flops(sizes, batch)
         row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
+               **({"loss_scaling": FUSEFLOW_LOSS_SCALING[0]} if prec in FUSEFLOW_16BIT else {}),
                "eager_us": eager_us, "compiled_us": us, "compile_s": compile_s,
                "tflops_compiled": flops / us / 1e6, "loss_finite": bool(np.isfinite(float(loss)))}
         out["steps"].append(row)
@@ -722,6 +737,9 @@ def main():
     ap.add_argument("--fuseflow-16bit", choices=sorted(FUSEFLOW_16BIT), default="bf16",
                     help="fuseflow's 16-bit compute dtype on the large model (default bf16, "
                          "JAX's and torch's; until call 139 it was fp16)")
+    ap.add_argument("--fuseflow-loss-scaling", choices=["dynamic", "none"], default="dynamic",
+                    help="fuseflow's 16-bit step: dynamic loss scaling (default) or none "
+                         "(compute_copy: every step applied, as JAX's bf16 step)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--torch-compile-models", default="all",
                     help="models (comma-separated, or 'all') timed with torch.compile (default "
@@ -737,6 +755,7 @@ def main():
     SELECTED[:] = args.models.split(",")
     PRECISIONS[:] = args.precisions.split(",")
     FUSEFLOW_LOW[:] = [args.fuseflow_16bit]
+    FUSEFLOW_LOSS_SCALING[:] = [args.fuseflow_loss_scaling]
     if args.worker:
         result = {"benchmark": "peers", "framework": args.worker,
                   **metadata("cupy", "nvmath", "jax", "optax", "torch"),
@@ -750,6 +769,7 @@ def main():
         cmd += ["--torch-compile-models", args.torch_compile_models]
         cmd += ["--models", args.models, "--precisions", args.precisions]
         cmd += ["--fuseflow-16bit", args.fuseflow_16bit]
+        cmd += ["--fuseflow-loss-scaling", args.fuseflow_loss_scaling]
         cmd += ["--no-mnist"] * args.no_mnist + ["--mnist-seeds", str(args.mnist_seeds)]
         cmd += ["--mnist-precisions", args.mnist_precisions]
         cmd += ["--data-dir", args.data_dir] if args.data_dir else []

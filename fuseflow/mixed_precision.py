@@ -55,8 +55,10 @@ from fuseflow.optim._fused import fused_update, kept_unless_finite, update_and_a
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "ComputeCopyState",
     "DynamicScaleState",
     "all_finite",
+    "compute_copy",
     "dynamic_loss_scaling",
     "refresh_compute_params",
     "unscale",
@@ -424,6 +426,91 @@ def dynamic_loss_scaling(optimizer, init_scale=2.0 ** 15, growth_interval=2000,
 
     update.fused_apply = fused_apply
     return GradientTransformation(init, update)
+
+
+class ComputeCopyState(NamedTuple):
+    inner: Any           # the wrapped optimizer's state
+    compute_params: Any  # the params cast to the compute dtype, kept current by every update
+
+
+def compute_copy(optimizer, compute_dtype="bfloat16"):
+    """Wrap ``optimizer`` for 16-bit compute without loss scaling: its state keeps
+    ``compute_params``, the params cast to ``compute_dtype``, rewritten by every update (by
+    the fused update kernel itself on the GPU), and its update takes the gradients in the
+    compute dtype as the backward made them.
+
+    For bfloat16, which has float32's range: its gradients rarely underflow, so PyTorch's
+    autocast and JAX train it unscaled. Every step is applied (no finiteness check, no
+    scale update: on the GPU three fewer launches than ``dynamic_loss_scaling``). The
+    update is the inner optimizer's on the gradients cast to the params' dtype (exact from
+    16 bits), bit for bit: ``value_and_grad(..., unscaled=False)`` then this wrapper gives
+    the params of ``value_and_grad(...)`` then the plain optimizer.
+
+        opt = ff.mixed_precision.compute_copy(ff.optim.adam(1e-3), "bfloat16")
+        grad_fn = ff.mixed_precision.value_and_grad(model, loss, "bfloat16", unscaled=False)
+        loss, grads = grad_fn(params, x, y, compute_params=opt_state.compute_params)
+        params, opt_state = ff.optim.update_and_apply(opt, grads, opt_state, params)
+
+    As with ``dynamic_loss_scaling(..., compute_dtype=...)``, the wrapper must be the
+    outermost transform, and params changed outside it need ``refresh_compute_params``.
+    float16 is allowed, but its small gradients flush to zero without a loss scale."""
+    if not isinstance(optimizer, GradientTransformation):
+        raise TypeError("compute_copy: expected an optimizer such as ff.optim.adam(1e-3), "
+                        f"got {type(optimizer).__name__}")
+    cd = _compute_dtype(compute_dtype)
+    if not is_half(cd):
+        raise ValueError(f"compute_copy: compute_dtype must be a 16-bit float (the copy "
+                         f"of float32 params it keeps), got {cd.name}. Fix: "
+                         "compute_copy(opt, 'bfloat16')")
+
+    def init(params):
+        return ComputeCopyState(optimizer.init(params), _cast_tree(params, cd))
+
+    def step(grads, state, params):
+        """``(new params, new state)``: the reference, on the gradients in the params'
+        dtypes (a wider gradient, float64, is left to the inner optimizer's checks)."""
+        if params is None:
+            raise TypeError("compute_copy: update needs the params to keep compute_params "
+                            "current. Fix: call opt.update(grads, state, params).")
+        updates, inner = optimizer.update(_widened(grads, params), state.inner, params)
+        new_params = apply_updates(params, updates)
+        return updates, new_params, ComputeCopyState(inner, _cast_tree(new_params, cd))
+
+    def update(grads, state, params=None):
+        check_state("compute_copy.update", state, ComputeCopyState)
+        updates, _, new_state = step(grads, state, params)
+        return updates, new_state
+
+    def fused_apply(grads, state, params):
+        """``update_and_apply``'s path: the inner optimizer's fused kernel, which on the GPU
+        reads the 16-bit gradients and writes the copy beside the params (on the host it
+        takes them widened); else the reference step."""
+        check_state("compute_copy.update", state, ComputeCopyState)
+        out = fused_update(optimizer, grads, state.inner, params, low=state.compute_params)
+        if out is None and _narrower(grads, params):
+            out = fused_update(optimizer, _widened(grads, params), state.inner, params,
+                               low=state.compute_params)
+        if out is not None:
+            new_params, inner, low = out
+            return new_params, ComputeCopyState(inner, low)
+        _, new_params, new_state = step(grads, state, params)
+        return new_params, new_state
+
+    update.fused_apply = fused_apply
+    return GradientTransformation(init, update)
+
+
+def _narrower(grads, params) -> bool:
+    """Some gradient leaf has a narrower float dtype than its param (16-bit of float32)."""
+    return any(_widens(p, g) for g, p in zip(tree.leaves(grads), tree.leaves(params)))
+
+
+def _widened(grads, params):
+    """``grads`` with each leaf narrower than its param cast to the param's dtype (exact from
+    16 bits to float32): what the inner optimizer sees. The structure and shapes are
+    checked first, with the errors ``update_and_apply`` gives."""
+    check_like("compute_copy.update", grads, params, "params")
+    return tree.map(lambda g, p: g.astype(p.dtype) if _widens(p, g) else g, grads, params)
 
 
 def _checked_rule(init_scale, growth_interval, growth_factor, backoff_factor, min_scale):

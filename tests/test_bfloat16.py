@@ -190,6 +190,87 @@ def test_step_without_loss_scaling_is_the_unscaled_composition():
         f16(params, opt.init(params), x, y)
 
 
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "momentum"])
+def test_compute_copy_step_is_the_unscaled_composition(opt_name):
+    """make_step in bfloat16 with compute_copy (no loss scaling, bfloat16 gradients into the
+    update): every step's params, moments and loss are bit for bit those of the plain
+    optimizer's unscaled step (float32 gradients, the params cast each step), the update
+    sees the gradients in bfloat16, and the copy is the params cast to bfloat16."""
+    model, params, x, y = _model(6)
+    inner = {"sgd": ff.optim.sgd(0.3), "adam": ff.optim.adam(1e-2),
+             "momentum": ff.optim.sgd(0.1, momentum=0.9)}[opt_name]
+    opt = mp.compute_copy(inner, "bfloat16")
+    step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                              compute_dtype="bfloat16")
+    ref_step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, inner,
+                                  compute_dtype="bfloat16")
+    p, s = params, opt.init(params)
+    p_ref, s_ref = params, inner.init(params)
+    losses = []
+    for _ in range(25):
+        p, s, metrics = step(p, s, x, y)
+        p_ref, s_ref, ref_metrics = ref_step(p_ref, s_ref, x, y)
+        assert float(metrics["loss"]) == float(ref_metrics["loss"])
+        losses.append(float(metrics["loss"]))
+        for a, b in zip(ff.tree.leaves((p, s.inner)), ff.tree.leaves((p_ref, s_ref))):
+            np.testing.assert_array_equal(a, b)
+        for c, a in zip(ff.tree.leaves(s.compute_params), ff.tree.leaves(p)):
+            assert c.dtype == BF16
+            np.testing.assert_array_equal(c.view(np.uint16), a.astype(BF16).view(np.uint16))
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_compute_copy_update_matches_the_inner_update_on_widened_grads(rng):
+    """opt.update and update_and_apply of the wrapper on bfloat16 gradients: the inner
+    optimizer's update of the same gradients in float32, bit for bit, and the new copy is
+    the new params cast; float32 gradients are taken as they are."""
+    model, params, _, _ = _model(8)
+    inner = ff.optim.adam(1e-2)
+    opt = mp.compute_copy(inner)
+    state = opt.init(params)
+    grads = ff.tree.map(lambda p: normal(rng, p.shape), params)
+    wide = ff.tree.map(lambda g: g.astype(np.float32), grads)
+    want_u, want_s = inner.update(wide, state.inner, params)
+    want_p = ff.optim.apply_updates(params, want_u)
+    for g in (grads, wide):
+        u, s = opt.update(g, state, params)
+        new_p, s2 = ff.optim.update_and_apply(opt, g, state, params)
+        for a, b in zip(ff.tree.leaves((u, s.inner)), ff.tree.leaves((want_u, want_s))):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(ff.tree.leaves((new_p, s2.inner)), ff.tree.leaves((want_p, want_s))):
+            np.testing.assert_array_equal(a, b)
+        for st in (s, s2):
+            for c, a in zip(ff.tree.leaves(st.compute_params), ff.tree.leaves(want_p)):
+                np.testing.assert_array_equal(c.view(np.uint16),
+                                              a.astype(BF16).view(np.uint16))
+
+
+def test_compute_copy_rejects_bad_arguments():
+    model, params, _, _ = _model(9)
+    with pytest.raises(TypeError, match="compute_copy: expected an optimizer"):
+        mp.compute_copy("adam")
+    with pytest.raises(ValueError, match=r"16-bit float.*compute_copy\(opt, 'bfloat16'\)"):
+        mp.compute_copy(ff.optim.adam(1e-3), "float32")
+    with pytest.raises(ValueError, match="compute dtype must be one of"):
+        mp.compute_copy(ff.optim.adam(1e-3), "int8")
+    opt = mp.compute_copy(ff.optim.sgd(0.1))
+    state = opt.init(params)
+    grads = ff.tree.map(lambda p: p.astype(BF16), params)
+    with pytest.raises(TypeError, match="needs the params"):
+        opt.update(grads, state)
+    with pytest.raises(TypeError, match="compute_copy.update"):
+        opt.update(grads, ff.optim.sgd(0.1).init(params), params)
+    with pytest.raises(ValueError, match="compute_copy.update.*structure"):
+        opt.update(grads[:2], state, params)
+    step = ff.train.make_step(model, ff.losses.softmax_cross_entropy,
+                              mp.compute_copy(ff.optim.sgd(0.1), "float16"),
+                              compute_dtype="bfloat16")
+    x = np.ones((4, 32), np.float32)
+    with pytest.raises(TypeError, match="compute copy in float16.*compute_copy"):
+        step(params, mp.compute_copy(ff.optim.sgd(0.1), "float16").init(params), x,
+             np.arange(4))
+
+
 def test_checkpoint_keeps_a_bfloat16_compute_copy_bit_for_bit(tmp_path):
     """A state with a bfloat16 compute copy is saved as safetensors' BF16 and read back as
     bfloat16, the same bits, with ``like`` and without."""
@@ -322,12 +403,13 @@ def test_gpu_casts_round_as_numpy_does(rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scaled", [True, False], ids=["loss_scaled", "unscaled"])
+@pytest.mark.parametrize("scaled", [True, False, "copy"],
+                         ids=["loss_scaled", "unscaled", "compute_copy"])
 def test_gpu_training_in_bfloat16_matches_the_numpy_reference(rng, scaled):
     """Eager steps of a 3-layer MLP (ReLU and GELU epilogs, the skinny output layer) in
-    bfloat16 mixed precision, with dynamic loss scaling and its compute copy or with a
-    plain optimizer: the GPU's losses follow the NumPy backend's over 30 steps, and a
-    compiled step gives the eager step's losses."""
+    bfloat16 mixed precision, with dynamic loss scaling and its compute copy, with a
+    plain optimizer, or with compute_copy: the GPU's losses follow the NumPy backend's
+    over 30 steps, and a compiled step gives the eager step's losses."""
     cupy = _cuda()
     model, params, x, y = _model(3)
     x = rng.standard_normal((256, 32)).astype(np.float32)
@@ -335,7 +417,9 @@ def test_gpu_training_in_bfloat16_matches_the_numpy_reference(rng, scaled):
 
     def run(params, x, y, compiled=False, steps=30):
         opt = ff.optim.adam(1e-3)
-        if scaled:
+        if scaled == "copy":
+            opt = mp.compute_copy(opt, "bfloat16")
+        elif scaled:
             opt = mp.dynamic_loss_scaling(opt, compute_dtype="bfloat16")
         state = opt.init(params)
         step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
@@ -355,6 +439,49 @@ def test_gpu_training_in_bfloat16_matches_the_numpy_reference(rng, scaled):
     assert eager[-1] < eager[0]
     compiled = run(ff.device_put(params, "cuda"), cupy.asarray(x), cupy.asarray(y), True)
     np.testing.assert_allclose(compiled, eager, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_gpu_compute_copy_is_the_unscaled_step_bit_for_bit(rng, opt_name, compiled):
+    """On the GPU, compute_copy's step (bfloat16 gradients read by the fused update, the
+    copy written by it) gives the plain optimizer's unscaled bfloat16 step (float32
+    gradients, the params cast each step) bit for bit over 20 steps: losses, params,
+    moments; the copy is the params cast; the update kernel took the 16-bit gradients."""
+    cupy = _cuda()
+    model = nn.Serial(nn.Dense(256, "relu"), nn.Dense(128, "gelu"), nn.Dense(10))
+    _, params = model.init(ff.random.key(11), (64,))
+    params = ff.device_put(params, "cuda")
+    x = cupy.asarray(rng.standard_normal((128, 64)).astype(np.float32))
+    y = cupy.asarray(rng.integers(0, 10, 128))
+    inner = ff.optim.sgd(0.1) if opt_name == "sgd" else ff.optim.adam(1e-3)
+    be = ff.backend.get("cuda")
+
+    def run(opt):
+        step = ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                                  compute_dtype="bfloat16")
+        step = ff.compile(step) if compiled else step
+        p, s = ff.tree.map(lambda a: a.copy(), params), opt.init(params)
+        losses = []
+        for _ in range(20):
+            p, s, m = step(p, s, x, y)
+            losses.append(float(m["loss"]))
+        return losses, p, s
+
+    be.reset_stats()
+    losses, p, s = run(mp.compute_copy(inner, "bfloat16"))
+    assert be.stats()["calls"].get(f"multi_tensor_update/{opt_name}/16bit", 0) >= 1
+    be.reset_stats()
+    ref_losses, p_ref, s_ref = run(inner)
+    assert be.stats()["calls"].get(f"multi_tensor_update/{opt_name}", 0) >= 1
+    assert losses == ref_losses and losses[-1] < losses[0]
+    for a, b in zip(ff.tree.leaves((p, s.inner)), ff.tree.leaves((p_ref, s_ref))):
+        np.testing.assert_array_equal(cupy.asnumpy(a), cupy.asnumpy(b))
+    for c, a in zip(ff.tree.leaves(s.compute_params), ff.tree.leaves(p)):
+        assert c.dtype == BF16
+        np.testing.assert_array_equal(cupy.asnumpy(c).view(np.uint16),
+                                      cupy.asnumpy(a).astype(BF16).view(np.uint16))
 
 
 @pytest.mark.gpu

@@ -91,6 +91,29 @@ def test_split_update_equals_one_launch(name, order, streams, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_split_update_takes_compute_copy_bfloat16_grads(name, monkeypatch):
+    """compute_copy in bfloat16 (16-bit gradients into the update, the bfloat16 copy
+    written beside the params, no finite flag, so the split may be taken): split and one
+    launch give the same losses and params bit for bit over 20 steps, and the eager
+    step's losses to 1e-5."""
+    _cuda()
+    model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
+    opt = ff.mixed_precision.compute_copy(OPTIMIZERS[name](), "bfloat16")
+
+    def make_step(opt):
+        return ff.train.make_step(model, ff.losses.softmax_cross_entropy, opt,
+                                  compute_dtype="bfloat16")
+
+    runs = compiled_runs_by_setting(monkeypatch, "split_update", opt, 20,
+                                    step_fn=make_step, stats=SPLIT_STATS)
+    eager, graphed, _, _, splits = runs[True]
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert splits == (2, 1) and runs[False][4] == (0, 0)
+    assert_runs_equal(runs)
+
+
+@gpu
 def test_no_split_after_work_on_the_main_stream(monkeypatch):
     """A step that launches work between the backward and the update (here it reads the
     params) is captured without the split (the join stays), and gives the same numbers.

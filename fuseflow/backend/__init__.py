@@ -12,7 +12,7 @@ import numpy as np
 
 from fuseflow._namespace import device_of, is_array, is_cupy, namespace
 from fuseflow import tree as _tree
-from fuseflow._dtypes import is_float
+from fuseflow._dtypes import is_float, is_half
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError
 from fuseflow.backend.numpy_backend import NumpyBackend
 
@@ -226,8 +226,8 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
 
     ``finite``: a 0-d bool device array, or a function returning one, called only when the
     kernel runs (where False, nothing changes). ``grad_scale``: a 0-d float32 device array
-    each gradient is multiplied by after its cast to the params' dtype; the grads may then
-    be of another float dtype (the scaled 16-bit gradients of mixed precision). ``low``: a
+    each gradient is multiplied by after its cast to the params' dtype. The grads of float32
+    params may be 16-bit (mixed precision's, scaled or not), read exactly. ``low``: a
     lower-precision copy of the params that the kernel rewrites from the new params (it
     then returns ``(params, states, low)``).
     """
@@ -239,13 +239,16 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
             or (low is not None and not (len(low) == len(params) and fusable(low, len(low))
                                          and all(a.shape == p.shape
                                                  for a, p in zip(low, params)))) \
-            or (same and grads[0].dtype != own[0].dtype) \
+            or not (grads[0].dtype == own[0].dtype
+                    or (own[0].dtype == np.float32 and is_half(grads[0].dtype))) \
             or not (same or (is_cupy(grad_scale) and own[0].dtype == np.float32)):
         return None
     from fuseflow.backend import _cuda_fused
 
     cuda = get("cuda")
-    cuda.calls["multi_tensor_update/" + kind + ("" if same else "/scaled")] += 1
+    cuda.calls["multi_tensor_update/" + kind + ("/scaled" if not same else
+                                                "/16bit" if grads[0].dtype != own[0].dtype
+                                                else "")] += 1
     # in place (a compiled step's donated buffers) and not skippable (no loss scaling)
     split = cuda.take_update_split(grads, usable=hyper.get("in_place") and finite is None)
     if split is not None:

@@ -30,7 +30,10 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
     ``ff.mixed_precision.dynamic_loss_scaling`` (its state carries the loss scale, and with
     ``compute_dtype`` the 16-bit copy of the params that the step computes with).
     ``compute_dtype="bfloat16"`` takes the same wrapper, or none: bfloat16 has float32's
-    range, and without the wrapper the step runs unscaled and applies every update.
+    range, and without the wrapper the step runs unscaled and applies every update. Its
+    fastest form is ``ff.mixed_precision.compute_copy(opt, "bfloat16")``: unscaled, with
+    the 16-bit gradients going straight into the update, which also keeps the params'
+    bfloat16 copy for the next step's forward.
     ``comm`` (a ``ff.distributed.Communicator``): x and y are this rank's shard, and the
     gradients are averaged over the ranks (one collective) before the update.
     """
@@ -54,23 +57,27 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
 
     def step(params, opt_state, x, y, key=None):
         scale = getattr(opt_state, "scale", None) if mixed else None
-        unscaled = mixed and scale is None and unscaled_fn is not None
+        low = getattr(opt_state, "compute_params", None) if mixed else None
+        # bfloat16 with a plain optimizer: float32 gradients of the unscaled loss
+        unscaled = mixed and scale is None and low is None and unscaled_fn is not None
         if unscaled:
             (loss, outputs), grads = unscaled_fn(params, x, y, key=key)
         elif mixed:
-            if scale is None:
+            if scale is None and low is None:
                 raise TypeError(
                     f"make_step(compute_dtype={compute_dtype.name!r}): the optimizer "
                     f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
                     "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init "
                     "(or compute in bfloat16, which needs none).")
-            low = getattr(opt_state, "compute_params", None)
             if low is not None and tree.leaves(low)[0].dtype != compute_dtype:
                 raise TypeError(
                     f"make_step(compute_dtype={compute_dtype.name!r}): the optimizer "
                     f"keeps its compute copy in {tree.leaves(low)[0].dtype.name}. Fix: the same "
-                    "dtype in both, dynamic_loss_scaling(opt, compute_dtype=...).")
-            (loss, outputs), grads = grad_fn(params, x, y, key=key, loss_scale=scale,
+                    "dtype in both, dynamic_loss_scaling(opt, compute_dtype=...) or "
+                    "compute_copy(opt, compute_dtype).")
+            # compute_copy's state has no scale: its 16-bit grads are those of scale 1
+            (loss, outputs), grads = grad_fn(params, x, y, key=key,
+                                             loss_scale=1.0 if scale is None else scale,
                                              compute_params=low)
         else:
             (loss, outputs), grads = grad_fn(params, x, y, key=key)
@@ -78,7 +85,7 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
             grads = comm.allreduce_mean(grads)
         # The grads never leave this function: the update may reuse their buffers, where
         # no layer keeps them.
-        if scaled and not unscaled:
+        if scaled and scale is not None:
             params, opt_state = mixed_precision.update_and_apply_scaled(
                 optimizer, grads, opt_state, params)
         else:
