@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
+import peers  # noqa: E402
 from peers import MODELS, compiled_step_us  # noqa: E402
 
 
@@ -66,7 +67,11 @@ def main():
                          "Adam and SGD)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="calls per block (0: by model)")
+    ap.add_argument("--loss-scaling", choices=["dynamic", "none"], default="dynamic",
+                    help="the 16-bit steps' (peers.py's --fuseflow-loss-scaling); the split "
+                         "update is only taken with none")
     args = ap.parse_args()
+    peers.FUSEFLOW_LOSS_SCALING[:] = [args.loss_scaling]
     arms = [parse_setting(s) for s in args.setting]
     configs = [tuple(c.split(":")) for c in (args.config or [
         "784-4096-4096-10:adam:bf16", "784-4096-4096-10:sgd:bf16"])]
@@ -99,7 +104,9 @@ def main():
                        "arm": i, "setting": arm, "us": round(us, 2), "loss": loss,
                        "overlapped_wgrad": be.stats()["overlapped_wgrad"],
                        "fused_skinny_grads": be.stats()["fused_skinny_grads"],
-                       "fused_tc_xent": be.stats()["fused_tc_xent"]}
+                       "fused_tc_xent": be.stats()["fused_tc_xent"],
+                       "split_update": be.stats()["split_update"],
+                       "split_update_overlapped": be.stats()["split_update_overlapped"]}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for k, v in defaults.items():
@@ -116,7 +123,7 @@ def main():
         print(json.dumps(summary[-1]), flush=True)
     write_json(Path(args.out) / f"settings_ab_{args.name}.json",
                {**metadata("cupy", "nvmath"), "benchmark": "settings_ab", "name": args.name,
-                "rows": rows, "summary": summary})
+                "loss_scaling": args.loss_scaling, "rows": rows, "summary": summary})
 
 
 if __name__ == "__main__":

@@ -96,8 +96,10 @@ def test_split_update_takes_compute_copy_bfloat16_grads(name, monkeypatch):
     """compute_copy in bfloat16 (16-bit gradients into the update, the bfloat16 copy
     written beside the params, no finite flag, so the split may be taken): split and one
     launch give the same losses and params bit for bit over 20 steps, and the eager
-    step's losses to 1e-5."""
+    step's losses to 1e-5. The weight gradients are forked by request ("auto" overlaps
+    full float32 only)."""
     _cuda()
+    monkeypatch.setattr(ff.backend.get("cuda"), "overlap_wgrad", True)
     model = nn.Serial(nn.Dense(512, "relu"), nn.Dense(512, "relu"), nn.Dense(10))
     opt = ff.mixed_precision.compute_copy(OPTIMIZERS[name](), "bfloat16")
 
