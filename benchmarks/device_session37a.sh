@@ -5,7 +5,7 @@
 # order swapped each round), JAX's bf16 step and 8192^3 matmul in rounds 2 and 4.
 # Results: $OUT/results-s37a.tgz.
 set -uo pipefail
-TAG=s37a
+TAG=${TAG:-s37a}
 source "$(dirname "$0")/_device_lib.sh"
 TAILN=15 run pytest_gpu_compute_copy 200 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_bfloat16.py tests/test_split_update.py tests/test_mixed_precision.py \

@@ -8,9 +8,9 @@ Models (ReLU MLPs, softmax cross-entropy): 784-30-10 and 784-1024-1024-10 at bat
 float32, no TF32 anywhere), "tf32" (TF32 tensor cores allowed: JAX's default), "tf32x3"
 (3xTF32, on request: fuseflow's own matmul, JAX's TF32_TF32_F32_X3), and 16-bit
 compute for the large model ("bf16" everywhere; ``--fuseflow-16bit fp16`` runs fuseflow in
-float16 instead; fuseflow's 16-bit step keeps float32 master weights and a 16-bit copy,
-with dynamic loss scaling, or with ``--fuseflow-loss-scaling none`` none, as JAX's and
-torch's bfloat16 steps).
+float16 instead; fuseflow's 16-bit step keeps float32 master weights and a 16-bit copy;
+in bfloat16 without loss scaling, as JAX's and torch's bfloat16 steps, in float16 with
+dynamic loss scaling: ``--fuseflow-loss-scaling`` picks either for both).
 Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
 synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
 fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, data on the
@@ -62,8 +62,16 @@ FUSEFLOW_16BIT = {"fp16": "float16", "bf16": "bfloat16"}
 FUSEFLOW_LOW = ["bf16"]
 #: fuseflow's 16-bit step (``--fuseflow-loss-scaling``): "dynamic" (dynamic_loss_scaling: a
 #: finiteness check, skipped steps, the scale's update) or "none" (compute_copy: every step
-#: applied, as JAX's and torch's bfloat16 steps); both keep the params' 16-bit copy
-FUSEFLOW_LOSS_SCALING = ["dynamic"]
+#: applied, as JAX's and torch's bfloat16 steps); both keep the params' 16-bit copy. "auto"
+#: (default): none in bfloat16, dynamic in float16 (its small gradients need the scale).
+#: Calls 145 (an H100) and 148 (an H200) measured none faster in every alternating round.
+FUSEFLOW_LOSS_SCALING = ["auto"]
+
+
+def loss_scaling(prec):
+    """The loss scaling fuseflow's 16-bit step ``prec`` runs with: "dynamic" or "none"."""
+    mode = FUSEFLOW_LOSS_SCALING[0]
+    return mode if mode != "auto" else "none" if prec == "bf16" else "dynamic"
 
 
 def configs(low_precision):
@@ -120,7 +128,7 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
         # the (scaled) 16-bit grads go straight into the update, which unscales them
         grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
                                                     low, unscaled=False)
-        if FUSEFLOW_LOSS_SCALING[0] == "none":
+        if loss_scaling(prec) == "none":
             opt = ff.mixed_precision.compute_copy(opt, low)
 
             def step(p, s, x, y):
@@ -230,7 +238,7 @@ def worker_fuseflow(args):
         us = median_step_us(graphed, sync, steps, repeats)
         flops = matmul_flops(sizes, batch)
         row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
-               **({"loss_scaling": FUSEFLOW_LOSS_SCALING[0]} if prec in FUSEFLOW_16BIT else {}),
+               **({"loss_scaling": loss_scaling(prec)} if prec in FUSEFLOW_16BIT else {}),
                "eager_us": eager_us, "compiled_us": us, "compile_s": compile_s,
                "tflops_compiled": flops / us / 1e6, "loss_finite": bool(np.isfinite(float(loss)))}
         out["steps"].append(row)
@@ -737,9 +745,11 @@ def main():
     ap.add_argument("--fuseflow-16bit", choices=sorted(FUSEFLOW_16BIT), default="bf16",
                     help="fuseflow's 16-bit compute dtype on the large model (default bf16, "
                          "JAX's and torch's; until call 139 it was fp16)")
-    ap.add_argument("--fuseflow-loss-scaling", choices=["dynamic", "none"], default="dynamic",
-                    help="fuseflow's 16-bit step: dynamic loss scaling (default) or none "
-                         "(compute_copy: every step applied, as JAX's bf16 step)")
+    ap.add_argument("--fuseflow-loss-scaling", choices=["auto", "dynamic", "none"],
+                    default="auto",
+                    help="fuseflow's 16-bit step: dynamic loss scaling or none (compute_copy: "
+                         "every step applied, as JAX's bf16 step); auto (default): none in "
+                         "bf16, dynamic in fp16")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--torch-compile-models", default="all",
                     help="models (comma-separated, or 'all') timed with torch.compile (default "

@@ -73,6 +73,8 @@ def step_table(ff, jx, th, hand):
             precision = "16-bit (bf16; hand nvmath fp16)" if h else "16-bit (bf16)"
         else:
             precision = k[2]
+        if r.get("loss_scaling") == "none":  # compute_copy (peers.py runs bf16 so from call 149 on)
+            precision = precision[:-1] + ", no loss scaling)"
         ratio = f"{r['compiled_us'] / j:.2f}x" if j else "-"
         print(f"| {k[0]}, {r['batch']} | {k[1]} | {precision} | {fmt(r['eager_us'])} "
               f"| **{fmt(r['compiled_us'])}** | {fmt(h[0]) + ' / ' + fmt(h[1]) if h else '-'} "

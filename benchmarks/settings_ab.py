@@ -67,9 +67,9 @@ def main():
                          "Adam and SGD)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="calls per block (0: by model)")
-    ap.add_argument("--loss-scaling", choices=["dynamic", "none"], default="dynamic",
-                    help="the 16-bit steps' (peers.py's --fuseflow-loss-scaling); the split "
-                         "update is only taken with none")
+    ap.add_argument("--loss-scaling", choices=["auto", "dynamic", "none"], default="auto",
+                    help="the 16-bit steps' (peers.py's --fuseflow-loss-scaling; auto: none "
+                         "in bf16, dynamic in fp16); the split update is only taken with none")
     args = ap.parse_args()
     peers.FUSEFLOW_LOSS_SCALING[:] = [args.loss_scaling]
     arms = [parse_setting(s) for s in args.setting]
