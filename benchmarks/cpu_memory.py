@@ -38,7 +38,8 @@ def params_of(width: int, inputs: int = 64, classes: int = 10) -> int:
     return sum((a + 1) * b for a, b in zip(widths, widths[1:]))
 
 
-def peak_kib(optimizer: str, width: int, src: str | None, precision: str) -> tuple[int, str]:
+def peak_kib(optimizer: str, width: int, src: str | None, precision: str,
+             loss_scaling: str = "dynamic") -> tuple[int, str]:
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
@@ -46,7 +47,8 @@ def peak_kib(optimizer: str, width: int, src: str | None, precision: str) -> tup
         run = subprocess.run(
             [sys.executable, "-c", CHILD, "train", "--dataset", "digits", "--hidden",
              f"{width},{width}", "--epochs", "1", "--optimizer", optimizer, "--out", out,
-             "--precision", precision, "--no-progress"], env=env, cwd=out, capture_output=True, text=True)
+             "--precision", precision, "--no-progress",
+             *(["--loss-scaling", loss_scaling] if loss_scaling != "dynamic" else [])], env=env, cwd=out, capture_output=True, text=True)
     if run.returncode:
         sys.exit(f"fuseflow train at --hidden {width},{width} with {optimizer} failed "
                  f"({run.returncode}):\n{run.stderr[-2000:]}")
@@ -60,13 +62,15 @@ def main() -> None:
     ap.add_argument("--widths", default="6000,9000", help="two hidden widths")
     ap.add_argument("--src", help="a checkout whose fuseflow is measured instead")
     ap.add_argument("--precision", default="float32", choices=("float32", "float16", "bfloat16"))
+    ap.add_argument("--loss-scaling", default="dynamic", choices=("dynamic", "none"),
+                    help="none: bfloat16 with compute_copy (fuseflow train --loss-scaling none)")
     ap.add_argument("--out", default="benchmarks/results/cpu_memory.json")
     args = ap.parse_args()
     small, large = (int(w) for w in args.widths.split(","))
     added = (params_of(large) - params_of(small)) * 4
     rows = []
     for opt in args.optimizers.split(","):
-        (a, module), (b, _) = (peak_kib(opt, w, args.src, args.precision)
+        (a, module), (b, _) = (peak_kib(opt, w, args.src, args.precision, args.loss_scaling)
                                 for w in (small, large))
         copies = (b - a) * 1024 / added
         rows.append({"optimizer": opt, "peak_kib": {str(small): a, str(large): b},
@@ -74,7 +78,7 @@ def main() -> None:
         print(f"{opt:9s} peak {a / 2**20:.2f} / {b / 2**20:.2f} GiB at {small} / {large}: "
               f"{copies:.2f} float32 copies of the params ({module})", flush=True)
     write_json(args.out, {"meta": metadata("safetensors"), "src": args.src,
-                          "precision": args.precision,
+                          "precision": args.precision, "loss_scaling": args.loss_scaling,
                           "widths": [small, large], "rows": rows})
     print(json.dumps(rows))
 

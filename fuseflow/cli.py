@@ -38,7 +38,8 @@ from fuseflow.train._run_folder import (RunFolder, RunFolderError, latest_checkp
 from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
-from fuseflow.train._recipe import ACTIVATIONS, DEFAULT_LR, OPTIMIZERS, PRECISIONS, SCHEDULES
+from fuseflow.train._recipe import (ACTIVATIONS, DEFAULT_LR, LOSS_SCALINGS, OPTIMIZERS,
+                                    PRECISIONS, SCHEDULES)
 
 __all__ = ["main", "build_parser"]
 
@@ -48,10 +49,10 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 13
 #: checkpoint's recipe takes their place)
 DEFAULTS = dict(dataset="mnist", hidden=(512, 512), activation="relu", epochs=5,
                 batch_size=128, optimizer="adam", weight_decay=0.0, schedule="cosine",
-                seed=0, precision="float32", backend="auto")
+                seed=0, precision="float32", loss_scaling="dynamic", backend="auto")
 #: recipe fields an explicit option may not change on --resume (they define the run)
 _FIXED_ON_RESUME = ("hidden", "activation", "optimizer", "lr", "weight_decay", "schedule",
-                    "batch_size", "seed", "precision")
+                    "batch_size", "seed", "precision", "loss_scaling")
 
 
 class CLIError(Exception):
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="float16, bfloat16: mixed precision (16-bit compute, float32 master "
                         "weights, dynamic loss scaling); meant for GPUs. "
                         f"Default: {d['precision']}")
+    _loss_scaling_option(t, None)
     _backend_option(t)
     t.add_argument("--out", metavar="DIR", default=None,
                    help="output folder. Default: runs/<dataset> (with --data-dir: "
@@ -202,8 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=_non_negative_int, default=5,
                    help="untimed steps first (5)")
     b.add_argument("--precision", "--dtype", choices=PRECISIONS, default="float32")
+    _loss_scaling_option(b, d["loss_scaling"])
     _backend_option(b)
     return parser
+
+
+def _loss_scaling_option(parser, default):
+    parser.add_argument("--loss-scaling", choices=LOSS_SCALINGS, default=default,
+                        help="16-bit runs: dynamic (skips steps whose gradients overflow and "
+                             "adapts the scale), or none (bfloat16 only: every step applied, "
+                             "as PyTorch and JAX train bfloat16; faster). Default: "
+                             f"{DEFAULTS['loss_scaling']}")
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -352,7 +363,16 @@ def _fresh_recipe(args, ds) -> Recipe:
                   batch_size=args.batch_size or d["batch_size"],
                   seed=d["seed"] if args.seed is None else args.seed,
                   precision=args.precision or d["precision"],
+                  loss_scaling=args.loss_scaling or d["loss_scaling"],
                   train_examples=len(ds.train[0]))
+
+
+def _precision_shown(recipe: Recipe) -> str:
+    """The precision as the run line shows it: a 16-bit run says how it scales its loss."""
+    if recipe.precision == "float32":
+        return "float32"
+    scaling = "dynamic loss scaling" if recipe.loss_scaling == "dynamic" else "no loss scaling"
+    return f"{recipe.precision} ({scaling})"
 
 
 def _show(value) -> str:
@@ -490,7 +510,8 @@ def _train(args) -> int:
             history = output.claim(args.overwrite, resume, state.epoch)
         print(f"model: {recipe.input_width} -> {' -> '.join(map(str, recipe.hidden))} "
               f"({recipe.activation}) -> {recipe.classes}; {recipe.optimizer} lr {recipe.lr:g} "
-              f"{recipe.schedule}; {recipe.precision}; {_plural(recipe.epochs, 'epoch')} of "
+              f"{recipe.schedule}; {_precision_shown(recipe)}; "
+              f"{_plural(recipe.epochs, 'epoch')} of "
               f"{_plural(steps_per_epoch, 'step')}; out {out}", flush=True)
         held, state = [state], None  # fit holds the only reference: it frees each old state
         try:
@@ -611,7 +632,8 @@ def _bench(args) -> int:
     recipe = Recipe(dataset="digits", data_dir=None, input_width=args.input_width,
                     classes=args.classes, hidden=tuple(args.hidden), activation=args.activation,
                     optimizer=args.optimizer, lr=DEFAULT_LR[args.optimizer], schedule="constant",
-                    batch_size=args.batch_size, precision=args.precision)
+                    batch_size=args.batch_size, precision=args.precision,
+                    loss_scaling=args.loss_scaling)
     _check_model_fits(recipe)
     model, optimizer = recipe.model(), recipe.optimizer_for(1)
     state = _to_device(init_state(model, optimizer, recipe.in_shape, random.key(0)), device)

@@ -488,8 +488,11 @@ def compute_copy(optimizer, compute_dtype="bfloat16"):
         check_state("compute_copy.update", state, ComputeCopyState)
         out = fused_update(optimizer, grads, state.inner, params, low=state.compute_params)
         if out is None and _narrower(grads, params):
+            # every leaf widened is a fresh array: it may become the new params' buffer
+            # (one float32 copy of the params fewer at the host step's peak)
             out = fused_update(optimizer, _widened(grads, params), state.inner, params,
-                               low=state.compute_params)
+                               low=state.compute_params,
+                               donate_grads=_narrower(grads, params, every=True))
         if out is not None:
             new_params, inner, low = out
             return new_params, ComputeCopyState(inner, low)
@@ -500,9 +503,11 @@ def compute_copy(optimizer, compute_dtype="bfloat16"):
     return GradientTransformation(init, update)
 
 
-def _narrower(grads, params) -> bool:
-    """Some gradient leaf has a narrower float dtype than its param (16-bit of float32)."""
-    return any(_widens(p, g) for g, p in zip(tree.leaves(grads), tree.leaves(params)))
+def _narrower(grads, params, every=False) -> bool:
+    """Some (``every``: each) gradient leaf has a narrower float dtype than its param
+    (16-bit of float32)."""
+    return (all if every else any)(_widens(p, g) for g, p in zip(tree.leaves(grads),
+                                                                 tree.leaves(params)))
 
 
 def _widened(grads, params):

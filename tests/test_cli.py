@@ -136,15 +136,47 @@ def test_float16_run_records_its_precision_and_resumes_in_it(tmp_path, cli):
     proc = cli("train", "--dataset", "digits", "--epochs", "2", "--precision", "float16",
                "--out", tmp_path, *SMALL)
     _accuracy(proc)
-    assert "; float16;" in proc.stdout
+    assert "; float16 (dynamic loss scaling);" in proc.stdout
     recipe = ff.checkpoint.read_metadata(tmp_path / "last.safetensors")["recipe"]
-    assert recipe["precision"] == "float16"
+    assert recipe["precision"] == "float16" and recipe["loss_scaling"] == "dynamic"
     refused = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--dtype",
                   "float32")
     assert refused.returncode == 1 and "--precision float32" in refused.stderr
     resumed = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--out",
                   tmp_path / "resumed", "--no-progress")
     assert _last_line(resumed) == _last_line(proc)
+
+
+def test_bfloat16_run_without_loss_scaling_keeps_a_compute_copy_and_resumes(tmp_path, cli):
+    """--precision bfloat16 --loss-scaling none: the recipe records it, the optimizer state
+    is compute_copy's (the params' bfloat16 copy saved with it), a resumed run ends bit for
+    bit where the straight run does, and changing the setting on --resume is refused."""
+    proc = cli("train", "--dataset", "digits", "--epochs", "2", "--precision", "bfloat16",
+               "--loss-scaling", "none", "--out", tmp_path, *SMALL)
+    _accuracy(proc)
+    assert "; bfloat16 (no loss scaling);" in proc.stdout
+    path = tmp_path / "last.safetensors"
+    recipe = T.Recipe.from_metadata(ff.checkpoint.read_metadata(path)["recipe"])
+    assert (recipe.precision, recipe.loss_scaling) == ("bfloat16", "none")
+    model, opt = recipe.model(), recipe.optimizer_for(1)
+    state = T.load_state(path, like=T.init_state(model, opt, recipe.in_shape, ff.random.key(0)))
+    assert type(state.opt_state).__name__ == "ComputeCopyState"
+    for c, p in zip(ff.tree.leaves(state.opt_state.compute_params),
+                    ff.tree.leaves(state.params)):
+        np.testing.assert_array_equal(np.asarray(c), p.astype(ff.bfloat16))
+    refused = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--loss-scaling",
+                  "dynamic")
+    assert refused.returncode == 1 and "--loss-scaling dynamic" in refused.stderr
+    resumed = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--out",
+                  tmp_path / "resumed", "--no-progress")
+    assert _last_line(resumed) == _last_line(proc)
+
+
+def test_float16_without_loss_scaling_is_refused(tmp_path, cli):
+    proc = cli("train", "--dataset", "digits", "--precision", "float16", "--loss-scaling",
+               "none", "--out", tmp_path, *SMALL)
+    assert proc.returncode == 1 and "float16 needs loss scaling" in proc.stderr
+    assert "Fix: --precision bfloat16" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_second_run_does_not_overwrite_the_first(digits_run, tmp_path, cli):

@@ -15,11 +15,14 @@ from fuseflow.nn._layer import shape_tuple
 from fuseflow.backend.epilogs import ACTIVATIONS
 
 __all__ = ["Recipe", "RecipeError", "mlp", "OPTIMIZERS", "ACTIVATIONS", "SCHEDULES",
-           "PRECISIONS", "DEFAULT_LR"]
+           "PRECISIONS", "LOSS_SCALINGS", "DEFAULT_LR"]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("cosine", "constant")
 PRECISIONS = ("float32", "float16", "bfloat16")
+#: 16-bit runs: dynamic loss scaling (skips non-finite steps), or none (bfloat16 only:
+#: mixed_precision.compute_copy, every step applied, as PyTorch's autocast and JAX run it)
+LOSS_SCALINGS = ("dynamic", "none")
 #: peak learning rates measured on MNIST with the default MLP, 5 epochs, cosine decay:
 #: adam 0.9839, adamw 0.9838, sgd 0.9819, momentum 0.9846 test accuracy
 DEFAULT_LR = {"sgd": 0.5, "momentum": 0.1, "adam": 1e-3, "adamw": 1e-3}
@@ -58,6 +61,9 @@ class Recipe:
     seed: int = 0
     eval_batch_size: int = 1000
     precision: str = "float32"   # float16/bfloat16: mixed precision (float32 master weights)
+    #: "dynamic" or "none" (bfloat16 only); checkpoints written before it was recorded
+    #: trained with dynamic loss scaling, the default
+    loss_scaling: str = "dynamic"
     #: training examples per epoch (None in checkpoints written before it was recorded):
     #: with the batch size it fixes the steps per epoch, hence the lr schedule's horizon
     train_examples: int | None = None
@@ -67,6 +73,12 @@ class Recipe:
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
+        _choice("loss_scaling", self.loss_scaling, LOSS_SCALINGS)
+        if self.loss_scaling == "none" and self.precision == "float16":
+            raise RecipeError(
+                "float16 needs loss scaling: its small gradients flush to zero without it. "
+                "Fix: --precision bfloat16 (float32's range) with --loss-scaling none, or "
+                "drop --loss-scaling none.")
         for name in ("input_width", "classes", "epochs", "batch_size", "eval_batch_size",
                      "train_examples"):
             value = getattr(self, name)
@@ -103,7 +115,8 @@ class Recipe:
 
     def optimizer_for(self, steps_per_epoch: int):
         """The optimizer; a cosine schedule decays lr to 0 over ``epochs * steps_per_epoch``.
-        In float16 and bfloat16 it is wrapped in dynamic loss scaling."""
+        In float16 and bfloat16 it is wrapped in dynamic loss scaling, or with loss scaling
+        "none" (bfloat16) in ``compute_copy``, which keeps the params' bfloat16 copy."""
         lr = self.lr
         if self.schedule == "cosine":
             lr = optim.cosine_decay_schedule(self.lr, self.epochs * steps_per_epoch)
@@ -115,7 +128,9 @@ class Recipe:
             opt = optim.adam(lr)
         else:
             opt = optim.adamw(lr, weight_decay=self.weight_decay, mask=_weights_only)
-        if self.precision != "float32":
+        if self.precision != "float32" and self.loss_scaling == "none":
+            opt = mixed_precision.compute_copy(opt, self.precision)
+        elif self.precision != "float32":
             opt = mixed_precision.dynamic_loss_scaling(opt)
         return opt
 
