@@ -226,7 +226,8 @@ def test_cli_bench_options_and_last_line(cli):
             "--activation", "gelu", "--precision", "float16", "--backend", "numpy")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[-2].startswith("model: 6 -> 8 -> 4 -> 3, batch 5, momentum, float16; 3 steps")
+    assert lines[-2].startswith("model: 6 -> 8 -> 4 -> 3, batch 5, momentum, float16 (dynamic loss "
+                                 "scaling); 3 steps")
     m = re.fullmatch(r"steps_per_s=([\d.]+) samples_per_s=(\d+) ms_per_step=([\d.]+)", lines[-1])
     assert m and float(m[1]) > 0
     assert float(m[3]) == pytest.approx(1e3 / float(m[1]), rel=0.02)

@@ -265,6 +265,15 @@ def test_the_memory_check_counts_what_training_holds_at_its_peak(tmp_path, cli, 
                "--out", tmp_path / "f16", "--no-progress")
     assert_one_line_error(proc, f"{peak_copies('float16', 'adam')} float32 copies",
                           "Fix: smaller --hidden")
+    # bfloat16 without loss scaling also keeps the params' bfloat16 copy: memory that the
+    # loss-scaled run fits in is refused to it
+    unscaled = peak_copies("bfloat16", "adam", "none")
+    assert unscaled > peak_copies("bfloat16", "adam")
+    monkeypatch.setattr(cli_module, "_physical_memory",
+                        lambda: int(params * 4 * (unscaled - 0.5)))
+    proc = cli("train", "--dataset", "digits", "--hidden", "4000", "--precision", "bfloat16",
+               "--loss-scaling", "none", "--out", tmp_path / "bf16", "--no-progress")
+    assert_one_line_error(proc, f"{unscaled} float32 copies", "Fix: smaller --hidden")
 
 
 # ------------------------------------------------------------- arrays of other libraries
