@@ -485,11 +485,14 @@ def test_gpu_compute_copy_is_the_unscaled_step_bit_for_bit(rng, opt_name, compil
 
 
 @pytest.mark.gpu
-def test_gpu_cli_trains_mnist_in_bfloat16(cli, mnist_dir, tmp_path):
+@pytest.mark.parametrize("loss_scaling", ["dynamic", "none"])
+def test_gpu_cli_trains_mnist_in_bfloat16(cli, mnist_dir, tmp_path, loss_scaling):
     _cuda()
     out = tmp_path / "run"
     r = cli("train", "--data-dir", str(mnist_dir), "--precision", "bfloat16", "--out",
-            str(out), "--no-progress", "--backend", "cuda")
+            str(out), "--no-progress", "--backend", "cuda", "--loss-scaling", loss_scaling)
     assert r.returncode == 0, r.stderr
+    shown = "no loss scaling" if loss_scaling == "none" else "dynamic loss scaling"
+    assert f"; bfloat16 ({shown});" in r.stdout
     acc = float(r.stdout.strip().splitlines()[-1].split("=")[1])
     assert acc > 0.97, r.stdout
