@@ -32,6 +32,10 @@ float32 params per step). The copy follows the params through this optimizer's u
 only: the wrapper must be the outermost transform (its updates are the ones applied), and
 params changed any other way (loaded weights, averaging) need
 ``refresh_compute_params(state, params)``.
+
+``compute_copy(opt, "bfloat16")`` is bfloat16 without loss scaling (as PyTorch's autocast
+and JAX train it): no finiteness check and no skipped steps, the same compute copy, and the
+16-bit gradients (``value_and_grad(..., unscaled=False)`` at scale 1) read by the update.
 """
 
 from __future__ import annotations
