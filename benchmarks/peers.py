@@ -129,6 +129,9 @@ def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
         grad_fn = ff.mixed_precision.value_and_grad(model, ff.losses.softmax_cross_entropy,
                                                     low, unscaled=False)
         if loss_scaling(prec) == "none":
+            if not copy:
+                raise SystemExit("PEERS_COMPUTE_COPY=0 needs --fuseflow-loss-scaling dynamic: "
+                                 "without loss scaling the step keeps the copy (compute_copy)")
             opt = ff.mixed_precision.compute_copy(opt, low)
 
             def step(p, s, x, y):

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"fixes initialisation and data order. Default: {d['seed']}")
     t.add_argument("--precision", "--dtype", choices=PRECISIONS, default=None,
                    help="float16, bfloat16: mixed precision (16-bit compute, float32 master "
-                        "weights, dynamic loss scaling); meant for GPUs. "
+                        "weights, dynamic loss scaling unless --loss-scaling none); meant for "
+                        "GPUs. "
                         f"Default: {d['precision']}")
     _loss_scaling_option(t, None)
     _backend_option(t)

@@ -289,7 +289,8 @@ def refresh_compute_params(state, params):
     outside the optimizer (loaded, averaged, edited), whose updates alone keep it current."""
     if getattr(state, "compute_params", None) is None:
         raise TypeError("refresh_compute_params: the state keeps no compute copy. Fix: "
-                        "ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype='float16').")
+                        "ff.mixed_precision.dynamic_loss_scaling(opt, compute_dtype='float16') "
+                        "or ff.mixed_precision.compute_copy(opt, 'bfloat16').")
     low, low_def = tree.flatten(state.compute_params)
     leaves, treedef = tree.flatten(params)
     # as printed: a state loaded without like has namedtuple classes of its own
@@ -301,8 +302,9 @@ def refresh_compute_params(state, params):
             f"and shapes {[getattr(p, 'shape', None) for p in leaves][:8]} for a copy of "
             f"structure {low_def} and shapes {[c.shape for c in low][:8]}. Fix: pass this "
             f"model's params; for another model make a new state, opt.init(params).")
-    return state._replace(compute_params=_cast_tree(
-        params, tree.leaves(state.compute_params)[0].dtype))
+    if not low:  # no params: nothing to cast
+        return state
+    return state._replace(compute_params=_cast_tree(params, low[0].dtype))
 
 
 def _cast_tree(params, dtype):
@@ -470,56 +472,57 @@ def compute_copy(optimizer, compute_dtype="bfloat16"):
     def init(params):
         return ComputeCopyState(optimizer.init(params), _cast_tree(params, cd))
 
-    def step(grads, state, params):
-        """``(new params, new state)``: the reference, on the gradients in the params'
-        dtypes (a wider gradient, float64, is left to the inner optimizer's checks)."""
-        if params is None:
-            raise TypeError("compute_copy: update needs the params to keep compute_params "
-                            "current. Fix: call opt.update(grads, state, params).")
-        updates, inner = optimizer.update(_widened(grads, params), state.inner, params)
+    def reference(wide, state, params):
+        """``(updates, new params, new state)``: the inner optimizer's update of the
+        gradients already in the params' dtypes, and the copy of the params it gives."""
+        updates, inner = optimizer.update(wide, state.inner, params)
         new_params = apply_updates(params, updates)
         return updates, new_params, ComputeCopyState(inner, _cast_tree(new_params, cd))
 
     def update(grads, state, params=None):
         check_state("compute_copy.update", state, ComputeCopyState)
-        updates, _, new_state = step(grads, state, params)
+        if params is None:
+            raise TypeError("compute_copy: update needs the params to keep compute_params "
+                            "current. Fix: call opt.update(grads, state, params).")
+        updates, _, new_state = reference(_widened(grads, params)[0], state, params)
         return updates, new_state
 
     def fused_apply(grads, state, params):
         """``update_and_apply``'s path: the inner optimizer's fused kernel, which on the GPU
-        reads the 16-bit gradients and writes the copy beside the params (on the host it
-        takes them widened); else the reference step."""
+        reads the 16-bit gradients as their float32 values and writes the copy beside the
+        params (on the host it takes them widened); else the reference step."""
         check_state("compute_copy.update", state, ComputeCopyState)
-        out = fused_update(optimizer, grads, state.inner, params, low=state.compute_params)
-        if out is None and _narrower(grads, params):
-            # every leaf widened is a fresh array: it may become the new params' buffer
-            # (one float32 copy of the params fewer at the host step's peak)
-            out = fused_update(optimizer, _widened(grads, params), state.inner, params,
-                               low=state.compute_params,
-                               donate_grads=_narrower(grads, params, every=True))
-        if out is not None:
-            new_params, inner, low = out
-            return new_params, ComputeCopyState(inner, low)
-        _, new_params, new_state = step(grads, state, params)
-        return new_params, new_state
+        low = state.compute_params
+        out = fused_update(optimizer, grads, state.inner, params, low=low, widen_grads=True)
+        if out is None:
+            wide, fresh = _widened(grads, params)
+            if fresh:  # fresh arrays: they may become the new params' buffers (one float32
+                # copy of the params fewer at the host step's peak)
+                out = fused_update(optimizer, wide, state.inner, params, low=low,
+                                   donate_grads=True)
+            if out is None:
+                _, new_params, new_state = reference(wide, state, params)
+                return new_params, new_state
+        new_params, inner, low = out
+        return new_params, ComputeCopyState(inner, low)
 
     update.fused_apply = fused_apply
     return GradientTransformation(init, update)
 
 
-def _narrower(grads, params, every=False) -> bool:
-    """Some (``every``: each) gradient leaf has a narrower float dtype than its param
-    (16-bit of float32)."""
-    return (all if every else any)(_widens(p, g) for g, p in zip(tree.leaves(grads),
-                                                                 tree.leaves(params)))
-
-
 def _widened(grads, params):
-    """``grads`` with each leaf narrower than its param cast to the param's dtype (exact from
-    16 bits to float32): what the inner optimizer sees. The structure and shapes are
-    checked first, with the errors ``update_and_apply`` gives."""
+    """``(wide, fresh)``: ``grads`` with each leaf narrower than its param cast to the
+    param's dtype (exact from 16 bits to float32), which the inner optimizer sees, and
+    whether every leaf was cast (so every leaf of ``wide`` is a fresh array). The structure,
+    shapes and kinds are checked first, with the errors ``update_and_apply`` gives."""
     check_like("compute_copy.update", grads, params, "params")
-    return tree.map(lambda g, p: g.astype(p.dtype) if _widens(p, g) else g, grads, params)
+    g_leaves, treedef = tree.flatten(grads)
+    cast = [_widens(p, g) for g, p in zip(g_leaves, tree.leaves(params))]
+    if not any(cast):
+        return grads, False
+    wide = [g.astype(p.dtype) if c else g
+            for g, p, c in zip(g_leaves, tree.leaves(params), cast)]
+    return tree.unflatten(treedef, wide), all(cast)
 
 
 def _checked_rule(init_scale, growth_interval, growth_factor, backoff_factor, min_scale):

@@ -191,7 +191,7 @@ def test_step_without_loss_scaling_is_the_unscaled_composition():
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adam", "momentum"])
-def test_compute_copy_step_is_the_unscaled_composition(opt_name):
+def test_compute_copy_step_is_the_unscaled_composition(opt_name, monkeypatch):
     """make_step in bfloat16 with compute_copy (no loss scaling, bfloat16 gradients into the
     update): every step's params, moments and loss are bit for bit those of the plain
     optimizer's unscaled step (float32 gradients, the params cast each step), the update
@@ -206,6 +206,15 @@ def test_compute_copy_step_is_the_unscaled_composition(opt_name):
                                   compute_dtype="bfloat16")
     p, s = params, opt.init(params)
     p_ref, s_ref = params, inner.init(params)
+    seen = []  # the gradients' dtypes the update is handed first in each step
+    fused_update = mp.fused_update
+
+    def spy(opt, grads, *args, **kwargs):
+        if kwargs.get("widen_grads"):
+            seen.append({g.dtype for g in ff.tree.leaves(grads)})
+        return fused_update(opt, grads, *args, **kwargs)
+
+    monkeypatch.setattr(mp, "fused_update", spy)
     losses = []
     for _ in range(25):
         p, s, metrics = step(p, s, x, y)
@@ -218,6 +227,7 @@ def test_compute_copy_step_is_the_unscaled_composition(opt_name):
             assert c.dtype == BF16
             np.testing.assert_array_equal(c.view(np.uint16), a.astype(BF16).view(np.uint16))
     assert losses[-1] < 0.5 * losses[0]
+    assert seen == [{BF16}] * 25
 
 
 def test_compute_copy_update_matches_the_inner_update_on_widened_grads(rng):
@@ -482,6 +492,24 @@ def test_gpu_compute_copy_is_the_unscaled_step_bit_for_bit(rng, opt_name, compil
         assert c.dtype == BF16
         np.testing.assert_array_equal(cupy.asnumpy(c).view(np.uint16),
                                       cupy.asnumpy(a).astype(BF16).view(np.uint16))
+
+
+@pytest.mark.gpu
+def test_gpu_plain_update_of_bfloat16_grads_keeps_the_reference_promotions(rng):
+    """update_and_apply of a plain optimizer on bfloat16 gradients of float32 params is not
+    compute_copy's: the fused kernel (which reads them as float32) is not taken, and the
+    result is the reference's (opt.update, then apply_updates), bit for bit."""
+    cupy = _cuda()
+    be = ff.backend.get("cuda")
+    params = {"w": cupy.asarray(rng.standard_normal((64, 32)).astype(np.float32))}
+    grads = {"w": cupy.asarray(normal(rng, (64, 32)))}
+    opt = ff.optim.sgd(0.1)
+    be.reset_stats()
+    new, _ = ff.optim.update_and_apply(opt, grads, opt.init(params), params)
+    assert not any(k.startswith("multi_tensor_update/") for k in be.stats()["calls"])
+    updates, _ = opt.update(grads, opt.init(params), params)
+    want = ff.optim.apply_updates(params, updates)
+    np.testing.assert_array_equal(cupy.asnumpy(new["w"]), cupy.asnumpy(want["w"]))
 
 
 @pytest.mark.gpu

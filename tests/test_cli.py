@@ -172,11 +172,27 @@ def test_bfloat16_run_without_loss_scaling_keeps_a_compute_copy_and_resumes(tmp_
     assert _last_line(resumed) == _last_line(proc)
 
 
-def test_float16_without_loss_scaling_is_refused(tmp_path, cli):
+def test_loss_scaling_none_is_refused_but_in_bfloat16(tmp_path, cli):
     proc = cli("train", "--dataset", "digits", "--precision", "float16", "--loss-scaling",
                "none", "--out", tmp_path, *SMALL)
     assert proc.returncode == 1 and "float16 needs loss scaling" in proc.stderr
     assert "Fix: --precision bfloat16" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("bench", "--loss-scaling", "none", "--hidden", "8", "--steps", "1")
+    assert proc.returncode == 1 and "float32 scales no loss anyway" in proc.stderr
+    assert "Fix: add --precision bfloat16" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_recipe_without_loss_scaling_is_an_earlier_run_with_dynamic_scaling():
+    """Checkpoints written before --loss-scaling was recorded trained with dynamic loss
+    scaling: their recipe reads so, and rebuilds that optimizer (and its state's layout)."""
+    recipe = T.Recipe(dataset="digits", data_dir=None, input_width=64, classes=10,
+                      hidden=(8,), precision="bfloat16")
+    meta = recipe.to_metadata()
+    del meta["loss_scaling"]
+    old = T.Recipe.from_metadata(meta)
+    assert old.loss_scaling == "dynamic" and old == recipe
+    state = old.optimizer_for(1).init(old.model().init(ff.random.key(0), old.in_shape)[1])
+    assert type(state).__name__ == "DynamicScaleState"
 
 
 def test_a_second_run_does_not_overwrite_the_first(digits_run, tmp_path, cli):

@@ -220,14 +220,17 @@ def next_loss_scale(finite, scale, good_steps, growth_interval, growth_factor,
 
 
 def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=None,
-                        low=None, **hyper):
+                        low=None, widen_grads=False, **hyper):
     """One-launch optimizer update of many tensors on the GPU (see ``_cuda_fused``), or
     None where no fused kernel applies (NumPy arrays): the caller then runs the reference.
 
     ``finite``: a 0-d bool device array, or a function returning one, called only when the
     kernel runs (where False, nothing changes). ``grad_scale``: a 0-d float32 device array
-    each gradient is multiplied by after its cast to the params' dtype. The grads of float32
-    params may be 16-bit (mixed precision's, scaled or not), read exactly. ``low``: a
+    each gradient is multiplied by after its cast to the params' dtype; the grads of float32
+    params may then be 16-bit (mixed precision's scaled ones), read exactly. So may they
+    with ``widen_grads`` (``mixed_precision.compute_copy``'s unscaled ones: the update of
+    their float32 values); otherwise the caller's reference promotes them step by step,
+    rounding in 16 bits where NumPy does. ``low``: a
     lower-precision copy of the params that the kernel rewrites from the new params (it
     then returns ``(params, states, low)``).
     """
@@ -240,7 +243,8 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
                                          and all(a.shape == p.shape
                                                  for a, p in zip(low, params)))) \
             or not (grads[0].dtype == own[0].dtype
-                    or (own[0].dtype == np.float32 and is_half(grads[0].dtype))) \
+                    or (own[0].dtype == np.float32 and is_half(grads[0].dtype)
+                        and (widen_grads or not same))) \
             or not (same or (is_cupy(grad_scale) and own[0].dtype == np.float32)):
         return None
     from fuseflow.backend import _cuda_fused

@@ -75,7 +75,7 @@ def update_and_apply(opt, grads, opt_state, params, *, donate_grads=False):
 
 
 def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=False,
-                 grad_scale=None, low=None):
+                 grad_scale=None, low=None, widen_grads=False):
     """The fused step of a named optimizer, or None when it has no fused form here.
 
     ``finite`` (a 0-d bool device array, or a function returning one that is called only if
@@ -86,7 +86,10 @@ def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=Fal
     float32 array): the gradients are ``grads.astype(float32) * grad_scale``, formed
     inside the kernel (mixed precision's scaled 16-bit gradients). ``low``: a
     lower-precision copy of ``params`` (same structure) that the kernel rewrites from the
-    new params; the result is then ``(new_params, new_opt_state, new_low)``. On NumPy the
+    new params; the result is then ``(new_params, new_opt_state, new_low)``.
+    ``widen_grads``: 16-bit gradients of float32 params stand for their float32 values
+    (``mixed_precision.compute_copy``'s), which the GPU kernel reads; without it (or a
+    ``grad_scale``) such mixed dtypes take the reference's promotions. On NumPy the
     flag is read on the host first (``grad_scale`` is formed by it, as by the GPU's
     check), and the host update runs on the unscaled gradients.
 
@@ -100,11 +103,12 @@ def fused_update(opt, grads, opt_state, params, *, finite=None, donate_grads=Fal
         return None
     check_update_args(opt, grads, opt_state, params)
     check_like("update_and_apply", grads, params, "params")
-    return _fused(spec, grads, opt_state, params, finite, donate_grads, grad_scale, low)
+    return _fused(spec, grads, opt_state, params, finite, donate_grads, grad_scale, low,
+                  widen_grads)
 
 
 def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_scale=None,
-           low=None):
+           low=None, widen_grads=False):
     kind, lr = spec["kind"], spec["lr"]
     p_leaves, treedef = tree.flatten(params)
     g_leaves = tree.leaves(grads)
@@ -173,6 +177,7 @@ def _fused(spec, grads, state, params, finite=None, donate_grads=False, grad_sca
     else:
         res = backend.multi_tensor_update(kind, p_leaves, g_leaves, groups, finite=finite,
                                           grad_scale=grad_scale, low=low_leaves,
+                                          widen_grads=widen_grads,
                                           in_place=not host_sync_allowed(), **hyper)
     if res is None:
         return None

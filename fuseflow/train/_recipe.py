@@ -79,6 +79,10 @@ class Recipe:
                 "float16 needs loss scaling: its small gradients flush to zero without it. "
                 "Fix: --precision bfloat16 (float32's range) with --loss-scaling none, or "
                 "drop --loss-scaling none.")
+        if self.loss_scaling == "none" and self.precision == "float32":
+            raise RecipeError(
+                "--loss-scaling none is for 16-bit runs: float32 scales no loss anyway. Fix: "
+                "add --precision bfloat16, or drop --loss-scaling none.")
         for name in ("input_width", "classes", "epochs", "batch_size", "eval_batch_size",
                      "train_examples"):
             value = getattr(self, name)

@@ -69,10 +69,11 @@ def make_step(model, loss_fn, optimizer, *, compute_dtype=None, comm=None):
                     f"state is a {type(opt_state).__name__}, with no loss scale. Fix: wrap the "
                     "optimizer, ff.mixed_precision.dynamic_loss_scaling(opt), before init "
                     "(or compute in bfloat16, which needs none).")
-            if low is not None and tree.leaves(low)[0].dtype != compute_dtype:
+            low_dtype = next((a.dtype for a in tree.leaves(low)), compute_dtype)
+            if low_dtype != compute_dtype:  # a copy without leaves (no params) is any dtype
                 raise TypeError(
                     f"make_step(compute_dtype={compute_dtype.name!r}): the optimizer "
-                    f"keeps its compute copy in {tree.leaves(low)[0].dtype.name}. Fix: the same "
+                    f"keeps its compute copy in {low_dtype.name}. Fix: the same "
                     "dtype in both, dynamic_loss_scaling(opt, compute_dtype=...) or "
                     "compute_copy(opt, compute_dtype).")
             # compute_copy's state has no scale: its 16-bit grads are those of scale 1
