@@ -132,41 +132,35 @@ def test_resume_refuses_options_that_change_the_run(digits_run, cli):
     assert "Fix:" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_float16_run_records_its_precision_and_resumes_in_it(tmp_path, cli):
-    proc = cli("train", "--dataset", "digits", "--epochs", "2", "--precision", "float16",
-               "--out", tmp_path, *SMALL)
+@pytest.mark.parametrize("precision, scaling, changed", [
+    ("float16", "dynamic", ("--dtype", "float32", "--precision float32")),
+    ("bfloat16", "none", ("--loss-scaling", "dynamic", "--loss-scaling dynamic")),
+])
+def test_16bit_run_records_its_precision_and_resumes_in_it(tmp_path, cli, precision, scaling,
+                                                           changed):
+    """float16 (dynamic loss scaling, the default) and bfloat16 with --loss-scaling none
+    (compute_copy: the params' bfloat16 copy saved in the optimizer state): the recipe
+    records both settings, a resumed run ends bit for bit where the straight run does, and
+    changing either on --resume is refused."""
+    extra = ["--loss-scaling", scaling] if scaling != "dynamic" else []
+    proc = cli("train", "--dataset", "digits", "--epochs", "2", "--precision", precision,
+               *extra, "--out", tmp_path, *SMALL)
     _accuracy(proc)
-    assert "; float16 (dynamic loss scaling);" in proc.stdout
-    recipe = ff.checkpoint.read_metadata(tmp_path / "last.safetensors")["recipe"]
-    assert recipe["precision"] == "float16" and recipe["loss_scaling"] == "dynamic"
-    refused = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--dtype",
-                  "float32")
-    assert refused.returncode == 1 and "--precision float32" in refused.stderr
-    resumed = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--out",
-                  tmp_path / "resumed", "--no-progress")
-    assert _last_line(resumed) == _last_line(proc)
-
-
-def test_bfloat16_run_without_loss_scaling_keeps_a_compute_copy_and_resumes(tmp_path, cli):
-    """--precision bfloat16 --loss-scaling none: the recipe records it, the optimizer state
-    is compute_copy's (the params' bfloat16 copy saved with it), a resumed run ends bit for
-    bit where the straight run does, and changing the setting on --resume is refused."""
-    proc = cli("train", "--dataset", "digits", "--epochs", "2", "--precision", "bfloat16",
-               "--loss-scaling", "none", "--out", tmp_path, *SMALL)
-    _accuracy(proc)
-    assert "; bfloat16 (no loss scaling);" in proc.stdout
+    shown = "no loss scaling" if scaling == "none" else "dynamic loss scaling"
+    assert f"; {precision} ({shown});" in proc.stdout
     path = tmp_path / "last.safetensors"
     recipe = T.Recipe.from_metadata(ff.checkpoint.read_metadata(path)["recipe"])
-    assert (recipe.precision, recipe.loss_scaling) == ("bfloat16", "none")
+    assert (recipe.precision, recipe.loss_scaling) == (precision, scaling)
     model, opt = recipe.model(), recipe.optimizer_for(1)
     state = T.load_state(path, like=T.init_state(model, opt, recipe.in_shape, ff.random.key(0)))
-    assert type(state.opt_state).__name__ == "ComputeCopyState"
-    for c, p in zip(ff.tree.leaves(state.opt_state.compute_params),
-                    ff.tree.leaves(state.params)):
-        np.testing.assert_array_equal(np.asarray(c), p.astype(ff.bfloat16))
-    refused = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--loss-scaling",
-                  "dynamic")
-    assert refused.returncode == 1 and "--loss-scaling dynamic" in refused.stderr
+    want = {"dynamic": "DynamicScaleState", "none": "ComputeCopyState"}[scaling]
+    assert type(state.opt_state).__name__ == want
+    if scaling == "none":
+        for c, p in zip(ff.tree.leaves(state.opt_state.compute_params),
+                        ff.tree.leaves(state.params)):
+            np.testing.assert_array_equal(np.asarray(c), p.astype(ff.bfloat16))
+    refused = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", *changed[:2])
+    assert refused.returncode == 1 and changed[2] in refused.stderr
     resumed = cli("train", "--resume", tmp_path / "ckpt-epoch1.safetensors", "--out",
                   tmp_path / "resumed", "--no-progress")
     assert _last_line(resumed) == _last_line(proc)
