@@ -192,9 +192,9 @@ class CudaBackend(Backend):
         #: written once; dx is allocated while x is still alive). On by default since call
         #: 139 (H100): the compiled bfloat16 large Adam step 1,547 against 1,561 us without
         #: it (medians of four alternating rounds, faster in three); the pass alone 71.4
-        #: against 81.9 us for the two kernels (call 116). float16 in one call side by side
-        #: and the H200 are not measured yet. FUSEFLOW_FUSED_SKINNY_GRADS=0 runs the two
-        #: kernels.
+        #: against 81.9 us for the two kernels (call 116). Call 155 (H100, three rounds):
+        #: float16 1,623.8 against 1,630.5 us, bfloat16 1,584.6 against 1,609.1. The H200 is
+        #: not measured yet. FUSEFLOW_FUSED_SKINNY_GRADS=0 runs the two kernels.
         self.fused_skinny_grads = env_choice("FUSEFLOW_FUSED_SKINNY_GRADS",
                                              {"1": True, "0": False}, True)
         #: Where a classifier's output layer takes its tensor-core forward (16-bit, long
