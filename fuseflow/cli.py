@@ -49,7 +49,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 13
 #: checkpoint's recipe takes their place)
 DEFAULTS = dict(dataset="mnist", hidden=(512, 512), activation="relu", epochs=5,
                 batch_size=128, optimizer="adam", weight_decay=0.0, schedule="cosine",
-                seed=0, precision="float32", loss_scaling="dynamic", backend="auto")
+                seed=0, precision="float32", backend="auto")
 #: recipe fields an explicit option may not change on --resume (they define the run)
 _FIXED_ON_RESUME = ("hidden", "activation", "optimizer", "lr", "weight_decay", "schedule",
                     "batch_size", "seed", "precision", "loss_scaling")
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"fixes initialisation and data order. Default: {d['seed']}")
     t.add_argument("--precision", "--dtype", choices=PRECISIONS, default=None,
                    help="float16, bfloat16: mixed precision (16-bit compute, float32 master "
-                        "weights, dynamic loss scaling unless --loss-scaling none); meant for "
+                        "weights; see --loss-scaling); meant for "
                         "GPUs. "
                         f"Default: {d['precision']}")
     _loss_scaling_option(t, None)
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=_non_negative_int, default=5,
                    help="untimed steps first (5)")
     b.add_argument("--precision", "--dtype", choices=PRECISIONS, default="float32")
-    _loss_scaling_option(b, d["loss_scaling"])
+    _loss_scaling_option(b, None)
     _backend_option(b)
     return parser
 
@@ -214,8 +214,15 @@ def _loss_scaling_option(parser, default):
     parser.add_argument("--loss-scaling", choices=LOSS_SCALINGS, default=default,
                         help="16-bit runs: dynamic (skips steps whose gradients overflow and "
                              "adapts the scale), or none (bfloat16 only: every step applied, "
-                             "as PyTorch and JAX train bfloat16; faster). Default: "
-                             f"{DEFAULTS['loss_scaling']}")
+                             "as PyTorch and JAX train bfloat16; faster). Default: none in "
+                             "bfloat16, dynamic in float16")
+
+
+def _default_loss_scaling(precision: str) -> str:
+    """``--loss-scaling`` left out: none in bfloat16 (float32's range; PyTorch's autocast and
+    JAX train it unscaled, and on the GPU the step is faster: calls 153-154), dynamic in
+    float16 (its small gradients need the scale) and, recorded but unused, in float32."""
+    return "none" if precision == "bfloat16" else "dynamic"
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -370,7 +377,8 @@ def _fresh_recipe(args, ds) -> Recipe:
                   batch_size=args.batch_size or d["batch_size"],
                   seed=d["seed"] if args.seed is None else args.seed,
                   precision=args.precision or d["precision"],
-                  loss_scaling=args.loss_scaling or d["loss_scaling"],
+                  loss_scaling=args.loss_scaling or _default_loss_scaling(
+                      args.precision or d["precision"]),
                   train_examples=len(ds.train[0]))
 
 
@@ -640,7 +648,7 @@ def _bench(args) -> int:
                     classes=args.classes, hidden=tuple(args.hidden), activation=args.activation,
                     optimizer=args.optimizer, lr=DEFAULT_LR[args.optimizer], schedule="constant",
                     batch_size=args.batch_size, precision=args.precision,
-                    loss_scaling=args.loss_scaling)
+                    loss_scaling=args.loss_scaling or _default_loss_scaling(args.precision))
     _check_model_fits(recipe)
     model, optimizer = recipe.model(), recipe.optimizer_for(1)
     state = _to_device(init_state(model, optimizer, recipe.in_shape, random.key(0)), device)

@@ -166,6 +166,22 @@ def test_16bit_run_records_its_precision_and_resumes_in_it(tmp_path, cli, precis
     assert _last_line(resumed) == _last_line(proc)
 
 
+def test_bfloat16_runs_without_loss_scaling_unless_asked(tmp_path, cli):
+    """--loss-scaling left out: none in bfloat16 (as PyTorch and JAX train it), dynamic in
+    float16; --loss-scaling dynamic still gives bfloat16 the loss-scaled run."""
+    for precision, extra, want in (("bfloat16", [], "none"), ("float16", [], "dynamic"),
+                                   ("bfloat16", ["--loss-scaling", "dynamic"], "dynamic")):
+        out = tmp_path / f"{precision}-{want}"
+        proc = cli("train", "--dataset", "digits", "--epochs", "1", "--precision", precision,
+                   *extra, "--out", out, *SMALL)
+        _accuracy(proc)
+        recipe = ff.checkpoint.read_metadata(out / "last.safetensors")["recipe"]
+        assert recipe["loss_scaling"] == want, (precision, extra)
+    bench = cli("bench", "--precision", "bfloat16", "--hidden", "8", "--steps", "1",
+                "--warmup", "0")
+    assert bench.returncode == 0 and "bfloat16 (no loss scaling)" in bench.stdout
+
+
 def test_loss_scaling_none_is_refused_but_in_bfloat16(tmp_path, cli):
     proc = cli("train", "--dataset", "digits", "--precision", "float16", "--loss-scaling",
                "none", "--out", tmp_path, *SMALL)
