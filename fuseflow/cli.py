@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights; see --loss-scaling); meant for "
                         "GPUs. "
                         f"Default: {d['precision']}")
-    _loss_scaling_option(t, None)
+    _loss_scaling_option(t)
     _backend_option(t)
     t.add_argument("--out", metavar="DIR", default=None,
                    help="output folder. Default: runs/<dataset> (with --data-dir: "
@@ -205,13 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=_non_negative_int, default=5,
                    help="untimed steps first (5)")
     b.add_argument("--precision", "--dtype", choices=PRECISIONS, default="float32")
-    _loss_scaling_option(b, None)
+    _loss_scaling_option(b)
     _backend_option(b)
     return parser
 
 
-def _loss_scaling_option(parser, default):
-    parser.add_argument("--loss-scaling", choices=LOSS_SCALINGS, default=default,
+def _loss_scaling_option(parser):
+    parser.add_argument("--loss-scaling", choices=LOSS_SCALINGS, default=None,
                         help="16-bit runs: dynamic (skips steps whose gradients overflow and "
                              "adapts the scale), or none (bfloat16 only: every step applied, "
                              "as PyTorch and JAX train bfloat16; faster). Default: none in "
