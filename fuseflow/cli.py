@@ -369,6 +369,7 @@ def _fresh_recipe(args, ds) -> Recipe:
     weight_decay = args.weight_decay
     if weight_decay is None:
         weight_decay = 1e-4 if optimizer == "adamw" else d["weight_decay"]
+    precision = args.precision or d["precision"]
     return Recipe(dataset=ds.name, data_dir=ds.data_dir, input_width=ds.input_width,
                   classes=ds.classes, hidden=tuple(args.hidden or d["hidden"]),
                   activation=args.activation or d["activation"], optimizer=optimizer,
@@ -376,9 +377,8 @@ def _fresh_recipe(args, ds) -> Recipe:
                   schedule=args.schedule or d["schedule"], epochs=args.epochs or d["epochs"],
                   batch_size=args.batch_size or d["batch_size"],
                   seed=d["seed"] if args.seed is None else args.seed,
-                  precision=args.precision or d["precision"],
-                  loss_scaling=args.loss_scaling or _default_loss_scaling(
-                      args.precision or d["precision"]),
+                  precision=precision,
+                  loss_scaling=args.loss_scaling or _default_loss_scaling(precision),
                   train_examples=len(ds.train[0]))
 
 

@@ -236,23 +236,25 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
     """
     own = list(params) + [s for group in states for s in group]
     grads = list(grads)
-    same = grad_scale is None
+    scaled = grad_scale is not None
     if len(params) > 32 or not fusable(own, max_leaves=len(own)) or own[0].dtype.itemsize < 4 \
             or not fusable(grads, max_leaves=len(grads)) \
             or (low is not None and not (len(low) == len(params) and fusable(low, len(low))
                                          and all(a.shape == p.shape
                                                  for a, p in zip(low, params)))) \
-            or not (grads[0].dtype == own[0].dtype
-                    or (own[0].dtype == np.float32 and is_half(grads[0].dtype)
-                        and (widen_grads or not same))) \
-            or not (same or (is_cupy(grad_scale) and own[0].dtype == np.float32)):
+            or not _reads_grads(own[0].dtype, grads[0].dtype, scaled or widen_grads) \
+            or (scaled and not (is_cupy(grad_scale) and own[0].dtype == np.float32)):
         return None
     from fuseflow.backend import _cuda_fused
 
     cuda = get("cuda")
-    cuda.calls["multi_tensor_update/" + kind + ("/scaled" if not same else
-                                                "/16bit" if grads[0].dtype != own[0].dtype
-                                                else "")] += 1
+    if scaled:
+        variant = "/scaled"
+    elif grads[0].dtype != own[0].dtype:
+        variant = "/16bit"
+    else:
+        variant = ""
+    cuda.calls["multi_tensor_update/" + kind + variant] += 1
     # in place (a compiled step's donated buffers) and not skippable (no loss scaling)
     split = cuda.take_update_split(grads, usable=hyper.get("in_place") and finite is None)
     if split is not None:
@@ -260,6 +262,14 @@ def multi_tensor_update(kind, params, grads, states, *, finite=None, grad_scale=
     return _cuda_fused.multi_tensor_update(
         kind, params, grads, states, finite=finite() if callable(finite) else finite,
         grad_scale=grad_scale, low=low, **hyper)
+
+
+def _reads_grads(param_dtype, grad_dtype, as_float32) -> bool:
+    """The update kernel takes gradients of the params' dtype, and 16-bit ones of float32
+    params that it reads as float32 (``as_float32``: scaled, or standing for their float32
+    values); any other mix is left to the reference, which promotes step by step."""
+    return grad_dtype == param_dtype or (param_dtype == np.float32 and is_half(grad_dtype)
+                                         and as_float32)
 
 
 def _split_update(split, early, kind, params, grads, states, grad_scale, low, hyper):
