@@ -335,15 +335,28 @@ def fuseflow_time_to_98(ff, cp, args, prec="fp32"):
     cp.cuda.Device().synchronize()
     compile_s = time.perf_counter() - t0
     runs = []
+    shared = args.mnist_start == "shared"
     for seed in range(args.mnist_seeds):
-        # seed 0: the init and shuffles of the single-seed runs of earlier calls
-        _, p0 = model.init(ff.random.key(seed), (784,))
-        p0 = ff.device_put(p0, "cuda")
+        if shared:  # the same numbers as the JAX worker's, on the device before any clock
+            layers, orders = shared_start(seed, len(x))
+            p0 = tuple({"w": cp.ascontiguousarray(cp.asarray(w).T), "b": cp.asarray(b)}
+                       for w, b in layers)
+            orders = [cp.asarray(o) for o in orders]
+        else:  # seed 0: the init and shuffles of the single-seed runs of earlier calls
+            _, p0 = model.init(ff.random.key(seed), (784,))
+            p0, orders = ff.device_put(p0, "cuda"), None
         state = {"p": p0, "s": opt.init(p0)}  # copied into the graph's buffers on first use
 
-        def run_epoch(epoch, state=state, seed=seed):
-            key = ff.random.fold_in(ff.random.key(1 + 1000 * seed), epoch)
-            for xb, yb in ff.data.device_batches(x, y, 256, key=key):
+        def batches(epoch, seed=seed, orders=orders):
+            if orders is None:
+                key = ff.random.fold_in(ff.random.key(1 + 1000 * seed), epoch)
+                return ff.data.device_batches(x, y, 256, key=key)
+            # device_batches' own way: the epoch's rows gathered once, then sliced
+            xo, yo = x[orders[epoch]], y[orders[epoch]]
+            return ((xo[i:i + 256], yo[i:i + 256]) for i in range(0, len(xo), 256))
+
+        def run_epoch(epoch, state=state, batches=batches):
+            for xb, yb in batches(epoch):
                 state["p"], state["s"], _ = compiled(state["p"], state["s"], xb, yb)
             cp.cuda.Device().synchronize()
 
@@ -352,10 +365,14 @@ def fuseflow_time_to_98(ff, cp, args, prec="fp32"):
 
         runs.append({"seed": seed, **train_to_98(run_epoch, test_accuracy)})
     return over_seeds(runs, f"784-1024-1024-10 relu, He normal init, adam 1e-3, batch 256, "
-                      f"{prec}, data on GPU", compile_s)
+                      f"{prec}, data on GPU", compile_s, args.mnist_start)
 
 
-def train_to_98(run_epoch, test_accuracy, max_epochs=10):
+#: epochs a time-to-98% run may take before it counts as not reaching 98%
+MAX_EPOCHS = 10
+
+
+def train_to_98(run_epoch, test_accuracy, max_epochs=MAX_EPOCHS):
     """Time ``run_epoch(e)`` (which must wait for the GPU) epoch by epoch until
     ``test_accuracy()`` (not timed) reaches 98%; one seed's time-to-98 record."""
     train_s, epochs = 0.0, []
@@ -371,13 +388,37 @@ def train_to_98(run_epoch, test_accuracy, max_epochs=10):
     return {"epochs": epochs, "reached_98": reached, "time_to_98_s": train_s if reached else None}
 
 
+#: ``--mnist-start``: "independent" (each framework draws its seed's init and shuffles with
+#: its own generator, as in every call before the thirty-fifth session) or "shared" (both
+#: start from the same numbers: ``shared_start``)
+MNIST_STARTS = ("independent", "shared")
+
+
+def shared_start(seed, n, sizes=(784, 1024, 1024, 10), batch=256, max_epochs=MAX_EPOCHS):
+    """Seed ``seed``'s start for paired runs (``--mnist-start shared``): He-normal weights
+    (in, out) and zero biases, and each epoch's order of the ``n`` training rows (whole
+    batches), all drawn by NumPy, so that fuseflow and JAX train from the same numbers in the
+    same order. With independent draws the epoch that first crosses 98% differs between the
+    two sides by chance (3 to 10 epochs over seeds), and that, not the step, decides most
+    of a five-seed median's ratio."""
+    import numpy as np
+
+    rng = np.random.default_rng([98, seed])
+    layers = [((rng.standard_normal((i, o)) * np.sqrt(2 / i)).astype(np.float32),
+               np.zeros(o, np.float32)) for i, o in zip(sizes[:-1], sizes[1:])]
+    rows = n // batch * batch
+    orders = [np.random.default_rng([98, seed, e]).permutation(n)[:rows]
+              for e in range(max_epochs)]
+    return layers, orders
+
+
 def median_over_seeds(times):
     """The median of seeds' times to 98%, a seed that never got there (None) counting as
     slower than every other: inf when such seeds make up the median."""
     return statistics.median(math.inf if t is None else t for t in times)
 
 
-def over_seeds(runs, recipe, compile_s):
+def over_seeds(runs, recipe, compile_s, start="independent"):
     """The time-to-98 record of a framework: every seed's run and the median of their times.
     A seed that did not reach 98% within the epoch limit counts as slower than every other
     (the median is None only if that decides it). The epoch at which test accuracy first
@@ -385,7 +426,7 @@ def over_seeds(runs, recipe, compile_s):
     over calls 22-29), so one run decides little."""
     times = [r["time_to_98_s"] for r in runs]
     median = median_over_seeds(times)
-    record = {"recipe": recipe, "compile_s": compile_s, "seeds": runs,
+    record = {"recipe": recipe, "compile_s": compile_s, "start": start, "seeds": runs,
               "epochs": runs[0]["epochs"], "reached_98": all(r["reached_98"] for r in runs),
               "seeds_reached_98": sum(r["reached_98"] for r in runs),
               "time_to_98_s": median if math.isfinite(median) else None,
@@ -511,7 +552,10 @@ def jax_time_to_98(jax, jnp, np, optax, args, prec="fp32"):
 
     with jax.default_matmul_precision(JAX_PRECISION[prec]):
         def epoch_fn(params, s, key):
-            perm = jax.random.permutation(key, len(x))[: nb * 256].reshape(nb, 256)
+            return scan_epoch(params, s, jax.random.permutation(key, len(x))[: nb * 256])
+
+        def scan_epoch(params, s, order):
+            perm = order.reshape(nb, 256)
 
             def body(carry, idx):
                 p, st = carry
@@ -529,24 +573,32 @@ def jax_time_to_98(jax, jnp, np, optax, args, prec="fp32"):
 
         params = jax_init(jax, jnp, np, (784, 1024, 1024, 10), jax.random.PRNGKey(0))
         s = opt.init(params)
+        shared = args.mnist_start == "shared"
         t0 = time.perf_counter()
-        epoch = jax.jit(epoch_fn).lower(params, s, jax.random.PRNGKey(1)).compile()
+        # shared: the epoch takes its order (the same numbers as fuseflow's), else its key
+        first = (jnp.asarray(shared_start(0, len(x))[1][0]) if shared
+                 else jax.random.PRNGKey(1))
+        epoch = jax.jit(scan_epoch if shared else epoch_fn).lower(params, s, first).compile()
         pred = jax.jit(predict)
         # One-time work, timed as compile like fuseflow's warm-up step: one epoch on the
         # init params (not donated, so unchanged). Without it the first timed epoch of the
         # first seed took 0.108 s against 0.034 s for every later one (call 28).
-        epoch(params, s, jax.random.PRNGKey(1))[2].block_until_ready()
+        epoch(params, s, first)[2].block_until_ready()
         pred(params, xt).block_until_ready()
         compile_s = time.perf_counter() - t0
         runs = []
         for seed in range(args.mnist_seeds):
-            # seed 0: the init and shuffles of the single-seed runs of earlier calls
-            p0 = jax_init(jax, jnp, np, (784, 1024, 1024, 10), jax.random.PRNGKey(seed))
+            if shared:  # the same numbers as the fuseflow worker's, on the device
+                layers, orders = shared_start(seed, len(x))
+                p0 = [(jnp.asarray(w), jnp.asarray(b)) for w, b in layers]
+                inputs = [jnp.asarray(o) for o in orders]
+            else:  # seed 0: the init and shuffles of the single-seed runs of earlier calls
+                p0 = jax_init(jax, jnp, np, (784, 1024, 1024, 10), jax.random.PRNGKey(seed))
+                inputs = [jax.random.PRNGKey(100 + 1000 * seed + e) for e in range(MAX_EPOCHS)]
             state = {"p": p0, "s": opt.init(p0)}
 
-            def run_epoch(e, state=state, seed=seed):
-                state["p"], state["s"], losses = epoch(state["p"], state["s"],
-                                                       jax.random.PRNGKey(100 + 1000 * seed + e))
+            def run_epoch(e, state=state, inputs=inputs):
+                state["p"], state["s"], losses = epoch(state["p"], state["s"], inputs[e])
                 losses.block_until_ready()
 
             def test_accuracy(state=state):
@@ -554,7 +606,8 @@ def jax_time_to_98(jax, jnp, np, optax, args, prec="fp32"):
 
             runs.append({"seed": seed, **train_to_98(run_epoch, test_accuracy)})
         return over_seeds(runs, f"784-1024-1024-10 relu, He normal init, adam 1e-3, batch 256, {prec} "
-                          f"({JAX_PRECISION[prec]}), epoch = jitted lax.scan", compile_s)
+                          f"({JAX_PRECISION[prec]}), epoch = jitted lax.scan", compile_s,
+                          args.mnist_start)
 
 
 # ---- PyTorch --------------------------------------------------------------------------------
@@ -739,6 +792,10 @@ def main():
     ap.add_argument("--no-mnist", action="store_true", help="skip the time-to-98%% runs")
     ap.add_argument("--mnist-seeds", type=int, default=5,
                     help="time-to-98%% runs, one per seed (init and shuffles); the median counts")
+    ap.add_argument("--mnist-start", choices=MNIST_STARTS, default="independent",
+                    help="time-to-98%% runs: each framework draws its init and shuffles "
+                         "(independent, the default) or both take the same ones from NumPy "
+                         "(shared: paired runs, the epoch counts alike)")
     ap.add_argument("--mnist-precisions", default="fp32",
                     help="comma-separated subset of fp32,tf32,tf32x3: a time-to-98%% record "
                          "for each (JSON keys mnist, mnist_tf32, mnist_tf32x3)")
@@ -784,7 +841,7 @@ def main():
         cmd += ["--fuseflow-16bit", args.fuseflow_16bit]
         cmd += ["--fuseflow-loss-scaling", args.fuseflow_loss_scaling]
         cmd += ["--no-mnist"] * args.no_mnist + ["--mnist-seeds", str(args.mnist_seeds)]
-        cmd += ["--mnist-precisions", args.mnist_precisions]
+        cmd += ["--mnist-precisions", args.mnist_precisions, "--mnist-start", args.mnist_start]
         cmd += ["--data-dir", args.data_dir] if args.data_dir else []
         print("==", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=False)

@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -146,3 +147,49 @@ def test_report_targets_count_a_ratio_at_its_limit_as_met():
     assert [met for _, _, met in report.targets(ff, jx)] == [False, True]
     assert [name for name, _, _ in report.targets(ff, None)] == [
         "peak memory <= 1.25x what must be alive"]
+
+
+def test_shared_start_is_the_same_numbers_for_both_frameworks():
+    # paired time-to-98 runs (--mnist-start shared): each worker calls shared_start itself,
+    # so the draw must depend on the seed alone
+    (layers, orders), (again, orders_again) = (peers.shared_start(3, 1000) for _ in range(2))
+    other, _ = peers.shared_start(4, 1000)
+    for (w, b), (w2, b2), (w3, _) in zip(layers, again, other):
+        assert w.dtype == np.float32 and (w == w2).all() and (b == b2).all()
+        assert not (w == w3).all() and not b.any()
+    assert [w.shape for w, _ in layers] == [(784, 1024), (1024, 1024), (1024, 10)]
+    # He normal: std sqrt(2 / fan_in)
+    assert layers[0][0].std() == pytest.approx(np.sqrt(2 / 784), rel=0.01)
+    assert len(orders) == peers.MAX_EPOCHS
+    for o, o2 in zip(orders, orders_again):
+        assert (o == o2).all() and len(o) == 768 and len(np.unique(o)) == 768
+        assert o.min() >= 0 and o.max() < 1000
+    assert not (orders[0] == orders[1]).all()
+
+
+def test_shared_start_means_one_model_on_both_layouts():
+    # JAX's weights are (in, out), fuseflow's Dense keeps (out, in): the fuseflow worker
+    # transposes them, and the two must compute the same function
+    import fuseflow as ff
+
+    layers, _ = peers.shared_start(0, 256, sizes=(784, 32, 16, 10))
+    x = np.random.default_rng(1).random((5, 784), dtype=np.float32)
+    h = x
+    for i, (w, b) in enumerate(layers):
+        h = h @ w + b
+        h = np.maximum(h, 0) if i < len(layers) - 1 else h
+    model = ff.nn.Serial(ff.nn.Dense(32, "relu"), ff.nn.Dense(16, "relu"), ff.nn.Dense(10))
+    params = tuple({"w": np.ascontiguousarray(w.T), "b": b} for w, b in layers)
+    np.testing.assert_allclose(model.apply(params, x), h, rtol=1e-5, atol=1e-6)
+
+
+def test_epoch_ms_is_the_median_epoch_over_every_seed():
+    def run(*cumulative):
+        return {"epochs": [{"epoch": i + 1, "test_accuracy": 0.99, "train_s": t}
+                           for i, t in enumerate(cumulative)]}
+    record = {"seeds": [run(0.030, 0.060, 0.091), run(0.029, 0.062)],
+              "epochs": run(0.030)["epochs"]}
+    # epochs 30, 30, 31, 29, 33 ms -> 30
+    assert report.epoch_ms(record) == pytest.approx(30.0)
+    # a file from before per-seed runs: its one run's epochs
+    assert report.epoch_ms({"epochs": run(0.010, 0.030)["epochs"]}) == pytest.approx(15.0)
