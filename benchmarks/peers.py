@@ -14,7 +14,8 @@ dynamic loss scaling: ``--fuseflow-loss-scaling`` picks either for both).
 Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
 synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
 fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, data on the
-GPU; ``--mnist-seeds`` runs, one per seed of init and shuffles, their median counts; in
+GPU; ``--mnist-seeds`` runs, one per seed of init and shuffles, their median counts; each
+side draws its own, or with ``--mnist-start shared`` both take the same from NumPy; in
 full fp32 and, with ``--mnist-precisions fp32,tf32``, with TF32 on both sides too), and
 the peak memory of fuseflow's compiled step. The 16-bit step's reference rate is a plain
 8192^3 fp16 CuPy matmul with uniform and with normal operands, timed before and after the
