@@ -68,18 +68,26 @@ def step_table(ff, jx, th, hand):
         hk = (k[0], k[1], "fp16") if k[2] == "bf16" else k
         j, h = jax_us.get(jk), hand_us.get(hk)
         tc = [torch_us.get((jk, m)) for m in ("eager", "default", "reduce-overhead")]
-        if low:
-            precision = "16-bit (fuseflow fp16; JAX, torch bf16)"
-        elif k[2] == "bf16":
-            precision = "16-bit (bf16; hand nvmath fp16)" if h else "16-bit (bf16)"
-        else:
-            precision = k[2]
-        if r.get("loss_scaling") == "none":  # compute_copy (peers.py runs bf16 so from call 149 on)
-            precision = precision[:-1] + ", no loss scaling)"
+        precision = precision_label(k[2], h is not None, r.get("loss_scaling"))
         ratio = f"{r['compiled_us'] / j:.2f}x" if j else "-"
         print(f"| {k[0]}, {r['batch']} | {k[1]} | {precision} | {fmt(r['eager_us'])} "
               f"| **{fmt(r['compiled_us'])}** | {fmt(h[0]) + ' / ' + fmt(h[1]) if h else '-'} "
               f"| {fmt(j)} | {fmt(tc[0])} | {fmt(tc[1])} / {fmt(tc[2])} | {ratio} |")
+
+
+def precision_label(precision, hand_row, loss_scaling=None):
+    """The step table's precision cell. A 16-bit row says what each side ran: fuseflow's
+    float16 against JAX's and torch's bfloat16, or bfloat16 everywhere (the hand-written
+    nvmath pattern's row beside it is float16, ``hand_row``), and "no loss scaling" for
+    ``compute_copy`` rows (peers.py runs bfloat16 so from call 149 on)."""
+    if precision == "fp16":
+        notes = ["fuseflow fp16", "JAX, torch bf16"]
+    elif precision == "bf16":
+        notes = ["bf16"] + ["hand nvmath fp16"] * hand_row
+    else:
+        return precision
+    inner = "; ".join(notes) + (", no loss scaling" if loss_scaling == "none" else "")
+    return f"16-bit ({inner})"
 
 
 def low_adam_step(ff):

@@ -193,3 +193,18 @@ def test_epoch_ms_is_the_median_epoch_over_every_seed():
     assert report.epoch_ms(record) == pytest.approx(30.0)
     # a file from before per-seed runs: its one run's epochs
     assert report.epoch_ms({"epochs": run(0.010, 0.030)["epochs"]}) == pytest.approx(15.0)
+
+
+@pytest.mark.parametrize("precision, hand_row, scaling, label", [
+    ("fp32", False, None, "fp32"),
+    ("tf32", True, None, "tf32"),
+    ("fp16", False, "dynamic", "16-bit (fuseflow fp16; JAX, torch bf16)"),
+    ("fp16", False, "none", "16-bit (fuseflow fp16; JAX, torch bf16, no loss scaling)"),
+    ("bf16", False, None, "16-bit (bf16)"),
+    ("bf16", True, None, "16-bit (bf16; hand nvmath fp16)"),
+    ("bf16", False, "none", "16-bit (bf16, no loss scaling)"),
+    ("bf16", True, "none", "16-bit (bf16; hand nvmath fp16, no loss scaling)"),
+])
+def test_precision_labels_name_what_each_side_ran(precision, hand_row, scaling, label):
+    # the labels docs/benchmarks.md's tables carry, as report.py wrote them before
+    assert report.precision_label(precision, hand_row, scaling) == label
