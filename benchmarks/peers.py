@@ -796,7 +796,7 @@ def main():
     ap.add_argument("--mnist-start", choices=MNIST_STARTS, default="independent",
                     help="time-to-98%% runs: each framework draws its init and shuffles "
                          "(independent, the default) or both take the same ones from NumPy "
-                         "(shared: paired runs, the epoch counts alike)")
+                         "(shared: paired runs from the same numbers)")
     ap.add_argument("--mnist-precisions", default="fp32",
                     help="comma-separated subset of fp32,tf32,tf32x3: a time-to-98%% record "
                          "for each (JSON keys mnist, mnist_tf32, mnist_tf32x3)")
