@@ -9,7 +9,8 @@ TAG=${TAG:-s38b}
 source "$(dirname "$0")/_device_lib.sh"
 ORDER=${ORDER:-fuseflow jax} SHARED_SEEDS=${SHARED_SEEDS:-10}
 for w in $ORDER; do
-  TAILN=12 peers "peers_$w" 200 --worker "$w" --tag "$TAG"
+  TAILN=12 peers "peers_$w" 200 --worker "$w" --tag "$TAG" --mnist-start independent \
+    --mnist-seeds 5  # peers.py's defaults when calls 159 and 162 ran
 done
 for w in $ORDER; do
   TAILN=4 peers "peers_${w}_shared" 120 --worker "$w" --tag "${TAG}_shared" \

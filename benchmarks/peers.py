@@ -14,8 +14,9 @@ dynamic loss scaling: ``--fuseflow-loss-scaling`` picks either for both).
 Each number is the median over repeats of (wall time of N back-to-back steps) / N, the GPU
 synchronised before and after each repeat. Also: time to 98% MNIST test accuracy for
 fuseflow and JAX with the same recipe (784-1024-1024-10, Adam 1e-3, batch 256, data on the
-GPU; ``--mnist-seeds`` runs, one per seed of init and shuffles, their median counts; each
-side draws its own, or with ``--mnist-start shared`` both take the same from NumPy; in
+GPU; ``--mnist-seeds`` runs (20), one per seed of init and shuffles, their median counts;
+both sides take the same init and shuffles from NumPy, or with ``--mnist-start
+independent`` each draws its own; in
 full fp32 and, with ``--mnist-precisions fp32,tf32``, with TF32 on both sides too), and
 the peak memory of fuseflow's compiled step. The 16-bit step's reference rate is a plain
 8192^3 fp16 CuPy matmul with uniform and with normal operands, timed before and after the
@@ -389,9 +390,9 @@ def train_to_98(run_epoch, test_accuracy, max_epochs=MAX_EPOCHS):
     return {"epochs": epochs, "reached_98": reached, "time_to_98_s": train_s if reached else None}
 
 
-#: ``--mnist-start``: "independent" (each framework draws its seed's init and shuffles with
-#: its own generator, as in every call before the thirty-fifth session) or "shared" (both
-#: start from the same numbers: ``shared_start``)
+#: ``--mnist-start``: "shared" (the default since the thirty-fifth session: both frameworks
+#: start from the same numbers, ``shared_start``) or "independent" (each draws its seed's
+#: init and shuffles with its own generator, as every call before that session did)
 MNIST_STARTS = ("independent", "shared")
 
 
@@ -791,12 +792,13 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. autotune)")
     ap.add_argument("--no-mnist", action="store_true", help="skip the time-to-98%% runs")
-    ap.add_argument("--mnist-seeds", type=int, default=5,
-                    help="time-to-98%% runs, one per seed (init and shuffles); the median counts")
-    ap.add_argument("--mnist-start", choices=MNIST_STARTS, default="independent",
-                    help="time-to-98%% runs: each framework draws its init and shuffles "
-                         "(independent, the default) or both take the same ones from NumPy "
-                         "(shared: paired runs from the same numbers)")
+    ap.add_argument("--mnist-seeds", type=int, default=20,
+                    help="time-to-98%% runs, one per seed (init and shuffles); the median "
+                         "counts (default 20; 5 before the thirty-fifth session)")
+    ap.add_argument("--mnist-start", choices=MNIST_STARTS, default="shared",
+                    help="time-to-98%% runs: both frameworks take the same init and shuffles "
+                         "from NumPy (shared, the default: paired runs) or each draws its own "
+                         "(independent, the default before the thirty-fifth session)")
     ap.add_argument("--mnist-precisions", default="fp32",
                     help="comma-separated subset of fp32,tf32,tf32x3: a time-to-98%% record "
                          "for each (JSON keys mnist, mnist_tf32, mnist_tf32x3)")
