@@ -68,6 +68,8 @@ FUSEFLOW_LOW = ["bf16"]
 #: (default): none in bfloat16, dynamic in float16 (its small gradients need the scale).
 #: Calls 145 (an H100) and 148 (an H200) measured none faster in every alternating round.
 FUSEFLOW_LOSS_SCALING = ["auto"]
+#: the choices of ``--fuseflow-loss-scaling`` (and settings_ab.py's ``--loss-scaling``)
+LOSS_SCALING_CHOICES = ("auto", "dynamic", "none")
 
 
 def loss_scaling(prec):
@@ -808,7 +810,7 @@ def main():
     ap.add_argument("--fuseflow-16bit", choices=sorted(FUSEFLOW_16BIT), default="bf16",
                     help="fuseflow's 16-bit compute dtype on the large model (default bf16, "
                          "JAX's and torch's; until call 139 it was fp16)")
-    ap.add_argument("--fuseflow-loss-scaling", choices=["auto", "dynamic", "none"],
+    ap.add_argument("--fuseflow-loss-scaling", choices=LOSS_SCALING_CHOICES,
                     default="auto",
                     help="fuseflow's 16-bit step: dynamic loss scaling or none (compute_copy: "
                          "every step applied, as JAX's bf16 step); auto (default): none in "

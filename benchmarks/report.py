@@ -83,7 +83,7 @@ def precision_label(precision, hand_row, loss_scaling=None):
     if precision == "fp16":
         notes = ["fuseflow fp16", "JAX, torch bf16"]
     elif precision == "bf16":
-        notes = ["bf16"] + ["hand nvmath fp16"] * hand_row
+        notes = ["bf16", "hand nvmath fp16"] if hand_row else ["bf16"]
     else:
         return precision
     inner = "; ".join(notes) + (", no loss scaling" if loss_scaling == "none" else "")

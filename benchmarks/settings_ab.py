@@ -67,7 +67,7 @@ def main():
                          "Adam and SGD)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="calls per block (0: by model)")
-    ap.add_argument("--loss-scaling", choices=["auto", "dynamic", "none"], default="auto",
+    ap.add_argument("--loss-scaling", choices=peers.LOSS_SCALING_CHOICES, default="auto",
                     help="the 16-bit steps' (peers.py's --fuseflow-loss-scaling; auto: none "
                          "in bf16, dynamic in fp16); the split update is only taken with none")
     args = ap.parse_args()

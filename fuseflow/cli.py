@@ -218,10 +218,13 @@ def _loss_scaling_option(parser):
                              "bfloat16, dynamic in float16")
 
 
-def _default_loss_scaling(precision: str) -> str:
-    """``--loss-scaling`` left out: none in bfloat16 (float32's range; PyTorch's autocast and
-    JAX train it unscaled, and on the GPU the step is faster: calls 153-154), dynamic in
-    float16 (its small gradients need the scale) and, recorded but unused, in float32."""
+def _loss_scaling(given: str | None, precision: str) -> str:
+    """``--loss-scaling`` as given, or left out: none in bfloat16 (float32's range; PyTorch's
+    autocast and JAX train it unscaled, and on the GPU the step is faster: calls 153-154),
+    dynamic in float16 (its small gradients need the scale) and, recorded but unused, in
+    float32."""
+    if given:
+        return given
     return "none" if precision == "bfloat16" else "dynamic"
 
 
@@ -378,7 +381,7 @@ def _fresh_recipe(args, ds) -> Recipe:
                   batch_size=args.batch_size or d["batch_size"],
                   seed=d["seed"] if args.seed is None else args.seed,
                   precision=precision,
-                  loss_scaling=args.loss_scaling or _default_loss_scaling(precision),
+                  loss_scaling=_loss_scaling(args.loss_scaling, precision),
                   train_examples=len(ds.train[0]))
 
 
@@ -648,7 +651,7 @@ def _bench(args) -> int:
                     classes=args.classes, hidden=tuple(args.hidden), activation=args.activation,
                     optimizer=args.optimizer, lr=DEFAULT_LR[args.optimizer], schedule="constant",
                     batch_size=args.batch_size, precision=args.precision,
-                    loss_scaling=args.loss_scaling or _default_loss_scaling(args.precision))
+                    loss_scaling=_loss_scaling(args.loss_scaling, args.precision))
     _check_model_fits(recipe)
     model, optimizer = recipe.model(), recipe.optimizer_for(1)
     state = _to_device(init_state(model, optimizer, recipe.in_shape, random.key(0)), device)

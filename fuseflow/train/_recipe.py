@@ -132,11 +132,11 @@ class Recipe:
             opt = optim.adam(lr)
         else:
             opt = optim.adamw(lr, weight_decay=self.weight_decay, mask=_weights_only)
-        if self.precision != "float32" and self.loss_scaling == "none":
-            opt = mixed_precision.compute_copy(opt, self.precision)
-        elif self.precision != "float32":
-            opt = mixed_precision.dynamic_loss_scaling(opt)
-        return opt
+        if self.precision == "float32":
+            return opt
+        if self.loss_scaling == "none":
+            return mixed_precision.compute_copy(opt, self.precision)
+        return mixed_precision.dynamic_loss_scaling(opt)
 
     def to_metadata(self) -> dict:
         return dict(dataclasses.asdict(self), hidden=list(self.hidden))
