@@ -280,3 +280,69 @@ def test_auto_splits_only_large_early_leaves(setting, sizes, expected, monkeypat
     compiled = ff.compile(step)
     compiled(params, state, cp.asarray(xs[0]), cp.asarray(ys[0]))
     assert be.stats()["split_update"] == expected
+
+
+@gpu
+@pytest.mark.parametrize("after", ["product", "epilog"])
+def test_early_update_waits_for_the_product_or_the_pass(after, monkeypatch):
+    """An input gradient run as matmul + own ReLU-gradient pass (full float32 at the
+    medium model's shapes) records w's last read, which the side stream's early update
+    waits for, after the matmul ("product", the default: the update of w may run beside
+    the pass) or after the pass ("epilog"). In a real capture the recorded position is
+    the stream's just before the pass, or after it; the captured graph's input gradient
+    and bias gradient match NumPy's."""
+    cp = _cuda()
+    from fuseflow.backend import _cuda_epilogs, _libcuda
+
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "early_update_after", after)
+    rng = np.random.default_rng(11)
+    x, dy = (rng.standard_normal((256, n), dtype=np.float32) for n in (784, 1024))
+    w1 = rng.standard_normal((1024, 784), dtype=np.float32) * 0.05
+    b1 = rng.standard_normal(1024, dtype=np.float32) * 0.1
+    w2 = rng.standard_normal((1024, 1024), dtype=np.float32) * 0.03
+    x, dy, w1, b1, w2 = (cp.asarray(a) for a in (x, dy, w1, b1, w2))
+    y, aux = be.linear(x, w1, b1, "RELU_AUX_BIAS")
+
+    before_pass, real = [], _cuda_epilogs.drelu
+
+    def spy(*args, **kwargs):  # the real pass, after noting where the stream stands
+        before_pass.append(_libcuda.capture_deps(cp.cuda.get_current_stream().ptr))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_cuda_epilogs, "drelu", spy)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        with be.overlapping_wgrad(update_early=True):
+            scope = be._local.overlap
+            dx, db = be.linear_dgrad(dy, w2, "DRELU_BGRAD", aux)
+            end = _libcuda.capture_deps(stream.ptr)
+            read = scope._reads[-1]
+        graph = stream.end_capture()
+        graph.launch(stream)
+    stream.synchronize()
+    assert len(before_pass) == 1 and before_pass[0] not in (None, end)
+    assert read == (before_pass[0] if after == "product" else end)
+    want = (cp.asnumpy(dy).astype(np.float64) @ cp.asnumpy(w2)) * (cp.asnumpy(y) > 0)
+    np.testing.assert_allclose(cp.asnumpy(dx), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cp.asnumpy(db), want.sum(axis=0), rtol=1e-4, atol=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_early_update_beside_the_relu_gradient_pass_equals_one_launch(name, monkeypatch):
+    """With the own ReLU-gradient pass taken (``own_epilog_min`` lowered so that the
+    512-wide model takes it, as the 1024-wide one does by default), the split update that
+    waits for the input gradient's matmul only gives the one launch's numbers bit for
+    bit over 20 steps, and the eager step's losses to 1e-5."""
+    _cuda()
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "own_epilog_min", 2 ** 16)
+    monkeypatch.setattr(be, "early_update_after", "product")
+    runs = compiled_runs_by_setting(monkeypatch, "split_update", OPTIMIZERS[name](), 20,
+                                    stats=SPLIT_STATS + ("own_epilog",))
+    eager, graphed, _, _, counts = runs[True]
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert counts[:2] == (2, 1) and counts[2] > 0 and runs[False][4][:2] == (0, 0)
+    assert_runs_equal(runs)
