@@ -277,13 +277,6 @@ class CudaBackend(Backend):
         #: Counted in ``stats()["split_update"]``.
         self.split_update = env_choice("FUSEFLOW_SPLIT_UPDATE", AUTOTUNE_MODES, "auto")
         self.split_update_min_elements = env_int("FUSEFLOW_SPLIT_UPDATE_MIN", 2 ** 18)
-        #: FUSEFLOW_EARLY_UPDATE_AFTER: what of an input gradient run as matmul + own
-        #: epilog pass (the medium full-float32 model's) the side stream's early update
-        #: waits for. "product" (default): the matmul, w's last read, so the update of w
-        #: runs beside the ReLU-gradient pass too; "epilog": the pass as well (before the
-        #: thirty-sixth session). Measured: docs/benchmarks-log.md, the thirty-sixth session.
-        self.early_update_after = env_choice(
-            "FUSEFLOW_EARLY_UPDATE_AFTER", {o: o for o in ("product", "epilog")}, "product")
         self._local = threading.local()  # .overlap: this thread's open OverlapScope
         self._plans: OrderedDict = OrderedDict()
         self._recording = None  # the plans list of an active recording_plans()
@@ -765,10 +758,8 @@ class CudaBackend(Backend):
         return pre, None
 
     def _linear_dgrad(self, dy, w, spec, aux):
-        self._local.w_read = False  # set where a path records w's last read itself
         out = self._linear_dgrad_impl(dy, w, spec, aux)
-        if not self._local.w_read:
-            self.params_read()  # the last read of w: an early update of w waits for it
+        self.params_read()  # the last read of w: an early update of w waits for it
         return out
 
     def _linear_dgrad_impl(self, dy, w, spec, aux):
@@ -851,10 +842,6 @@ class CudaBackend(Backend):
             dx = cupy.empty(part.shape[1:], dtype=part.dtype)
         else:
             dx = self._plain_dgrad(dy, w)
-        if self.early_update_after == "product":
-            # w's last read: an early update of w need not wait for the epilog pass below
-            self.params_read()
-            self._local.w_read = True
         if own and E.vectorizable(dx.shape[1], dx):
             self._counters["own_epilog"] += 1
             return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
