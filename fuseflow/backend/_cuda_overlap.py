@@ -33,6 +33,13 @@ layer's backward (which may fork weight gradients itself) is recorded as a whole
 update takes the split only when nothing was issued on the main stream between the join
 and the update (``ready``).
 
+Where an input gradient is a matmul plus the own ReLU-gradient pass, the recorded read is
+after the pass, though the matmul is the last to read the params. Recording it after the
+matmul (the update 6 us earlier, beside the pass) measured 11% slower on the medium Adam
+step (docs/benchmarks-log.md, calls 166-167): launched before layer 1's weight gradient,
+the update's blocks take the SMs from that matmul (33 us against 17), with or without a
+capped grid. Launched after it, as now, the update runs beside it without slowing it.
+
 A plan's cuBLASLt workspace is shared by every execution of that plan, so the backend keys
 the side stream's weight-gradient plans apart from the main stream's ("wgrad/side"): a
 layer whose weight gradient stays on the main stream (a Dense subclass, a custom layer)
