@@ -970,6 +970,26 @@ def test_cache_is_bounded(rng):
     assert s["cache_size"] == 3 and s["evictions"] == 3 and s["plans"] == 6
 
 
+def test_tf32_bias_relu_epilogs_take_the_own_pass(rng):
+    """With TF32, the medium model's bias/ReLU forward and DRELU_BGRAD input gradient run
+    as a plain matmul plus fuseflow's epilog pass, as in full float32 (cuBLASLt's sm90 TF32
+    kernels run those epilogs as a slow separate kernel), and match NumPy in float64 within
+    TF32's rounding; the mask is the GPU's own pre-activations' sign."""
+    cb, nb = CudaBackend(tf32=True), NumpyBackend()
+    x, w1 = normal(rng, (256, 784), np.float32), normal(rng, (1024, 784), np.float32, 0.05)
+    b1, w2 = normal(rng, (1024,), np.float32), normal(rng, (512, 1024), np.float32, 0.03)
+    dz = normal(rng, (256, 512), np.float32)
+    y, aux = cb.linear(dev(x), dev(w1), dev(b1), "RELU_AUX_BIAS")
+    y_ref = np.maximum(x.astype(np.float64) @ w1.T.astype(np.float64) + b1, 0.0)
+    assert rel_err(host(y), y_ref) < 1e-2  # TF32: about 1e-3
+    assert (unpack_relu_aux(host(aux), 1024) == (host(y) > 0)).all()
+    dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DRELU_BGRAD", aux)
+    dh_ref, db_ref = nb.linear_dgrad(dz.astype(np.float64), w2.astype(np.float64),
+                                     "DRELU_BGRAD", host(aux))
+    assert rel_err(host(dh), dh_ref) < 1e-2 and rel_err(host(db), db_ref) < 1e-2
+    assert cb.stats()["own_epilog"] == 2
+
+
 def test_tf32_env_switch(monkeypatch):
     monkeypatch.setenv("FUSEFLOW_TF32", "1")
     assert CudaBackend().tf32 is True
