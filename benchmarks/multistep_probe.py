@@ -27,13 +27,14 @@ from peers import MODELS, fuseflow_step, median_step_us  # noqa: E402
 
 
 def k_steps(step, k):
-    """``step`` run k times over the leading axis of stacked batches ``xs``, ``ys``."""
+    """``step`` run k times over the leading axis of stacked batches ``xs``, ``ys``; the
+    third output is the list of the k steps' metrics."""
     def run(p, s, xs, ys):
-        losses = []
+        metrics = []
         for i in range(k):
-            p, s, loss = step(p, s, xs[i], ys[i])
-            losses.append(loss)
-        return p, s, losses
+            p, s, m = step(p, s, xs[i], ys[i])
+            metrics.append(m)
+        return p, s, metrics
     return run
 
 

@@ -214,26 +214,16 @@ def test_k_steps_in_one_compiled_call_give_the_one_step_losses():
     """multistep_probe.py's k-step function, compiled (a checked pass-through on NumPy),
     gives the losses and params of k calls of the one step, over fresh random batches."""
     import fuseflow as ff
+    from tests.test_compile import make_problem
 
     k_steps = _load("multistep_probe").k_steps
-    model = ff.nn.Serial(ff.nn.Dense(32, "relu"), ff.nn.Dense(10))
-    _, params = model.init(ff.random.key(3), (20,))
-    opt = ff.optim.adam(1e-2)
-    grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
-
-    def step(p, s, x, y):
-        loss, g = grad_fn(p, x, y)
-        p, s = ff.optim.update_and_apply(opt, g, s, p)
-        return p, s, loss
-
-    rng = np.random.default_rng(4)
-    xs = rng.standard_normal((3, 16, 20), dtype=np.float32)
-    ys = rng.integers(0, 10, (3, 16))
-    p_k, _, losses = ff.compile(k_steps(step, 3))(params, opt.init(params), xs, ys)
-    p, s, want = params, opt.init(params), []
+    params, state, step, xs, ys = make_problem(sizes=(20, 32, 10), batch=16, seed=3,
+                                               optimizer=ff.optim.adam(1e-2))
+    p_k, _, metrics = ff.compile(k_steps(step, 3))(params, state, xs[:3], ys[:3])
+    p, s, want = params, state, []
     for i in range(3):
-        p, s, loss = step(p, s, xs[i], ys[i])
-        want.append(float(loss))
-    assert [float(v) for v in losses] == want and want[0] != want[2]
+        p, s, m = step(p, s, xs[i], ys[i])
+        want.append(float(m["loss"]))
+    assert [float(m["loss"]) for m in metrics] == want and want[0] != want[2]
     for a, b in zip(ff.tree.leaves(p_k), ff.tree.leaves(p)):
         np.testing.assert_array_equal(a, b)
