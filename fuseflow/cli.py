@@ -164,8 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"fixes initialisation and data order. Default: {d['seed']}")
     t.add_argument("--precision", "--dtype", choices=PRECISIONS, default=None,
                    help="float16, bfloat16: mixed precision (16-bit compute, float32 master "
-                        "weights; see --loss-scaling); meant for "
-                        "GPUs. "
+                        "weights; see --loss-scaling); meant for GPUs. "
                         f"Default: {d['precision']}")
     _loss_scaling_option(t)
     _backend_option(t)
