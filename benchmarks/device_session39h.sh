@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Thirty-sixth session, written for call 173, which found no machine (not run yet): TF32 bias/ReLU epilogs through the own pass (the own
+# Thirty-sixth session, written for call 173, which found no machine (folded into device_session40a.sh): TF32 bias/ReLU epilogs through the own pass (the own
 # epilogs' "auto" mode now takes float32 with TF32 too). Every GPU test file but the
 # kernel-source compile test (call 158's two groups), then fuseflow and JAX with TF32
 # allowed, one process each. Results: $OUT/results-s39h.tgz.
