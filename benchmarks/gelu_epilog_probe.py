@@ -4,14 +4,14 @@
 
 Why: the thirty-sixth session found cuBLASLt running RELU_AUX_BIAS after its sm90 TF32
 matmuls as a separate kernel (285 us for an 8192 x 4096 output, where a fused pass takes
-89), which fuseflow now replaces with its own epilog pass. GELU_AUX_BIAS and DGELU_BGRAD
-still go to cuBLASLt everywhere. This probe measures, in one process, for the forward
+89), which fuseflow now replaces with its own epilog pass; the thirty-seventh session gave
+GELU_AUX_BIAS and DGELU_BGRAD the same own pass (float32 and float64). This probe measures, in one process, for the forward
 (``linear``) and the input gradient (``linear_dgrad``) of the benchmark layers:
 
 - the plain matmul (DEFAULT), the reference;
-- RELU_AUX_BIAS / DRELU_BGRAD the way the backend runs them by default (its own pass
-  where ``_own_epilog`` says so) and through cuBLASLt (``own_epilog="off"``);
-- GELU_AUX_BIAS / DGELU_BGRAD (cuBLASLt's);
+- RELU_AUX_BIAS / DRELU_BGRAD and GELU_AUX_BIAS / DGELU_BGRAD the way the backend runs
+  them by default (its own pass where ``_own_epilog`` says so) and through cuBLASLt
+  (``own_epilog="off"``);
 - a standalone GELU (``activation``) over the same output, an upper bound for what an own
   GELU epilog pass would add (it reads and writes the whole output once more).
 
@@ -68,15 +68,18 @@ def shape_rows(cp, be, batch, n_in, n_out, dtype, repeat):
         ("forward", "plain"): own("auto", lambda: be.linear(x, w, None, "DEFAULT")),
         ("forward", "relu default"): own("auto", lambda: be.linear(x, w, b, "RELU_AUX_BIAS")),
         ("forward", "relu cublaslt"): own("off", lambda: be.linear(x, w, b, "RELU_AUX_BIAS")),
-        ("forward", "gelu cublaslt"): own("auto", lambda: be.linear(x, w, b, "GELU_AUX_BIAS")),
+        ("forward", "gelu default"): own("auto", lambda: be.linear(x, w, b, "GELU_AUX_BIAS")),
+        ("forward", "gelu cublaslt"): own("off", lambda: be.linear(x, w, b, "GELU_AUX_BIAS")),
         ("forward", "gelu standalone"): own("auto", lambda: be.activation(y, "gelu")),
         ("dgrad", "plain"): own("auto", lambda: be.linear_dgrad(dy, w2, "DEFAULT")),
         ("dgrad", "relu default"): own("auto", lambda: be.linear_dgrad(dy, w2, "DRELU_BGRAD",
                                                                        relu_aux)),
         ("dgrad", "relu cublaslt"): own("off", lambda: be.linear_dgrad(dy, w2, "DRELU_BGRAD",
                                                                        relu_aux)),
-        ("dgrad", "gelu cublaslt"): own("auto", lambda: be.linear_dgrad(dy, w2, "DGELU_BGRAD",
-                                                                        gelu_aux)),
+        ("dgrad", "gelu default"): own("auto", lambda: be.linear_dgrad(dy, w2, "DGELU_BGRAD",
+                                                                       gelu_aux)),
+        ("dgrad", "gelu cublaslt"): own("off", lambda: be.linear_dgrad(dy, w2, "DGELU_BGRAD",
+                                                                       gelu_aux)),
     }
     rows = []
     for (op, variant), fn in variants.items():

@@ -990,6 +990,41 @@ def test_tf32_bias_relu_epilogs_take_the_own_pass(rng):
     assert cb.stats()["own_epilog"] == 2
 
 
+@pytest.mark.parametrize("k_splits", ["auto", 0, 4])
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
+def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
+    """In float32 from ``own_epilog_min`` on, GELU_AUX_BIAS and DGELU_BGRAD run as a plain
+    matmul (or its K-slice partials) plus fuseflow's GELU pass: against NumPy in float64
+    (the exact tanh formula), the gelu_aux being the pre-activation, and that aux read back
+    by cuBLASLt's own DGELU_BGRAD (``own_epilog="off"``) to the same gradients."""
+    from fuseflow.backend.numpy_backend import gelu
+
+    cb, off, nb = CudaBackend(tf32=tf32), CudaBackend(tf32=tf32), NumpyBackend()
+    cb.own_gemm_max_macs = off.own_gemm_max_macs = 0
+    cb.k_splits, off.own_epilog = k_splits, "off"
+    x, w1 = normal(rng, (256, 784), np.float32), normal(rng, (1024, 784), np.float32, 0.05)
+    b1, w2 = normal(rng, (1024,), np.float32), normal(rng, (512, 1024), np.float32, 0.03)
+    dz = normal(rng, (256, 512), np.float32)
+    tol = 1e-2 if tf32 else 1e-5    # TF32: about 1e-3
+    y, aux = cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
+    pre = x.astype(np.float64) @ w1.T.astype(np.float64) + b1
+    assert aux.shape == (1024, 256) and aux.dtype == np.float32
+    assert rel_err(host(aux), pre.T) < tol and rel_err(host(y), gelu(pre)) < tol
+    # y is the GELU of the GPU's own pre-activation to float32 rounding
+    np.testing.assert_allclose(host(y), gelu(host(aux).T.astype(np.float64)), rtol=1e-5,
+                               atol=1e-6)
+    dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+    dh_ref, db_ref = nb.linear_dgrad(dz.astype(np.float64), w2.astype(np.float64),
+                                     "DGELU_BGRAD", host(aux).astype(np.float64))
+    assert rel_err(host(dh), dh_ref) < tol and rel_err(host(db), db_ref) < tol
+    assert cb.stats()["own_epilog"] == 2
+    assert cb.stats()["k_split"] == (0 if k_splits == 0 else 2)
+    dh2, db2 = off.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+    assert off.stats()["own_epilog"] == 0
+    tol2 = 1e-2 if tf32 else 1e-4   # cuBLASLt's DGELU approximation (docs/gpu.md)
+    assert rel_err(host(dh2), host(dh)) < tol2 and rel_err(host(db2), host(db)) < tol2
+
+
 def test_tf32_env_switch(monkeypatch):
     monkeypatch.setenv("FUSEFLOW_TF32", "1")
     assert CudaBackend().tf32 is True

@@ -1,4 +1,4 @@
-"""fuseflow's own bias/ReLU epilogs, run after a plain cuBLASLt matmul, in place.
+"""fuseflow's own bias/ReLU/GELU epilogs, run after a plain cuBLASLt matmul, in place.
 
 In full float32 (no TF32) cuBLASLt runs its matmuls on SIMT kernels that have no fused
 epilog: it adds a separate ``epilogue::impl::globalKernel`` pass, which took 276 us for the
@@ -13,8 +13,11 @@ over the matmul's output, in place (no second activation buffer):
   of each 256 columns that finishes last (``_cuda_tickets``; before, a second launch, which
   sat on the backward's critical path; float64 keeps it, see ``DRELU_TAIL``);
   deterministic.
+- ``bias_gelu`` and ``dgelu``: the same for GELU (GELU_AUX_BIAS, DGELU_BGRAD), the
+  gelu_aux being the pre-activation itself; float32 and float64 (the tanh formula of
+  ``_cuda_kernels``, not cuBLASLt's approximation of it).
 
-Both also take the (S, B, F) partial products of a matmul whose K the backend split into S
+All also take the (S, B, F) partial products of a matmul whose K the backend split into S
 slices (``_k_split``): they add them in split order as they read them and write the
 result to a separate output, in place of cuBLASLt's split-K reduction kernel.
 
@@ -32,6 +35,7 @@ import cupy
 import numpy as np
 
 from fuseflow._dtypes import accumulation, bfloat16, is_half
+from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 
@@ -83,14 +87,42 @@ extern "C" __global__ void bias_relu(T* __restrict__ y, const T* __restrict__ bi
 }
 """
 
+# Thread i is features 8j..8j+7 of sample n. The pre-activation comes from src (or the sum
+# of its SPLITS partials); y = gelu(src + bias) and, with HAS_AUX, the pre-activation
+# itself goes to aux, row n at n * F (the (F, batch) column-major gelu_aux). src may be
+# aux or y (in place): each thread reads its 8 elements before it writes them.
+_BIAS_GELU = r"""
+extern "C" __global__ void bias_gelu(const T* src, long long pstride,
+        const T* __restrict__ bias, T* y, T* aux, long long B, long long F) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * (F / 8)) return;
+    const long long at = 8 * i;   // = n * F + 8 * j
+    T8 t = load_sum(src, pstride, at);
+    T8 b;
+    if (HAS_BIAS) b = *reinterpret_cast<const T8*>(bias + at % F);
+    T8 z;
+    #pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        A v = (A)t.v[u];
+        if (HAS_BIAS) v += (A)b.v[u];
+        z.v[u] = (T)v;
+        t.v[u] = (T)ff_gelu<A>(v);
+    }
+    if (HAS_AUX) *reinterpret_cast<T8*>(aux + at) = z;
+    *reinterpret_cast<T8*>(y + at) = t;
+}
+"""
+
 # Block (32, 8), grid (ceil(F / 256), chunks): thread (tx, ty) takes the 8 features of aux
 # byte j = blockIdx.x * 32 + tx over rows r0 + ty, r0 + ty + 8, ... of its chunk of
 # 8 * rpt rows, UNROLL rows at a time; the 8 row groups' column sums are added in shared
 # memory (each thread's sums run in row order whatever UNROLL is: the same results). With
 # TICKET, the last block of a column range to finish adds the chunks' partials in chunk
 # order (the order of ``sum_chunks``, so the same bits as the second launch it replaces).
+# With GELU, aux is the gelu_aux (column n at element n * ld): dx *= gelu'(aux) instead of
+# the mask.
 _DRELU = r"""
-extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __restrict__ aux,
+extern "C" __global__ void drelu(T* __restrict__ dx, const void* __restrict__ auxp,
         A* __restrict__ colpart, T* __restrict__ db, long long B, long long F, long long ld,
         int rpt, const T* __restrict__ part, long long pstride,
         unsigned int* __restrict__ ticket) {
@@ -106,12 +138,15 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
         for (long long b0 = r0 + threadIdx.y; b0 < r1; b0 += 8 * UNROLL) {
             T8 t[UNROLL];
             unsigned int bits[UNROLL];
+            T8 pre[GELU ? UNROLL : 1];
             #pragma unroll
             for (int k = 0; k < UNROLL; ++k) {
                 const long long b = b0 + 8 * k;
                 if (b < r1) {
                     t[k] = load_sum(SPLITS ? part : dx, pstride, b * F + 8 * j);
-                    bits[k] = (unsigned int)aux[b * ld + j];
+                    if (GELU) pre[GELU ? k : 0] = *reinterpret_cast<const T8*>(
+                        static_cast<const T*>(auxp) + b * ld + 8 * j);
+                    else bits[k] = static_cast<const unsigned char*>(auxp)[b * ld + j];
                 }
             }
             #pragma unroll
@@ -120,7 +155,9 @@ extern "C" __global__ void drelu(T* __restrict__ dx, const unsigned char* __rest
                 if (b >= r1) break;
                 #pragma unroll
                 for (int u = 0; u < 8; ++u) {
-                    if (!((bits[k] >> u) & 1u)) t[k].v[u] = (T)(A)0;
+                    if (GELU) t[k].v[u] = (T)((A)t[k].v[u] *
+                                              ff_gelu_grad<A>((A)pre[GELU ? k : 0].v[u]));
+                    else if (!((bits[k] >> u) & 1u)) t[k].v[u] = (T)(A)0;
                     if (BGRAD) cs[u] += (A)t[k].v[u];
                 }
                 *reinterpret_cast<T8*>(dx + b * F + 8 * j) = t[k];
@@ -169,10 +206,11 @@ def _kernel(name, dtype, **flags):
     dtype = np.dtype(dtype)
     head = _HEAD.replace("{T}", S._CTYPES[dtype]).replace(
         "{A}", S.acc_ctype(dtype))
-    flags = {"TAIL": DRELU_TAIL.get(dtype, 1), **flags}
+    flags = {"TAIL": DRELU_TAIL.get(dtype, 1), "GELU": False, **flags}
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
-    return cupy.RawKernel(head + tickets.TICKET_SRC + _LOAD_SUM +
-                          {"bias_relu": _BIAS_RELU, "drelu": _DRELU}[name], name)
+    return cupy.RawKernel(head + K.PREAMBLE + tickets.TICKET_SRC + _LOAD_SUM +
+                          {"bias_relu": _BIAS_RELU, "bias_gelu": _BIAS_GELU,
+                           "drelu": _DRELU}[name], name)
 
 
 def vectorizable(features, *arrays):
@@ -230,6 +268,37 @@ def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
     """In place: ``dx *= relu'(aux)`` for a C-contiguous (B, F) ``dx`` (aux column n at
     byte ``n * ld``); returns ``(dx, dbias or None)``, dbias the column sums of the result.
     With ``partials`` (S, B, F), ``dx`` is written from their sum (in split order)."""
+    return _activation_grad(dx, aux, ld, bgrad=bgrad, partials=partials, gelu=False)
+
+
+def dgelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
+    """As ``drelu`` with ``dx *= gelu'(aux)``: aux is the gelu_aux, column n at element
+    ``n * ld`` (``ld`` a multiple of 8, the buffer 8-element aligned)."""
+    if ld % 8 or not vectorizable(8, aux):
+        raise ValueError(f"dgelu: the gelu_aux needs 8-element aligned columns, got leading "
+                         f"dimension {ld}")
+    return _activation_grad(dx, aux, ld, bgrad=bgrad, partials=partials, gelu=True)
+
+
+def bias_gelu(y, bias, *, aux: bool, partials=None):
+    """``gelu(y + bias)`` for a C-contiguous (B, F) ``y``, or from the sum of ``partials``
+    (S, B, F) in split order; returns ``(out, aux)``. Without ``aux`` ``out`` is ``y``
+    (in place); with it the pre-activation stays in ``y``, returned as the (F, B)
+    column-major gelu_aux (leading dimension F), and ``out`` is a new array."""
+    batch, features = y.shape
+    src, splits, pstride = _split_source(y, partials)
+    out = cupy.empty_like(y) if aux else y
+    if batch * features:
+        kern = _kernel("bias_gelu", y.dtype, HAS_BIAS=bias is not None, HAS_AUX=aux,
+                       SPLITS=splits)
+        kern((-(-batch * features // 8 // 256),), (256,),
+             (y if partials is None else src, np.int64(pstride),
+              bias if bias is not None else np.uintp(0), out, y if aux else np.uintp(0),
+              np.int64(batch), np.int64(features)))
+    return out, (y.T if aux else None)
+
+
+def _activation_grad(dx, aux, ld, *, bgrad, partials, gelu):
     batch, features = dx.shape
     src, splits, pstride = _split_source(dx, partials)
     # 8 columns per thread; 1 row each on short batches (latency), more on long ones
@@ -245,7 +314,7 @@ def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
     ticket = part is not None and DRELU_TICKET and blocks <= tickets.SIZE and \
         dx.dtype in DRELU_TAIL
     kern = _kernel("drelu", dx.dtype, BGRAD=bgrad, UNROLL=DRELU_UNROLL, SPLITS=splits,
-                   TICKET=ticket)
+                   TICKET=ticket, GELU=gelu)
     kern((blocks, chunks), (32, 8),
          (dx, aux, part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
           np.int64(batch), np.int64(features), np.int64(ld), np.int32(rpt), src,

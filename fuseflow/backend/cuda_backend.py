@@ -670,8 +670,8 @@ class CudaBackend(Backend):
     def _own_epilog(self, dtype, spec, batch, features, macs):
         """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
         mode = self.own_epilog
-        if mode == "off" or spec.name == "DEFAULT" or spec.activation not in (None, "relu") \
-                or features % 8:
+        if mode == "off" or spec.name == "DEFAULT" or features % 8 or \
+                (spec.activation == "gelu" and is_half(dtype)):
             return False
         fp32 = dtype == np.float32 and batch * features >= self.own_epilog_min
         big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
@@ -738,7 +738,8 @@ class CudaBackend(Backend):
     def _linear_unfused(self, x, w, bias, spec):
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
-        own = spec.activation in (None, "relu") and E.vectorizable(w.shape[0], bias)
+        own = (spec.activation != "gelu" or not is_half(x.dtype)) and \
+            E.vectorizable(w.shape[0], bias)
         # The product: K-slice partials that the epilog adds up, or one plain matmul.
         part = self._split_k("forward", x, w.T) if own else None
         if part is not None:
@@ -748,6 +749,8 @@ class CudaBackend(Backend):
             pre = self._contig("y", pre)
         if own and E.vectorizable(pre.shape[1], pre):
             self._counters["own_epilog"] += 1
+            if spec.activation == "gelu":
+                return E.bias_gelu(pre, bias, aux=spec.aux, partials=part)
             return E.bias_relu(pre, bias, relu=spec.activation == "relu",
                                aux_rows=relu_aux_rows(w.shape[0]) if spec.aux else None,
                                partials=part)
@@ -794,7 +797,7 @@ class CudaBackend(Backend):
             self._counters["own_gemm"] += 1
             aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
             return G.dgrad(dy, w, aux, ld, bgrad=spec.bias, mma=self.own_gemm_mma)
-        if spec.activation == "relu" and \
+        if spec.activation and \
                 self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
             return self._dgrad_unfused(dy, w, spec, aux)
         if spec.activation:
@@ -840,8 +843,9 @@ class CudaBackend(Backend):
         return aux, ld
 
     def _dgrad_unfused(self, dy, w, spec, aux):
-        ld = self._aux_ld(aux, aux.shape[0], dy.shape[0]) if spec.activation == "relu" else None
-        own = ld is not None and E.vectorizable(w.shape[1])
+        ld = self._aux_ld(aux, aux.shape[0], dy.shape[0]) if spec.activation else None
+        own = ld is not None and E.vectorizable(w.shape[1]) and (spec.activation == "relu" or (
+            not is_half(dy.dtype) and ld % 8 == 0 and E.vectorizable(8, aux)))
         # The product: K-slice partials that the epilog adds up, or one plain matmul.
         part = self._split_k("dgrad", dy, w) if own else None
         if part is not None:
@@ -850,7 +854,8 @@ class CudaBackend(Backend):
             dx = self._plain_dgrad(dy, w)
         if own and E.vectorizable(dx.shape[1], dx):
             self._counters["own_epilog"] += 1
-            return E.drelu(dx, aux, ld, bgrad=spec.bias, partials=part)
+            grad = E.dgelu if spec.activation == "gelu" else E.drelu
+            return grad(dx, aux, ld, bgrad=spec.bias, partials=part)
         dx = self._activation_grad(dx, spec.activation, aux)
         return dx, (self._sum_rows(dx) if spec.bias else None)
 
