@@ -51,6 +51,9 @@ WORKERS = ("fuseflow", "jax", "torch", "hand_nvmath")
 
 
 SELECTED = list(MODELS)
+#: the hidden layers' activation (``--activation``): "relu", or "gelu" (the tanh form on
+#: both sides: fuseflow's GELU epilogs, jax.nn.gelu's default); fuseflow and JAX only
+ACTIVATION = ["relu"]
 #: precisions to run (``--precisions``); "16bit" stands for each framework's low precision
 PRECISIONS = ["fp32", "tf32", "16bit"]
 #: float32 precisions: full, TF32, and 3xTF32 (each float32 operand as two TF32 numbers,
@@ -121,7 +124,8 @@ def fuseflow_casts(prec):
 
 def fuseflow_step(ff, cp, sizes, batch, opt_name, prec):
     """(model, params, opt_state, step, x, y): an MLP on the GPU and its pure step."""
-    model = ff.nn.Serial(*[ff.nn.Dense(h, "relu") for h in sizes[1:-1]], ff.nn.Dense(sizes[-1]))
+    model = ff.nn.Serial(*[ff.nn.Dense(h, ACTIVATION[0]) for h in sizes[1:-1]],
+                         ff.nn.Dense(sizes[-1]))
     _, params = model.init(ff.random.key(0), (sizes[0],))
     params = ff.device_put(params, "cuda")
     opt = getattr(ff.optim, opt_name)(LR[opt_name])
@@ -245,6 +249,7 @@ def worker_fuseflow(args):
         us = median_step_us(graphed, sync, steps, repeats)
         flops = matmul_flops(sizes, batch)
         row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
+               "activation": ACTIVATION[0],
                **({"loss_scaling": loss_scaling(prec)} if prec in FUSEFLOW_16BIT else {}),
                "eager_us": eager_us, "compiled_us": us, "compile_s": compile_s,
                "tflops_compiled": flops / us / 1e6, "loss_finite": bool(np.isfinite(float(loss)))}
@@ -276,7 +281,8 @@ def memory_report(ff, compiled, sizes, batch, opt_name):
     n_params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))
     state_copies = {"sgd": 0, "adam": 2}[opt_name]
     saved_inputs = batch * sum(sizes[:-1]) * 4                # x of every Dense
-    masks = sum(relu_aux_rows(h) * batch for h in sizes[1:-1])
+    masks = sum((relu_aux_rows(h) if ACTIVATION[0] == "relu" else h * 4) * batch
+                for h in sizes[1:-1])                       # relu_aux, or the gelu_aux
     logits = 2 * batch * sizes[-1] * 4                       # logits and dlogits
     batch_bytes = batch * sizes[0] * 4 + batch * 8
     need = n_params * 4 * (2 + state_copies) + saved_inputs + masks + logits + batch_bytes
@@ -451,10 +457,12 @@ def jax_init(jax, jnp, np, sizes, key):
 
 
 def jax_loss(jax, jnp, optax, dtype):
+    act = jax.nn.relu if ACTIVATION[0] == "relu" else jax.nn.gelu  # approximate=True: tanh
+
     def loss_fn(params, x, y):
         h = x.astype(dtype)
         for w, b in params[:-1]:
-            h = jax.nn.relu(h @ w.astype(dtype) + b.astype(dtype))
+            h = act(h @ w.astype(dtype) + b.astype(dtype))
         w, b = params[-1]
         logits = (h @ w.astype(dtype) + b.astype(dtype)).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
@@ -513,7 +521,7 @@ def worker_jax(args):
 
             us = median_step_us(one, lambda: st["l"].block_until_ready(), steps, repeats)
         row = {"model": name, "batch": batch, "optimizer": opt_name, "precision": prec,
-               "jit_us": us, "compile_s": compile_s,
+               "activation": ACTIVATION[0], "jit_us": us, "compile_s": compile_s,
                "tflops": matmul_flops(sizes, batch) / us / 1e6}
         out["steps"].append(row)
         print(json.dumps(row), flush=True)
@@ -794,6 +802,9 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. autotune)")
     ap.add_argument("--no-mnist", action="store_true", help="skip the time-to-98%% runs")
+    ap.add_argument("--activation", choices=("relu", "gelu"), default="relu",
+                    help="the hidden layers' activation of the step timings (gelu: fuseflow "
+                         "and JAX only, with --no-mnist)")
     ap.add_argument("--mnist-seeds", type=int, default=20,
                     help="time-to-98%% runs, one per seed (init and shuffles); the median "
                          "counts (default 20; 5 before the thirty-fifth session)")
@@ -826,7 +837,14 @@ def main():
         unknown = [x for x in given.split(",") if x not in known]
         if unknown:  # a typo would otherwise drop a model or precision without a word
             ap.error(f"{flag}: {unknown} not among {list(known)} (comma-separated)")
+    if args.activation != "relu":
+        others = [w for w in ([args.worker] if args.worker else args.workers.split(","))
+                  if w not in ("fuseflow", "jax")]
+        if others or not args.no_mnist:
+            ap.error(f"--activation {args.activation}: fuseflow and jax workers only, with "
+                     f"--no-mnist (got workers {others or 'ok'}, no-mnist {args.no_mnist})")
     os.makedirs(args.out, exist_ok=True)
+    ACTIVATION[:] = [args.activation]
     SELECTED[:] = args.models.split(",")
     PRECISIONS[:] = args.precisions.split(",")
     FUSEFLOW_LOW[:] = [args.fuseflow_16bit]
@@ -846,6 +864,7 @@ def main():
         cmd += ["--fuseflow-16bit", args.fuseflow_16bit]
         cmd += ["--fuseflow-loss-scaling", args.fuseflow_loss_scaling]
         cmd += ["--no-mnist"] * args.no_mnist + ["--mnist-seeds", str(args.mnist_seeds)]
+        cmd += ["--activation", args.activation]
         cmd += ["--mnist-precisions", args.mnist_precisions, "--mnist-start", args.mnist_start]
         cmd += ["--data-dir", args.data_dir] if args.data_dir else []
         print("==", " ".join(cmd), flush=True)

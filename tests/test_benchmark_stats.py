@@ -227,3 +227,32 @@ def test_k_steps_in_one_compiled_call_give_the_one_step_losses():
     assert [float(m["loss"]) for m in metrics] == want and want[0] != want[2]
     for a, b in zip(ff.tree.leaves(p_k), ff.tree.leaves(p)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_gelu_peers_are_one_model_on_both_sides(monkeypatch):
+    # --activation gelu: fuseflow's Dense(h, "gelu") and the JAX worker's jax.nn.gelu (its
+    # tanh form) must be the same loss of the same params
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import optax
+
+    import fuseflow as ff
+
+    monkeypatch.setattr(peers, "ACTIVATION", ["gelu"])
+    layers, _ = peers.shared_start(0, 256, sizes=(784, 32, 16, 10))
+    layers = [(w, np.random.default_rng(i).standard_normal(w.shape[1]).astype(np.float32))
+              for i, (w, _) in enumerate(layers)]
+    x = np.random.default_rng(1).random((5, 784), dtype=np.float32)
+    y = np.array([3, 1, 4, 1, 5])
+    def jax_loss():
+        with jax.default_matmul_precision("highest"):
+            return float(peers.jax_loss(jax, jnp, optax, jnp.float32)(
+                [(jnp.asarray(w), jnp.asarray(b)) for w, b in layers], jnp.asarray(x),
+                jnp.asarray(y)))
+
+    model = ff.nn.Serial(ff.nn.Dense(32, "gelu"), ff.nn.Dense(16, "gelu"), ff.nn.Dense(10))
+    params = tuple({"w": np.ascontiguousarray(w.T), "b": b} for w, b in layers)
+    want = float(ff.losses.softmax_cross_entropy(model.apply(params, x), y)[0])  # (value, grad)
+    np.testing.assert_allclose(jax_loss(), want, rtol=1e-5)
+    monkeypatch.setattr(peers, "ACTIVATION", ["relu"])  # the switch is what made them agree
+    assert abs(jax_loss() - want) > 1e-3
