@@ -201,8 +201,9 @@ class CudaBackend(Backend):
         #: batches), its softmax cross-entropy runs in the same kernel (``linear_xent``:
         #: two launches fewer); FUSEFLOW_FUSED_TC_XENT=0 runs the forward and the loss apart.
         self.fused_tc_xent = env_choice("FUSEFLOW_FUSED_TC_XENT", {"1": True, "0": False}, True)
-        #: Bias/ReLU epilogs (forward and DRELU[_BGRAD]) run as a plain matmul plus
-        #: fuseflow's in-place ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
+        #: Bias/ReLU and bias/GELU epilogs (forward, DRELU[_BGRAD], DGELU[_BGRAD]; GELU in
+        #: float32/float64 only) run as a plain matmul plus fuseflow's in-place
+        #: ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in float32 (full or TF32) from ``own_epilog_min`` batch x features on,
         #: where cuBLASLt has no fused epilog and runs a slow separate one (with TF32 too:
         #: its sm90 TF32 kernels hand RELU_AUX_BIAS to ``epilogue::impl::globalKernel``,
