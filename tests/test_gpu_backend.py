@@ -993,36 +993,45 @@ def test_tf32_bias_relu_epilogs_take_the_own_pass(rng):
 @pytest.mark.parametrize("k_splits", ["auto", 0, 4])
 @pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
 def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
-    """In float32 from ``own_epilog_min`` on, GELU_AUX_BIAS and DGELU_BGRAD run as a plain
-    matmul (or its K-slice partials) plus fuseflow's GELU pass: against NumPy in float64
-    (the exact tanh formula), the gelu_aux being the pre-activation, and that aux read back
-    by cuBLASLt's own DGELU_BGRAD (``own_epilog="off"``) to the same gradients."""
+    """In float32 from ``own_epilog_min`` on, DGELU_BGRAD runs as a plain matmul (or its
+    K-slice partials) plus fuseflow's GELU-gradient pass, against NumPy in float64 and
+    cuBLASLt's own DGELU_BGRAD; the forward stays cuBLASLt's GELU_AUX_BIAS (as fast as the
+    own pass, call 174), and the own forward (``own_epilog="all"``) gives its y and
+    gelu_aux."""
     from fuseflow.backend.numpy_backend import gelu
 
-    cb, off, nb = CudaBackend(tf32=tf32), CudaBackend(tf32=tf32), NumpyBackend()
-    cb.own_gemm_max_macs = off.own_gemm_max_macs = 0
-    cb.k_splits, off.own_epilog = k_splits, "off"
+    cb, off, own = (CudaBackend(tf32=tf32) for _ in range(3))
+    for be in (cb, off, own):
+        be.own_gemm_max_macs, be.k_splits = 0, k_splits
+    off.own_epilog, own.own_epilog = "off", "all"
     x, w1 = normal(rng, (256, 784), np.float32), normal(rng, (1024, 784), np.float32, 0.05)
     b1, w2 = normal(rng, (1024,), np.float32), normal(rng, (512, 1024), np.float32, 0.03)
     dz = normal(rng, (256, 512), np.float32)
     tol = 1e-2 if tf32 else 1e-5    # TF32: about 1e-3
-    y, aux = cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
+    gelu_atol = GELU_EPILOG_TOL[np.float32]    # cuBLASLt's approximation of the tanh-GELU
     pre = x.astype(np.float64) @ w1.T.astype(np.float64) + b1
-    assert aux.shape == (1024, 256) and aux.dtype == np.float32
-    assert rel_err(host(aux), pre.T) < tol and rel_err(host(y), gelu(pre)) < tol
-    # y is the GELU of the GPU's own pre-activation to float32 rounding
-    np.testing.assert_allclose(host(y), gelu(host(aux).T.astype(np.float64)), rtol=1e-5,
-                               atol=1e-6)
+    y, aux = cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
+    assert cb.stats()["own_epilog"] == 0 and cb.stats()["k_split"] == 0
+    y_own, aux_own = own.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
+    assert own.stats()["own_epilog"] == 1
+    assert own.stats()["k_split"] == (0 if k_splits == 0 else 1)
+    for got_y, got_aux, atol in ((y, aux, gelu_atol), (y_own, aux_own, 1e-6)):
+        assert got_aux.shape == (1024, 256) and got_aux.dtype == np.float32
+        assert rel_err(host(got_aux), pre.T) < tol and rel_err(host(got_y), gelu(pre)) < tol
+        # y is the GELU of the GPU's own pre-activation
+        np.testing.assert_allclose(host(got_y), gelu(host(got_aux).T.astype(np.float64)),
+                                   rtol=1e-5, atol=atol)
     dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
-    dh_ref, db_ref = nb.linear_dgrad(dz.astype(np.float64), w2.astype(np.float64),
-                                     "DGELU_BGRAD", host(aux).astype(np.float64))
+    dh_ref, db_ref = NumpyBackend().linear_dgrad(dz.astype(np.float64), w2.astype(np.float64),
+                                                 "DGELU_BGRAD", host(aux).astype(np.float64))
     assert rel_err(host(dh), dh_ref) < tol and rel_err(host(db), db_ref) < tol
-    assert cb.stats()["own_epilog"] == 2
-    assert cb.stats()["k_split"] == (0 if k_splits == 0 else 2)
-    dh2, db2 = off.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+    assert cb.stats()["own_epilog"] == 1
+    assert cb.stats()["k_split"] == (0 if k_splits == 0 else 1)
+    for be, a in ((off, aux), (cb, aux_own)):   # cuBLASLt's DGELU; the own forward's aux
+        dh2, db2 = be.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", a)
+        tol2 = 1e-2 if tf32 else 1e-4   # cuBLASLt's DGELU approximation (docs/gpu.md)
+        assert rel_err(host(dh2), host(dh)) < tol2 and rel_err(host(db2), host(db)) < tol2
     assert off.stats()["own_epilog"] == 0
-    tol2 = 1e-2 if tf32 else 1e-4   # cuBLASLt's DGELU approximation (docs/gpu.md)
-    assert rel_err(host(dh2), host(dh)) < tol2 and rel_err(host(db2), host(db)) < tol2
 
 
 def test_tf32_env_switch(monkeypatch):

@@ -671,9 +671,12 @@ class CudaBackend(Backend):
     def _own_epilog(self, dtype, spec, batch, features, macs):
         """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
         mode = self.own_epilog
-        if mode == "off" or spec.name == "DEFAULT" or features % 8 or \
-                (spec.activation == "gelu" and is_half(dtype)):
+        if mode == "off" or spec.name == "DEFAULT" or features % 8:
             return False
+        if spec.activation == "gelu":  # DGELU only: cuBLASLt's GELU forwards are as fast
+            return not is_half(dtype) and (mode == "all" or (
+                mode in ("fp32", "auto") and dtype == np.float32 and spec.stage == "dgrad"
+                and batch * features >= self.own_epilog_min))
         fp32 = dtype == np.float32 and batch * features >= self.own_epilog_min
         big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
         return mode == "all" or (mode in ("fp32", "auto") and fp32) or \
