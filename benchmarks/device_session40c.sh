@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Thirty-seventh session, after call 174: the own GELU pass kept for DGELU only (cuBLASLt's
 # GELU forwards were as fast, gelu_epilog_probe.py). The GPU tests that take GELU or the
-# own epilogs, the probe again, and fuseflow with GELU hidden layers in float32 and TF32.
+# own epilogs, the probe again, and fuseflow and JAX with GELU hidden layers in float32 and
+# TF32.
 # Results: $OUT/results-s40c.tgz.
 set -uo pipefail
 TAG=${TAG:-s40c}
@@ -12,4 +13,6 @@ TAILN=12 run pytest_gelu 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovide
 TAILN=60 run gelu_epilog_probe 60 python3 benchmarks/gelu_epilog_probe.py --out "$res" \
   --precisions float32 tf32
 TAILN=14 peers peers_gelu_fuseflow 60 --worker fuseflow --tag "${TAG}_gelu" \
+  --precisions fp32,tf32 --activation gelu --no-mnist
+TAILN=14 peers peers_gelu_jax 70 --worker jax --tag "${TAG}_gelu" \
   --precisions fp32,tf32 --activation gelu --no-mnist
