@@ -995,9 +995,9 @@ def test_tf32_bias_relu_epilogs_take_the_own_pass(rng):
 def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
     """In float32 from ``own_epilog_min`` on, DGELU_BGRAD runs as a plain matmul (or its
     K-slice partials) plus fuseflow's GELU-gradient pass, against NumPy in float64 and
-    cuBLASLt's own DGELU_BGRAD; the forward stays cuBLASLt's GELU_AUX_BIAS (as fast as the
-    own pass, call 174), and the own forward (``own_epilog="all"``) gives its y and
-    gelu_aux."""
+    cuBLASLt's own DGELU_BGRAD. The GELU_AUX_BIAS forward takes the own pass in full
+    float32 and stays cuBLASLt's with TF32 (faster there, calls 174-175); both forwards
+    (``own_epilog`` "off" and "all") give y and gelu_aux."""
     from fuseflow.backend.numpy_backend import gelu
 
     cb, off, own = (CudaBackend(tf32=tf32) for _ in range(3))
@@ -1010,11 +1010,16 @@ def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
     tol = 1e-2 if tf32 else 1e-5    # TF32: about 1e-3
     gelu_atol = GELU_EPILOG_TOL[np.float32]    # cuBLASLt's approximation of the tanh-GELU
     pre = x.astype(np.float64) @ w1.T.astype(np.float64) + b1
-    y, aux = cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
-    assert cb.stats()["own_epilog"] == 0 and cb.stats()["k_split"] == 0
+    y, aux = off.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
+    assert off.stats()["own_epilog"] == 0 and off.stats()["k_split"] == 0
     y_own, aux_own = own.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
     assert own.stats()["own_epilog"] == 1
     assert own.stats()["k_split"] == (0 if k_splits == 0 else 1)
+    cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")   # the default's choice
+    forward_own = 0 if tf32 else 1
+    assert cb.stats()["own_epilog"] == forward_own
+    assert cb.stats()["k_split"] == (0 if k_splits == 0 else forward_own)
+    cb.reset_stats()
     for got_y, got_aux, atol in ((y, aux, gelu_atol), (y_own, aux_own, 1e-6)):
         assert got_aux.shape == (1024, 256) and got_aux.dtype == np.float32
         assert rel_err(host(got_aux), pre.T) < tol and rel_err(host(got_y), gelu(pre)) < tol

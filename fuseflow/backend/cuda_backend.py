@@ -673,9 +673,10 @@ class CudaBackend(Backend):
         mode = self.own_epilog
         if mode == "off" or spec.name == "DEFAULT" or features % 8:
             return False
-        if spec.activation == "gelu":  # DGELU only: cuBLASLt's GELU forwards are as fast
+        if spec.activation == "gelu":  # the forward not with TF32: cuBLASLt's was faster
             return not is_half(dtype) and (mode == "all" or (
-                mode in ("fp32", "auto") and dtype == np.float32 and spec.stage == "dgrad"
+                mode in ("fp32", "auto") and dtype == np.float32
+                and (spec.stage == "dgrad" or not self.tf32)
                 and batch * features >= self.own_epilog_min))
         fp32 = dtype == np.float32 and batch * features >= self.own_epilog_min
         big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
