@@ -202,7 +202,8 @@ class CudaBackend(Backend):
         #: two launches fewer); FUSEFLOW_FUSED_TC_XENT=0 runs the forward and the loss apart.
         self.fused_tc_xent = env_choice("FUSEFLOW_FUSED_TC_XENT", {"1": True, "0": False}, True)
         #: Bias/ReLU and bias/GELU epilogs (forward, DRELU[_BGRAD], DGELU[_BGRAD]; GELU in
-        #: float32/float64 only) run as a plain matmul plus fuseflow's in-place
+        #: float32/float64 only, its forward not with TF32: cuBLASLt's GELU forward is the
+        #: faster one there, calls 174-175) run as a plain matmul plus fuseflow's in-place
         #: ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in float32 (full or TF32) from ``own_epilog_min`` batch x features on,
         #: where cuBLASLt has no fused epilog and runs a slow separate one (with TF32 too:
