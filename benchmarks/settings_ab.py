@@ -67,11 +67,14 @@ def main():
                          "Adam and SGD)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="calls per block (0: by model)")
+    ap.add_argument("--activation", choices=("relu", "gelu"), default="relu",
+                    help="the models' hidden activation (peers.py's --activation)")
     ap.add_argument("--loss-scaling", choices=peers.LOSS_SCALING_CHOICES, default="auto",
                     help="the 16-bit steps' (peers.py's --fuseflow-loss-scaling; auto: none "
                          "in bf16, dynamic in fp16); the split update is only taken with none")
     args = ap.parse_args()
     peers.FUSEFLOW_LOSS_SCALING[:] = [args.loss_scaling]
+    peers.ACTIVATION[:] = [args.activation]
     arms = [parse_setting(s) for s in args.setting]
     configs = [tuple(c.split(":")) for c in (args.config or [
         "784-4096-4096-10:adam:bf16", "784-4096-4096-10:sgd:bf16"])]
@@ -101,7 +104,7 @@ def main():
                 steps = args.steps or (100 if model.endswith("4096-10") else 200)
                 us, loss = compiled_step_us(ff, cp, model, opt, prec, steps=steps, batches=2)
                 row = {"round": r, "model": model, "optimizer": opt, "precision": prec,
-                       "arm": i, "setting": arm, "us": round(us, 2), "loss": loss,
+                       "activation": args.activation, "arm": i, "setting": arm, "us": round(us, 2), "loss": loss,
                        "overlapped_wgrad": be.stats()["overlapped_wgrad"],
                        "fused_skinny_grads": be.stats()["fused_skinny_grads"],
                        "fused_tc_xent": be.stats()["fused_tc_xent"],
@@ -118,7 +121,7 @@ def main():
                                  x["precision"], x["arm"]) == (model, opt, prec, i))
                for i in range(len(arms))]
         summary.append({"model": model, "optimizer": opt, "precision": prec,
-                        "settings": arms, "median_us": [round(m, 2) for m in med],
+                        "activation": args.activation, "settings": arms, "median_us": [round(m, 2) for m in med],
                         "ratio_to_first": [round(m / med[0], 4) for m in med]})
         print(json.dumps(summary[-1]), flush=True)
     write_json(Path(args.out) / f"settings_ab_{args.name}.json",
