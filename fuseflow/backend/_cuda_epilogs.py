@@ -219,6 +219,17 @@ def vectorizable(features, *arrays):
         a is None or a.data.ptr % (8 * a.itemsize) == 0 for a in arrays)
 
 
+def supports(activation, dtype) -> bool:
+    """These kernels run this activation's epilogs in this dtype: ReLU (or none) in every
+    dtype, GELU in float32 and float64 (16-bit GELU stays with cuBLASLt)."""
+    return activation != "gelu" or not is_half(dtype)
+
+
+def gelu_aux_vectorizable(aux, ld: int) -> bool:
+    """The gelu_aux's columns (leading dimension ``ld``) allow 8-element accesses."""
+    return ld % 8 == 0 and vectorizable(8, aux)
+
+
 def _split_source(out, partials):
     """``(pointer, splits, stride)`` of the kernel's input: ``out`` itself (in place), or the
     (S, B, F) C-contiguous partial products of a K-split matmul, of ``out``'s dtype, which
@@ -274,7 +285,7 @@ def drelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
 def dgelu(dx, aux, ld: int, *, bgrad: bool, partials=None):
     """As ``drelu`` with ``dx *= gelu'(aux)``: aux is the gelu_aux, column n at element
     ``n * ld`` (``ld`` a multiple of 8, the buffer 8-element aligned)."""
-    if ld % 8 or not vectorizable(8, aux):
+    if not gelu_aux_vectorizable(aux, ld):
         raise ValueError(f"dgelu: the gelu_aux needs 8-element aligned columns, got leading "
                          f"dimension {ld}")
     return _activation_grad(dx, aux, ld, bgrad=bgrad, partials=partials, gelu=True)

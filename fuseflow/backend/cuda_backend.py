@@ -670,16 +670,16 @@ class CudaBackend(Backend):
         return dtype == np.float32 and not self.tf32 and self.own_gemm_max_macs > 0
 
     def _own_epilog(self, dtype, spec, batch, features, macs):
-        """Run this bias/ReLU epilog as plain matmul + ``_cuda_epilogs`` (see __init__)."""
+        """Run this bias/ReLU or bias/GELU epilog as plain matmul + ``_cuda_epilogs`` (see
+        __init__)."""
         mode = self.own_epilog
-        if mode == "off" or spec.name == "DEFAULT" or features % 8:
+        if mode == "off" or spec.name == "DEFAULT" or features % 8 or \
+                not E.supports(spec.activation, dtype):
             return False
-        if spec.activation == "gelu":  # the forward not with TF32: cuBLASLt's was faster
-            return not is_half(dtype) and (mode == "all" or (
-                mode in ("fp32", "auto") and dtype == np.float32
-                and (spec.stage == "dgrad" or not self.tf32)
-                and batch * features >= self.own_epilog_min))
         fp32 = dtype == np.float32 and batch * features >= self.own_epilog_min
+        if spec.activation == "gelu":  # the forward not with TF32: cuBLASLt's was faster
+            return mode == "all" or (mode in ("fp32", "auto") and fp32 and
+                                     (spec.stage == "dgrad" or not self.tf32))
         big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
         return mode == "all" or (mode in ("fp32", "auto") and fp32) or \
             (mode == "auto" and big_drelu)
@@ -744,8 +744,7 @@ class CudaBackend(Backend):
     def _linear_unfused(self, x, w, bias, spec):
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
-        own = (spec.activation != "gelu" or not is_half(x.dtype)) and \
-            E.vectorizable(w.shape[0], bias)
+        own = E.supports(spec.activation, x.dtype) and E.vectorizable(w.shape[0], bias)
         # The product: K-slice partials that the epilog adds up, or one plain matmul.
         part = self._split_k("forward", x, w.T) if own else None
         if part is not None:
@@ -850,8 +849,9 @@ class CudaBackend(Backend):
 
     def _dgrad_unfused(self, dy, w, spec, aux):
         ld = self._aux_ld(aux, aux.shape[0], dy.shape[0]) if spec.activation else None
-        own = ld is not None and E.vectorizable(w.shape[1]) and (spec.activation == "relu" or (
-            not is_half(dy.dtype) and ld % 8 == 0 and E.vectorizable(8, aux)))
+        own = ld is not None and E.vectorizable(w.shape[1]) and \
+            E.supports(spec.activation, dy.dtype) and \
+            (spec.activation == "relu" or E.gelu_aux_vectorizable(aux, ld))
         # The product: K-slice partials that the epilog adds up, or one plain matmul.
         part = self._split_k("dgrad", dy, w) if own else None
         if part is not None:
