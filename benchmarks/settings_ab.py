@@ -33,6 +33,11 @@ import peers  # noqa: E402
 from peers import MODELS, compiled_step_us  # noqa: E402
 
 
+#: The backend's counters each row records (which paths the arm's compile and warm-up took).
+COUNTERS = ("overlapped_wgrad", "fused_skinny_grads", "fused_tc_xent", "split_update",
+            "split_update_overlapped", "fused_head", "own_epilog")
+
+
 def parse_setting(text):
     """``"a=1,b=auto"`` -> ``{"a": 1, "b": "auto"}``."""
     out = {}
@@ -103,13 +108,11 @@ def main():
                 be.reset_stats()
                 steps = args.steps or (100 if model.endswith("4096-10") else 200)
                 us, loss = compiled_step_us(ff, cp, model, opt, prec, steps=steps, batches=2)
+                stats = be.stats()
                 row = {"round": r, "model": model, "optimizer": opt, "precision": prec,
-                       "activation": args.activation, "arm": i, "setting": arm, "us": round(us, 2), "loss": loss,
-                       "overlapped_wgrad": be.stats()["overlapped_wgrad"],
-                       "fused_skinny_grads": be.stats()["fused_skinny_grads"],
-                       "fused_tc_xent": be.stats()["fused_tc_xent"],
-                       "split_update": be.stats()["split_update"],
-                       "split_update_overlapped": be.stats()["split_update_overlapped"]}
+                       "activation": args.activation, "arm": i, "setting": arm,
+                       "us": round(us, 2), "loss": loss,
+                       **{k: stats[k] for k in COUNTERS}}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for k, v in defaults.items():

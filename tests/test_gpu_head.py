@@ -1,5 +1,5 @@
 """The fused output layer on the GPU (``_cuda_head``): one kernel for the logits, the softmax
-cross-entropy and the input gradient with the lower layer's ReLU mask.
+cross-entropy and the input gradient with the lower layer's ReLU mask or GELU derivative.
 
 Against the three separate kernels (``FUSEFLOW_FUSED_HEAD=0``'s path): logits, loss
 gradient and input gradient bit for bit, the loss and the lower bias gradient (added in
@@ -17,6 +17,9 @@ from tests.test_fused_head import make_problem
 pytestmark = pytest.mark.gpu
 
 RTOL = {np.float16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}
+# Below a GELU layer the separate path may run cuBLASLt's GELU epilogs, which approximate the
+# tanh-GELU (test_gpu_backend.GELU_EPILOG_TOL); the fused kernel and NumPy use the formula.
+GELU_RTOL = {np.float16: 2e-2, np.float32: 5e-5, np.float64: 5e-9}
 
 
 @pytest.fixture
@@ -47,8 +50,22 @@ CASES = {
 }
 
 
+# GELU below: the separate input gradient is then a cuBLASLt matmul (or the own pass after
+# a plain one), not the skinny kernel, so the lower layers' grads agree to rounding only.
+# 30 and 300 features: a gelu_aux whose columns are round_up(F, 8) apart (cuBLASLt's).
+GELU_CASES = {
+    "gelu_medium": (lambda: nn.Serial(nn.Dense(64, "gelu"), nn.Dense(1024, "gelu"),
+                                      nn.Dense(10)), 784, 256),
+    "gelu_small": (lambda: nn.Serial(nn.Dense(30, "gelu"), nn.Dense(10)), 784, 256),
+    "gelu_odd_batch": (lambda: nn.Serial(nn.Dense(300, "gelu"), nn.Dense(10)), 50, 301),
+    "gelu_no_lower_bias": (lambda: nn.Serial(nn.Dense(48, "gelu", use_bias=False),
+                                             nn.Dense(10)), 20, 65),
+    "gelu_classes_32": (lambda: nn.Serial(nn.Dense(256, "gelu"), nn.Dense(32)), 64, 100),
+}
+
+
 def problem(cp, name, dtype, seed=0):
-    make, features, batch = CASES[name]
+    make, features, batch = {**CASES, **GELU_CASES}[name]
     return make_problem(make(), features, batch, dtype, seed, noise=0.05)
 
 
@@ -94,9 +111,35 @@ def test_fused_head_equals_the_three_kernels(cp, be, monkeypatch, name, dtype):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16],
+                         ids=lambda d: d.__name__)
+@pytest.mark.parametrize("name", sorted(GELU_CASES))
+def test_fused_head_with_gelu_below_equals_the_separate_kernels(cp, be, monkeypatch, name,
+                                                                 dtype):
+    """Logits and the head's own grads (from the same dy) bit for bit; the loss, and the
+    grads below the head (from dx), to the dtype's rounding."""
+    model, params, x, y = problem(cp, name, dtype)
+    loss, out, grads, ran = run(cp, model, params, x, y, True, be, monkeypatch)
+    loss0, out0, grads0, ran0 = run(cp, model, params, x, y, False, be, monkeypatch)
+    assert (ran, ran0) == (1, 0)
+    np.testing.assert_array_equal(out, out0)
+    np.testing.assert_allclose(loss, loss0, rtol=1e-12 if dtype == np.float64 else 1e-5)
+    head = len(ff.tree.leaves(params[-1]))  # the head's leaves come last
+    rtol = GELU_RTOL[dtype]
+    for j, (a, b) in enumerate(zip(grads, grads0)):
+        assert a.dtype == b.dtype == dtype
+        if j >= len(grads) - head:
+            np.testing.assert_array_equal(a, b)
+        else:
+            scale = max(1e-30, float(np.abs(b.astype(np.float64)).max()))
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64),
+                                       rtol=rtol, atol=rtol * scale)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
 @pytest.mark.parametrize("name", ["medium", "odd_batch", "no_lower_bias", "dropout_below",
-                                  "classes_32"])
+                                  "classes_32", "gelu_medium", "gelu_small",
+                                  "gelu_no_lower_bias"])
 def test_fused_head_matches_numpy(cp, be, monkeypatch, name, dtype):
     model, params, x, y = problem(cp, name, dtype, seed=1)
     key = ff.random.key(2)
@@ -104,7 +147,8 @@ def test_fused_head_matches_numpy(cp, be, monkeypatch, name, dtype):
     assert ran == 1
     (loss_ref, out_ref), grads_ref = ff.value_and_grad(
         model, ff.losses.softmax_cross_entropy, with_outputs=True)(params, x, y, key=key)
-    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    rtol = 1e-4 if dtype == np.float32 else 10 * GELU_RTOL[dtype] if name in GELU_CASES \
+        else 1e-10
     np.testing.assert_allclose(loss, float(loss_ref), rtol=rtol)
     np.testing.assert_allclose(out, out_ref, rtol=rtol, atol=rtol)
     for a, b in zip(grads, ff.tree.leaves(grads_ref)):
@@ -167,12 +211,13 @@ def test_fused_head_is_deterministic_and_reentrant(cp, be, monkeypatch):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["medium", "gelu_medium"])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_compiled_step_with_fused_head_equals_eager(cp, be, monkeypatch, overlap):
+def test_compiled_step_with_fused_head_equals_eager(cp, be, monkeypatch, overlap, name):
     """In a CUDA graph (the lower bias gradient's sum on the side stream where the weight
     gradients overlap): the same losses as the eager step over 20 steps."""
     monkeypatch.setattr(be, "overlap_wgrad", overlap)
-    model, params, x, y = problem(cp, "medium", np.float32, seed=6)
+    model, params, x, y = problem(cp, name, np.float32, seed=6)
     opt = ff.optim.adam(1e-3)
     grad_fn = ff.value_and_grad(model, ff.losses.softmax_cross_entropy)
 

@@ -93,11 +93,12 @@ def _generated_sources(monkeypatch):
                     for r in sorted({1, min(7, most), most, S.outputs_per_round(n, v, dt)}):
                         S._kernel("skinny_wgrad", dt, n, BGRADB=b, V=v, R=r, STAGE_DY=st)
         S._kernel("sum_chunks", dt, 1)
-        # the fused output layer: (has_bias, dgrad, drelu, bgrad) variants
-        for n, (hb, dg, dr, bg) in itertools.product(
-                (1, 10, H.MAX_CLASSES), ((1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 1, 0), (1, 1, 1, 1),
-                                         (0, 1, 0, 1))):
-            H._kernel(dt, np.dtype(np.int64 if hb else np.uint8), n, 1 + dg, hb, dg, dr, bg)
+        # the fused output layer: (has_bias, dgrad, mask, bgrad) variants
+        for n, (hb, dg, mask, bg) in itertools.product(
+                (1, 10, H.MAX_CLASSES), ((1, 0, None, 0), (0, 1, None, 0), (1, 1, "relu", 0),
+                                         (1, 1, "relu", 1), (0, 1, None, 1), (1, 1, "gelu", 1),
+                                         (0, 1, "gelu", 0))):
+            H._kernel(dt, np.dtype(np.int64 if hb else np.uint8), n, 1 + dg, hb, dg, mask, bg)
         H._sum_kernel(dt)
         splits = (0,) if dt.itemsize == 2 else (0, 2, 7)   # the own K split's partials
         for hb, ha, r, sp in itertools.product((False, True), (False, True), (False, True),

@@ -12,7 +12,8 @@ all three:
 2. the row's softmax cross-entropy and gradient: warp s holds row s's logits in its lanes,
    every lane runs ``_cuda_fused.softmax_xent``'s arithmetic on the whole row, lane j keeps
    ``dy[j]`` (times the loss scale, rounded once, where one is given);
-3. ``dx = (dy @ w) * relu'(aux)``: ``_cuda_skinny``'s input gradient, one column per thread.
+3. ``dx = (dy @ w) * relu'(aux)``: ``_cuda_skinny``'s input gradient, one column per thread
+   (with GELU below, ``* gelu'(gelu_aux)`` as ``_cuda_epilogs.dgelu`` applies it).
 
 The rows' losses and the lower layer's bias gradient (column sums of dx) are sums over all
 blocks: each block writes its partials; the block that arrives last adds the losses in
@@ -22,7 +23,9 @@ weight gradient needs the whole batch of dy and stays the skinny weight-gradient
 
 Logits, dy and dx are bit for bit those of the three separate kernels (same operations in
 the same order); the loss and the bias gradient are added in another fixed order, so their
-last bits differ from the unfused path's (both deterministic).
+last bits differ from the unfused path's (both deterministic). With GELU below, the separate
+input gradient is a cuBLASLt matmul (the skinny kernels take no GELU), so dx agrees with it
+to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import cupy
 import numpy as np
 
 from fuseflow._dtypes import accumulation
+from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, HALF_HEADERS,
@@ -95,7 +99,7 @@ _HEAD = MUL_RN_SRC + r"""
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
         const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
         const L* __restrict__ labels, const float* __restrict__ gscale,
-        const unsigned char* __restrict__ aux, long long ld,
+        const AUX* __restrict__ aux, long long ld,
         T* __restrict__ y, T* __restrict__ dy, T* __restrict__ dx, A* __restrict__ colpart,
         T* __restrict__ db, A* __restrict__ losspart, A* __restrict__ loss,
         unsigned int* __restrict__ ticket, long long B, long long K) {
@@ -150,8 +154,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
             A t = (A)0;
             #pragma unroll
             for (int j = 0; j < N; ++j) t += dls[s][j] * wv[j];
-            if (DRELU && !((aux[row * ld + (k >> 3)] >> (k & 7)) & 1u)) t = (A)0;
+#if DRELU
+            if (!((aux[row * ld + (k >> 3)] >> (k & 7)) & 1u)) t = (A)0;
             const T o = (T)t;
+#elif DGELU  // as _cuda_epilogs.dgelu: the product rounded, times gelu'(pre-activation)
+            const T o = (T)((A)(T)t * ff_gelu_grad<A>((A)aux[row * ld + k]));
+#else
+            const T o = (T)t;
+#endif
             dx[row * K + k] = o;
             if (BGRAD) colsum += (A)o;
         }
@@ -214,12 +224,18 @@ def sum_partials(colpart, db):
 
 
 @functools.cache
-def _kernel(dtype, label_dtype, n, spb, has_bias, dgrad, drelu, bgrad):
+def _kernel(dtype, label_dtype, n, spb, has_bias, dgrad, mask, bgrad):
+    """``mask``: what the input gradient applies, None, "relu" (relu_aux bits) or "gelu"
+    (gelu' of the gelu_aux, elements of the dtype)."""
     dtype = np.dtype(dtype)
     defines = {"FWD_THREADS": THREADS, "N": n, "SPB": spb, "HAS_BIAS": int(has_bias),
-               "DGRAD": int(dgrad), "DRELU": int(drelu), "BGRAD": int(bgrad)}
+               "DGRAD": int(dgrad), "DRELU": int(mask == "relu"),
+               "DGELU": int(mask == "gelu"), "BGRAD": int(bgrad)}
+    aux = "T" if mask == "gelu" else "unsigned char"
     head = (_typedefs(dtype) + f"typedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
-            + "".join(f"#define {k} {v}\n" for k, v in defines.items()))
+            + f"typedef {aux} AUX;\n"
+            + "".join(f"#define {k} {v}\n" for k, v in defines.items())
+            + (K.PREAMBLE if mask == "gelu" else ""))
     return cupy.RawKernel(head + tickets.TICKET_SRC + _HEAD, "skinny_head")
 
 
@@ -233,12 +249,14 @@ def supported(x, w, labels) -> bool:
             and batch * k * n <= S.FORWARD_MAX_MACS and batch * k < S.VECTOR_MIN_ELEMENTS)
 
 
-def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, bgrad: bool):
+def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, bgrad: bool,
+                       activation="relu"):
     """``(loss, y, dy, dx, db, colpart)`` for C-contiguous x (B, K), w (N, K), labels (B,):
     ``y = x @ w.T + bias``, the mean softmax cross-entropy ``loss`` and its gradient ``dy``
     (times ``grad_scale``, a 0-d float32 device array, where given), and with ``dgrad``
-    ``dx = (dy @ w) * relu'(aux)`` (aux: the lower layer's relu_aux, column n at byte
-    ``n * ld``, or None). With ``bgrad`` the column sums of dx: ``db`` directly when one
+    ``dx = (dy @ w) * act'(aux)`` (aux: the lower layer's relu_aux, column n at byte
+    ``n * ld``, or with ``activation="gelu"`` its gelu_aux, column n at element ``n * ld``;
+    or None). With ``bgrad`` the column sums of dx: ``db`` directly when one
     block ran, else per-block partials ``colpart`` for ``sum_partials`` (db is then still
     to be written)."""
     batch, k = x.shape
@@ -254,7 +272,7 @@ def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, 
     losspart = cupy.empty(blocks, dtype=acc)
     loss = cupy.empty((), dtype=acc)
     kern = _kernel(x.dtype, labels.dtype, n, spb, bias is not None, dgrad,
-                   dgrad and aux is not None, db is not None)
+                   activation if dgrad and aux is not None else None, db is not None)
     null = np.uintp(0)
     kern((blocks,), (THREADS,),
          (x, w, bias if bias is not None else null, labels,

@@ -792,15 +792,15 @@ class CudaBackend(Backend):
         batch, features = dy.shape[0], w.shape[1]
         if spec.activation in (None, "relu") and self._skinny_tc(
                 "dgrad", w.shape[0], TC.grad_supported(dy, w)):
-            aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
+            aux, ld = self._aux_for_kernels(aux, batch, spec)
             return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if self._skinny("dgrad", w.shape[0], spec.activation):
-            aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
+            aux, ld = self._aux_for_kernels(aux, batch, spec)
             return S.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if spec.activation in (None, "relu") and self._own_gemm(dy.dtype) and \
                 G.dgrad_supported(dy, w, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
-            aux, ld = self._relu_aux_for_kernels(aux, batch, spec)
+            aux, ld = self._aux_for_kernels(aux, batch, spec)
             return G.dgrad(dy, w, aux, ld, bgrad=spec.bias, mma=self.own_gemm_mma)
         if spec.activation and \
                 self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
@@ -836,14 +836,15 @@ class CudaBackend(Backend):
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
         return self._contig("dx", d.T)
 
-    def _relu_aux_for_kernels(self, aux, batch, spec):
-        """``(aux, ld)`` for fuseflow's own kernels: the column-major relu_aux (copied when
-        its columns are not evenly spaced) and its column stride; ``(None, 0)`` without ReLU."""
-        if spec.activation != "relu":
+    def _aux_for_kernels(self, aux, batch, spec):
+        """``(aux, ld)`` for fuseflow's own kernels: the column-major relu_aux or gelu_aux
+        (copied when its columns are not evenly spaced or it is not aligned to its element)
+        and its column stride; ``(None, 0)`` without an activation."""
+        if spec.activation is None:
             return None, 0
         ld = self._aux_ld(aux, aux.shape[0], batch)
-        if ld is None:
-            self._copies["relu_aux"] += 1
+        if ld is None or aux.data.ptr % aux.itemsize:
+            self._copies[f"{spec.activation}_aux"] += 1
             aux, ld = cupy.asfortranarray(aux), aux.shape[0]
         return aux, ld
 
@@ -891,7 +892,7 @@ class CudaBackend(Backend):
             return o + ([("dbias", (features,), dy.dtype)] if dspec.bias else [])
 
         def run():
-            aux_k, ld = self._relu_aux_for_kernels(aux, batch, dspec)
+            aux_k, ld = self._aux_for_kernels(aux, batch, dspec)
             self._counters["skinny_tc"] += 2  # the two kernels' work, in one launch
             self._counters["fused_skinny_grads"] += 1
             return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias)
@@ -1074,7 +1075,6 @@ class CudaBackend(Backend):
         dtype = np.dtype(x.dtype)
         if not (self.fused_head and _grad_in_logits_dtype(dtype, grad_scale, grad_dtype)
                 and n <= self.skinny_max
-                and (dspec is None or dspec.activation in (None, "relu"))
                 and {"forward", "dgrad"} <= self.skinny_ops and H.supported(x, w, labels)):
             return None
         x, w, labels = self._contig("x", x), self._contig("w", w), self._contig("labels", labels)
@@ -1085,11 +1085,12 @@ class CudaBackend(Backend):
                 ([("dx", (batch, features), dtype)] if dspec is not None else [])
 
         def run():
-            aux_k, ld = (self._relu_aux_for_kernels(aux, batch, dspec) if dspec is not None
+            aux_k, ld = (self._aux_for_kernels(aux, batch, dspec) if dspec is not None
                          else (None, 0))
             loss, y, dy, dx, db, colpart = H.forward_loss_dgrad(
                 x, w, self._prep_bias(bias) if bias is not None else None, labels, grad_scale,
-                aux_k, ld, dgrad=dspec is not None, bgrad=dspec is not None and dspec.bias)
+                aux_k, ld, dgrad=dspec is not None, bgrad=dspec is not None and dspec.bias,
+                activation=dspec.activation if dspec is not None else None)
             if colpart is not None:  # the bias gradient's column sums: nothing waits on them
                 scope = self._overlap_scope(dtype, colpart.nbytes)
                 with scope.fork(colpart) if scope is not None else contextlib.nullcontext():
