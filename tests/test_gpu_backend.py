@@ -367,16 +367,31 @@ def test_mixed_precision_loss_gradient_in_the_loss_kernel(rng, monkeypatch):
 
 def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
     """Forward/wgrad with <= 32 outputs and dgrad with <= 32 gradient columns run the skinny
-    kernels (counted); GELU and wider layers run cuBLASLt. A 40-unit ReLU layer (cuBLASLt)
-    under a 32-unit one (skinny): its mask goes into the skinny dgrad; all match NumPy."""
+    kernels (counted); GELU input gradients and wider layers run cuBLASLt (or the own
+    epilog pass). A 40-unit ReLU layer (cuBLASLt) under a 32-unit one (skinny): its mask
+    goes into the skinny dgrad; a 32-unit GELU forward is skinny, its gelu_aux in cuBLASLt's
+    padded layout; all match NumPy."""
     cb = CudaBackend(tf32=False)
     x = normal(rng, (300, 50), np.float32)
     w0, b0 = normal(rng, (40, 50), np.float32, 0.2), normal(rng, (40,), np.float32)
     w1, b1 = normal(rng, (32, 40), np.float32, 0.2), normal(rng, (32,), np.float32)
     n0 = cb.stats()["skinny"]
     h, aux = cb.linear(dev(x), dev(w0), dev(b0), "RELU_AUX_BIAS")     # 40 outputs: cuBLASLt
-    cb.linear(dev(x), dev(normal(rng, (32, 50), np.float32)), dev(b1), "GELU_AUX_BIAS")  # GELU
+    hg, gaux = cb.linear(dev(x), dev(w0), dev(b0), "GELU_AUX_BIAS")   # 40 outputs: cuBLASLt
+    dyg = normal(rng, (300, 32), np.float32)
+    dxg, dbg = cb.linear_dgrad(dev(dyg), dev(w1), "DGELU_BGRAD", gaux)  # GELU: not skinny
     assert cb.stats()["skinny"] == n0
+    dxg_ref, dbg_ref = nb.linear_dgrad(dyg, w1, "DGELU_BGRAD", host(gaux))
+    check_close("dxg", dxg, dxg_ref, np.float32, rng.seed, GELU_EPILOG_TOL)
+    check_close("dbg", dbg, dbg_ref, np.float32, rng.seed, GELU_EPILOG_TOL, scale=dxg_ref)
+    wg = normal(rng, (30, 50), np.float32, 0.2)
+    g, gaux30 = cb.linear(dev(x), dev(wg), dev(b1[:30]), "GELU_AUX_BIAS")  # 30: skinny
+    assert cb.stats()["skinny"] == n0 + 1
+    assert gaux30.shape == (30, 300) and gaux30.strides == (4, 32 * 4)  # round_up(30, 8) apart
+    g_ref, gaux_ref = nb.linear(x, wg, b1[:30], "GELU_AUX_BIAS")
+    check_close("g", g, g_ref, np.float32, rng.seed)
+    check_close("gelu_aux", gaux30, gaux_ref, np.float32, rng.seed)
+    n0 = cb.stats()["skinny"]
     y, aux1 = cb.linear(h, dev(w1), dev(b1), "RELU_AUX_BIAS")         # 32 outputs: skinny
     dy = normal(rng, (300, 32), np.float32)
     dw, db1 = cb.linear_wgrad(dev(dy), h, "BGRADB")                    # 32 outputs: skinny

@@ -84,7 +84,10 @@ def _generated_sources(monkeypatch):
             for hb, ha, r in itertools.product((False, True), repeat=3):
                 for spb in (1, 3, 8):
                     S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=r,
-                              SPB=spb)
+                              SPB=spb, GELU=0)
+                    if r:  # the GELU form (RELU off)
+                        S._kernel("skinny_forward", dt, n, HAS_BIAS=hb, HAS_AUX=ha, RELU=0,
+                                  SPB=spb, GELU=1)
             for v in (1, 2, 4, 8)[:{2: 4, 4: 3, 8: 2}[dt.itemsize]]:
                 for d, b, st in itertools.product((False, True), repeat=3):
                     S._kernel("skinny_dgrad", dt, n, DRELU=d, BGRAD=b, V=v, STAGE_DY=st)

@@ -10,7 +10,8 @@ compile-time constant so its accumulators live in registers. At these sizes the 
 latency-bound, so the kernels are laid out for many blocks, not for data reuse.
 
 - ``forward``: ``y = act(x @ w.T + bias)`` and the relu_aux bits (cuBLASLt's layout, see
-  ``epilogs.py``), one block per sample whose threads split the inputs, w read through the
+  ``epilogs.py``) or, with GELU, the gelu_aux (the pre-activation, in cuBLASLt's padded
+  layout), one block per sample whose threads split the inputs, w read through the
   cache. Only for short batches (``FORWARD_MAX_MACS``): on long ones cuBLASLt's tiled
   kernels win.
 - ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` for N = w.shape[0] outputs, and the bias
@@ -33,6 +34,7 @@ import cupy
 import numpy as np
 
 from fuseflow._dtypes import accumulation
+from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend._cuda_fused import _CTYPES, HALF_HEADERS, acc_ctype
 
 MAX_N = 32              # the largest small side handled here
@@ -95,7 +97,7 @@ FORWARD_SUMS = r"""
 # with shuffles, then warp s adds the warps' sums of sample s and runs the epilog.
 _FORWARD = r"""
 extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __restrict__ w,
-        const T* __restrict__ bias, T* __restrict__ y, unsigned char* __restrict__ aux,
+        const T* __restrict__ bias, T* __restrict__ y, AUX* __restrict__ aux,
         long long B, long long K, int rows) {
     __shared__ A part[FWD_THREADS / 32][SPB][N];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -110,12 +112,18 @@ extern "C" __global__ void skinny_forward(const T* __restrict__ x, const T* __re
         for (int g = 0; g < FWD_THREADS / 32; ++g) v += part[g][warp][lane];
     }
     if (HAS_BIAS && active) v += (A)bias[lane];
+#if GELU  // as _cuda_epilogs.bias_gelu: the rounded pre-activation to aux (rows apart,
+          // zeros past N), the activation of the unrounded one to y
+    if (HAS_AUX && lane < rows) aux[row * rows + lane] = (T)v;
+    v = ff_gelu<A>(v);
+#else
     if (HAS_AUX) {
         const unsigned int m = __ballot_sync(0xffffffffu, active && v >= (A)0);
         if (lane < rows) aux[row * rows + lane] =
             (unsigned char)(lane < 4 ? (m >> (8 * lane)) & 0xffu : 0u);
     }
     if (RELU) v = v < (A)0 ? (A)0 : v;
+#endif
     if (active) y[row * N + lane] = (T)v;
 }
 """
@@ -335,6 +343,9 @@ def _kernel(name, dtype, n, **flags):
         if (name, dtype.itemsize) in unrolled and defines["V"] > 1 else ""
     head = _HEAD.replace("{T}", _CTYPES[dtype]).replace(
         "{A}", acc_ctype(dtype)).replace("{N}", str(n))
+    if name == "skinny_forward":  # the aux it writes: relu_aux bytes or gelu_aux elements
+        gelu = defines.setdefault("GELU", 0)
+        head += ("typedef T AUX;\n" + K.PREAMBLE) if gelu else "typedef unsigned char AUX;\n"
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(head + src, name)
 
@@ -392,25 +403,32 @@ def forward_samples_per_block(k: int) -> int:
     return 2 if k >= FORWARD_THREADS else 1
 
 
-def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=None):
+def forward(x, w, bias, *, relu: bool, aux_rows: int | None, samples_per_block=None,
+            gelu: bool = False):
     """``(y, aux)``: ``act(x @ w.T + bias)`` for C-contiguous x (B, K) and w (N, K), N <= 32;
-    ``aux`` is the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given.
+    ``aux`` is the (aux_rows, B) column-major relu_aux when ``aux_rows`` is given. With
+    ``gelu`` the activation is the tanh GELU and ``aux`` the (N, B) view of the
+    (aux_rows, B) column-major gelu_aux (aux_rows >= N; its rows past N are zeros).
     ``samples_per_block`` (1 to 8) overrides ``forward_samples_per_block``, for benchmarks."""
     batch, k = x.shape
     n = w.shape[0]
     y = cupy.empty((batch, n), dtype=x.dtype)
-    buf = cupy.empty((batch, aux_rows), dtype=cupy.uint8) if aux_rows else None
+    buf = cupy.empty((batch, aux_rows), dtype=x.dtype if gelu else cupy.uint8) \
+        if aux_rows else None
     if batch:
         spb = samples_per_block or forward_samples_per_block(k)
         if not 1 <= spb <= FORWARD_THREADS // 32:  # warp s finishes sample s
             raise ValueError(f"skinny forward: samples_per_block={spb} is outside "
                              f"1..{FORWARD_THREADS // 32}")
         kern = _kernel("skinny_forward", x.dtype, n, HAS_BIAS=bias is not None,
-                       HAS_AUX=aux_rows is not None, RELU=relu, SPB=spb)
+                       HAS_AUX=aux_rows is not None, RELU=relu and not gelu, SPB=spb,
+                       GELU=gelu)
         kern((-(-batch // spb),), (FORWARD_THREADS,),
              (x, w, bias if bias is not None else np.uintp(0), y,
               buf if buf is not None else np.uintp(0), np.int64(batch), np.int64(k),
               np.int32(aux_rows or 0)))
+    if buf is not None and gelu:
+        return y, buf.T[:n]
     return y, (buf.T if buf is not None else None)
 
 

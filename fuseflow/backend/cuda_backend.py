@@ -638,8 +638,10 @@ class CudaBackend(Backend):
                            {"x": x, "w": w, "bias": bias}, outputs)
 
     def _takes_skinny(self, op, n, activation) -> bool:
-        """Whether ``op`` with small side ``n`` may run its SIMT skinny kernel; counts nothing."""
-        return 0 < n <= self.skinny_max and activation in (None, "relu") and op in self.skinny_ops
+        """Whether ``op`` with small side ``n`` may run its SIMT skinny kernel (GELU: the
+        forward only); counts nothing."""
+        return 0 < n <= self.skinny_max and op in self.skinny_ops and \
+            (activation in (None, "relu") or (activation == "gelu" and op == "forward"))
 
     def _skinny(self, op, n, activation):
         if self._takes_skinny(op, n, activation):
@@ -688,9 +690,11 @@ class CudaBackend(Backend):
         out = w.shape[0]
         if self._takes_skinny_forward(x, out, spec.activation):
             self._counters["skinny"] += 1
+            gelu = spec.activation == "gelu"
+            rows = _round_up(out, 8) if gelu else relu_aux_rows(out)
             return S.forward(x, w, self._prep_bias(bias) if spec.bias else None,
-                             relu=spec.activation == "relu",
-                             aux_rows=relu_aux_rows(out) if spec.aux else None)
+                             relu=spec.activation == "relu", gelu=gelu,
+                             aux_rows=rows if spec.aux else None)
         if not spec.aux and self._skinny_tc("forward", out, TC.forward_supported(
                 x, w, bias, spec.activation)):
             return TC.forward(x, w, self._prep_bias(bias) if spec.bias else None)
