@@ -24,7 +24,7 @@ weight gradient needs the whole batch of dy and stays the skinny weight-gradient
 Logits, dy and dx are bit for bit those of the three separate kernels (same operations in
 the same order); the loss and the bias gradient are added in another fixed order, so their
 last bits differ from the unfused path's (both deterministic). With GELU below, the separate
-input gradient is a cuBLASLt matmul (the skinny kernels take no GELU), so dx agrees with it
+input gradient is a cuBLASLt matmul (the skinny one takes no GELU), so dx agrees with it
 to rounding, not bit for bit.
 """
 
