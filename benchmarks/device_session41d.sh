@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Written in the thirty-eighth session for the next one (not run yet; the session's device
 # time ran out): the mixed-precision fused head with GELU below (test_gpu_head.py's
-# test_mixed_precision_fused_head[...gelu_medium], added after call 178) and the other
-# GELU head tests, then the 16-bit large GELU steps of fuseflow and JAX, one process each.
+# test_mixed_precision_fused_head[...gelu_medium], added after call 180), the other GELU
+# head tests and the skinny GELU forward's launch-shape and padding checks, then the 16-bit large GELU steps of fuseflow and JAX, one process each.
 # Results: $OUT/results-s41d.tgz.
 set -uo pipefail
 TAG=${TAG:-s41d}
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=12 run pytest_head_gelu 120 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  tests/test_gpu_head.py -k "mixed_precision or gelu"
+TAILN=12 run pytest_head_gelu 150 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+  tests/test_gpu_head.py tests/test_gpu_backend.py \
+  -k "mixed_precision or gelu or skinny_launch_shapes or small_side_and_only_it"
 for w in fuseflow jax; do
   TAILN=6 peers "peers_gelu16_$w" 120 --worker "$w" --tag "${TAG}_gelu16" \
     --models 784-4096-4096-10 --precisions 16bit --activation gelu --no-mnist

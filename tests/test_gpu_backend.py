@@ -388,6 +388,9 @@ def test_skinny_kernels_take_the_small_side_and_only_it(nb, rng):
     g, gaux30 = cb.linear(dev(x), dev(wg), dev(b1[:30]), "GELU_AUX_BIAS")  # 30: skinny
     assert cb.stats()["skinny"] == n0 + 1
     assert gaux30.shape == (30, 300) and gaux30.strides == (4, 32 * 4)  # round_up(30, 8) apart
+    padded = cupy.ndarray((32, 300), dtype=gaux30.dtype, memptr=gaux30.data,
+                          strides=gaux30.strides)
+    assert not host(padded[30:]).any()  # the padding rows are zeros
     g_ref, gaux_ref = nb.linear(x, wg, b1[:30], "GELU_AUX_BIAS")
     check_close("g", g, g_ref, np.float32, rng.seed)
     check_close("gelu_aux", gaux30, gaux_ref, np.float32, rng.seed)
@@ -503,6 +506,13 @@ def test_skinny_launch_shapes_match_numpy(nb, rng, monkeypatch, dtype, shape, ve
         check_close(f"y spb={spb}", y, y_ref, dtype, rng.seed, scale=pre)
         bits, bits_ref = unpack_relu_aux(host(aux_y), fout), unpack_relu_aux(aux_ref, fout)
         assert not ((bits != bits_ref) & (np.abs(pre) > SIGN_MARGIN[dtype])).any(), spb
+    rows8 = -(-fout // 8) * 8  # the GELU form: gelu_aux rows round_up(N, 8) apart
+    yg_ref, gaux_ref = nb.linear(host(h), w, b, "GELU_AUX_BIAS")
+    for spb in (1, 2, 3, 4, 8):
+        y, gaux = S.forward(h, dev(w), dev(b), relu=False, gelu=True, aux_rows=rows8,
+                            samples_per_block=spb)
+        check_close(f"gelu y spb={spb}", y, yg_ref, dtype, rng.seed, scale=pre)
+        check_close(f"gelu_aux spb={spb}", gaux, gaux_ref, dtype, rng.seed, scale=pre)
     with pytest.raises(ValueError, match="samples_per_block=9"):
         S.forward(h, dev(w), dev(b), relu=True, aux_rows=rows, samples_per_block=9)
     with pytest.raises(ValueError, match="per_round=99"):

@@ -3,7 +3,9 @@ cross-entropy and the input gradient with the lower layer's ReLU mask or GELU de
 
 Against the three separate kernels (``FUSEFLOW_FUSED_HEAD=0``'s path): logits, loss
 gradient and input gradient bit for bit, the loss and the lower bias gradient (added in
-another order) to rounding; against the NumPy reference to the dtype's tolerance. Marked
+another order) to rounding; with GELU below (the separate input gradient a cuBLASLt
+matmul) the grads below the head to rounding; against the NumPy reference to the dtype's
+tolerance. Marked
 ``gpu``; skipped without CuPy, nvmath-python and a GPU."""
 
 import numpy as np

@@ -157,7 +157,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
 #if DRELU
             if (!((aux[row * ld + (k >> 3)] >> (k & 7)) & 1u)) t = (A)0;
             const T o = (T)t;
-#elif DGELU  // as _cuda_epilogs.dgelu: the product rounded, times gelu'(pre-activation)
+#elif DGELU  // as _cuda_epilogs.dgelu (and, in 16 bits, _cuda_kernels.gelu_grad): the
+            // product rounded to T, times gelu'(pre-activation), rounded again
             const T o = (T)((A)(T)t * ff_gelu_grad<A>((A)aux[row * ld + k]));
 #else
             const T o = (T)t;
@@ -250,17 +251,23 @@ def supported(x, w, labels) -> bool:
 
 
 def forward_loss_dgrad(x, w, bias, labels, grad_scale, aux, ld, *, dgrad: bool, bgrad: bool,
-                       activation="relu"):
+                       activation: str | None):
     """``(loss, y, dy, dx, db, colpart)`` for C-contiguous x (B, K), w (N, K), labels (B,):
     ``y = x @ w.T + bias``, the mean softmax cross-entropy ``loss`` and its gradient ``dy``
     (times ``grad_scale``, a 0-d float32 device array, where given), and with ``dgrad``
-    ``dx = (dy @ w) * act'(aux)`` (aux: the lower layer's relu_aux, column n at byte
-    ``n * ld``, or with ``activation="gelu"`` its gelu_aux, column n at element ``n * ld``;
-    or None). With ``bgrad`` the column sums of dx: ``db`` directly when one
+    ``dx = (dy @ w) * act'(aux)`` (aux: with ``activation="relu"`` the lower layer's
+    relu_aux, column n at byte ``n * ld``; with ``"gelu"`` its gelu_aux, column n at
+    element ``n * ld``; or None). With ``bgrad`` the column sums of dx: ``db`` directly when one
     block ran, else per-block partials ``colpart`` for ``sum_partials`` (db is then still
     to be written)."""
     batch, k = x.shape
     n = w.shape[0]
+    if dgrad and aux is not None:  # the kernel reads aux as the mask's type
+        want = {"relu": np.uint8, "gelu": x.dtype}.get(activation)
+        if want is None or aux.dtype != want:
+            raise ValueError(f"fused head: aux of dtype {aux.dtype} with activation "
+                             f"{activation!r}; expected relu_aux (uint8) with 'relu' or "
+                             f"gelu_aux ({np.dtype(x.dtype)}) with 'gelu'")
     spb = S.forward_samples_per_block(k)
     blocks = -(-batch // spb)
     acc = accumulation(x.dtype)

@@ -175,7 +175,8 @@ class CudaBackend(Backend):
         self.split_bias_grad_macs = env_int("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32)
         #: Dense matmuls whose output (forward, wgrad) or input-gradient reduction (dgrad) side
         #: has at most this many features run fuseflow's one-kernel ``_cuda_skinny`` forms
-        #: instead of cuBLASLt (ReLU or no activation; at most 32; 0 turns them off).
+        #: instead of cuBLASLt (ReLU or no activation; the forward also GELU; at most 32;
+        #: 0 turns them off).
         self.skinny_max = min(S.MAX_N, env_int("FUSEFLOW_SKINNY_MAX", S.MAX_N))
         #: which of them: any of "forward", "wgrad", "dgrad" (``FUSEFLOW_SKINNY_OPS``).
         self.skinny_ops = env_subset("FUSEFLOW_SKINNY_OPS", SKINNY_OPS, ",".join(SKINNY_OPS))
@@ -183,9 +184,10 @@ class CudaBackend(Backend):
         #: tensor-core forms (``_cuda_skinny_tc``; the forward too, instead of cuBLASLt),
         #: FUSEFLOW_SKINNY_TC=0 keeps the SIMT kernels.
         self.skinny_tc = env_choice("FUSEFLOW_SKINNY_TC", {"1": True, "0": False}, True)
-        #: A classifier's output layer, its softmax cross-entropy and its input gradient run
-        #: as one ``_cuda_head`` kernel where the separate ones would be the skinny SIMT
-        #: kernels (short batches); FUSEFLOW_FUSED_HEAD=0 runs the three.
+        #: A classifier's output layer, its softmax cross-entropy and its input gradient
+        #: (ReLU mask or GELU derivative of the layer below) run as one ``_cuda_head``
+        #: kernel at the skinny SIMT kernels' shapes (short batches); FUSEFLOW_FUSED_HEAD=0
+        #: runs the three.
         self.fused_head = env_choice("FUSEFLOW_FUSED_HEAD", {"1": True, "0": False}, True)
         #: Where both gradients of a layer would be the tensor-core skinny kernels, one
         #: ``_cuda_skinny_tc.grads`` pass takes them (``linear_grads``: x read once, dx

@@ -271,7 +271,8 @@ class Serial(Layer):
 
         What ``ff.value_and_grad`` runs for a model whose last layer is a plain Dense
         (``softmax_head``): the output layer's forward, the loss and the output layer's
-        input gradient (with the ReLU mask of the layer below applied) are one operation,
+        input gradient (with the ReLU mask or GELU derivative of the layer below applied)
+        are one operation,
         ``ops.dense.dense_softmax_xent``, one kernel on the GPU for short batches.
         ``grad_scale``/``grad_dtype``: as ``softmax_cross_entropy``'s (mixed precision).
         """
