@@ -2,7 +2,8 @@
 # Written in the thirty-eighth session for the next one (not run yet; the session's device
 # time ran out): the mixed-precision fused head with GELU below (test_gpu_head.py's
 # test_mixed_precision_fused_head[...gelu_medium], added after call 180), the other GELU
-# head tests and the skinny GELU forward's launch-shape and padding checks, then the 16-bit large GELU steps of fuseflow and JAX, one process each.
+# head tests and the skinny GELU forward's launch-shape and padding checks, then the 16-bit
+# large GELU steps of fuseflow and JAX, one process each.
 # Results: $OUT/results-s41d.tgz.
 set -uo pipefail
 TAG=${TAG:-s41d}
