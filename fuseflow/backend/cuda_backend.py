@@ -798,15 +798,15 @@ class CudaBackend(Backend):
         batch, features = dy.shape[0], w.shape[1]
         if spec.activation in (None, "relu") and self._skinny_tc(
                 "dgrad", w.shape[0], TC.grad_supported(dy, w)):
-            aux, ld = self._aux_for_kernels(aux, batch, spec)
+            aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
             return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if self._skinny("dgrad", w.shape[0], spec.activation):
-            aux, ld = self._aux_for_kernels(aux, batch, spec)
+            aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
             return S.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if spec.activation in (None, "relu") and self._own_gemm(dy.dtype) and \
                 G.dgrad_supported(dy, w, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
-            aux, ld = self._aux_for_kernels(aux, batch, spec)
+            aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
             return G.dgrad(dy, w, aux, ld, bgrad=spec.bias, mma=self.own_gemm_mma)
         if spec.activation and \
                 self._own_epilog(dy.dtype, spec, batch, features, batch * features * w.shape[0]):
@@ -842,15 +842,15 @@ class CudaBackend(Backend):
         d, _ = self._matmul("dgrad", None, w.T, dy.T, {})
         return self._contig("dx", d.T)
 
-    def _aux_for_kernels(self, aux, batch, spec):
+    def _aux_for_kernels(self, aux, batch, activation):
         """``(aux, ld)`` for fuseflow's own kernels: the column-major relu_aux or gelu_aux
         (copied when its columns are not evenly spaced or it is not aligned to its element)
         and its column stride; ``(None, 0)`` without an activation."""
-        if spec.activation is None:
+        if activation is None:
             return None, 0
         ld = self._aux_ld(aux, aux.shape[0], batch)
         if ld is None or aux.data.ptr % aux.itemsize:
-            self._copies[f"{spec.activation}_aux"] += 1
+            self._copies[f"{activation}_aux"] += 1
             aux, ld = cupy.asfortranarray(aux), aux.shape[0]
         return aux, ld
 
@@ -898,7 +898,7 @@ class CudaBackend(Backend):
             return o + ([("dbias", (features,), dy.dtype)] if dspec.bias else [])
 
         def run():
-            aux_k, ld = self._aux_for_kernels(aux, batch, dspec)
+            aux_k, ld = self._aux_for_kernels(aux, batch, dspec.activation)
             self._counters["skinny_tc"] += 2  # the two kernels' work, in one launch
             self._counters["fused_skinny_grads"] += 1
             return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias)
@@ -1043,13 +1043,7 @@ class CudaBackend(Backend):
         self._check_device(op, dy=dy, aux=aux)
         self._check_dtype(op, dy.dtype)
         dy = self._contig("dy", dy)
-        batch = dy.shape[0]
-        rows = aux.shape[0]
-        ld = self._aux_ld(aux, rows, batch)
-        if ld is None or aux.data.ptr % aux.itemsize:
-            self._copies[f"{activation}_aux"] += 1
-            aux = cupy.asfortranarray(aux)
-            ld = rows
+        aux, ld = self._aux_for_kernels(aux, dy.shape[0], activation)
         kern = K.relu_grad if activation == "relu" else K.gelu_grad
         return self._guard(op, lambda: kern(dy, aux, ld), {"dy": dy},
                            lambda: [("dx", dy.shape, dy.dtype)])
@@ -1091,12 +1085,12 @@ class CudaBackend(Backend):
                 ([("dx", (batch, features), dtype)] if dspec is not None else [])
 
         def run():
-            aux_k, ld = (self._aux_for_kernels(aux, batch, dspec) if dspec is not None
-                         else (None, 0))
+            activation = dspec.activation if dspec is not None else None
+            aux_k, ld = self._aux_for_kernels(aux, batch, activation)
             loss, y, dy, dx, db, colpart = H.forward_loss_dgrad(
                 x, w, self._prep_bias(bias) if bias is not None else None, labels, grad_scale,
                 aux_k, ld, dgrad=dspec is not None, bgrad=dspec is not None and dspec.bias,
-                activation=dspec.activation if dspec is not None else None)
+                activation=activation)
             if colpart is not None:  # the bias gradient's column sums: nothing waits on them
                 scope = self._overlap_scope(dtype, colpart.nbytes)
                 with scope.fork(colpart) if scope is not None else contextlib.nullcontext():
