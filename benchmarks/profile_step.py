@@ -26,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
+import peers  # noqa: E402
 from peers import (FUSEFLOW_LOW, JAX_PRECISION, MODELS, fuseflow_casts,  # noqa: E402
                    fuseflow_step, jax_step)
 
@@ -138,7 +139,7 @@ def profile_fuseflow(configs, steps):
             for _ in range(steps):
                 call()
         row = {"framework": "fuseflow", "model": model, "optimizer": opt, "precision": prec,
-               "compute": fprec,
+               "compute": fprec, "activation": peers.ACTIVATION[0],
                "host_call_us": round(host, 2), "graph_replay_us": round(replay_us, 2),
                **summarize(gpu_events(run, steps), steps)}
         results.append(row)
@@ -176,7 +177,8 @@ def profile_jax(configs, steps):
                     call()
                 sync()
             row = {"framework": "jax", "model": model, "optimizer": opt, "precision": prec,
-                   "host_call_us": round(host, 2), **summarize(gpu_events(run, steps), steps)}
+                   "activation": peers.ACTIVATION[0], "host_call_us": round(host, 2),
+                   **summarize(gpu_events(run, steps), steps)}
         results.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
     return results
@@ -191,7 +193,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
+    ap.add_argument("--activation", choices=("relu", "gelu"), default="relu",
+                    help="the models' hidden activation (peers.py's --activation)")
     args = ap.parse_args()
+    peers.ACTIVATION[:] = [args.activation]
     configs = parse_configs(args.configs)
     fn = profile_fuseflow if args.framework == "fuseflow" else profile_jax
     result = {"benchmark": "profile_step", "framework": args.framework,

@@ -1005,9 +1005,17 @@ def test_tf32_bias_relu_epilogs_take_the_own_pass(rng):
     b1, w2 = normal(rng, (1024,), np.float32), normal(rng, (512, 1024), np.float32, 0.03)
     dz = normal(rng, (256, 512), np.float32)
     y, aux = cb.linear(dev(x), dev(w1), dev(b1), "RELU_AUX_BIAS")
-    y_ref = np.maximum(x.astype(np.float64) @ w1.T.astype(np.float64) + b1, 0.0)
-    assert rel_err(host(y), y_ref) < 1e-2  # TF32: about 1e-3
-    assert (unpack_relu_aux(host(aux), 1024) == (host(y) > 0)).all()
+    z_ref = x.astype(np.float64) @ w1.T.astype(np.float64) + b1
+    assert rel_err(host(y), np.maximum(z_ref, 0.0)) < 1e-2  # TF32: about 1e-3
+    # The bit is the pre-activation's z >= 0 (gpu-facts.md), so it is set wherever y > 0
+    # and, where y == 0, only for a z of exactly zero: with TF32 sums that happens (call
+    # 181's seed 1344964674), and only where the float64 pre-activation is within TF32's
+    # error of zero.
+    bits, positive = unpack_relu_aux(host(aux), 1024), host(y) > 0
+    assert bits[positive].all()
+    ties = bits & ~positive
+    assert (np.abs(z_ref[ties]) < 1e-2 * np.sqrt(np.mean(z_ref ** 2))).all()
+    assert ties.sum() <= 16
     dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DRELU_BGRAD", aux)
     dh_ref, db_ref = nb.linear_dgrad(dz.astype(np.float64), w2.astype(np.float64),
                                      "DRELU_BGRAD", host(aux))

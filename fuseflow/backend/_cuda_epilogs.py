@@ -30,6 +30,7 @@ elementwise kernels of ``_cuda_kernels`` otherwise (``vectorizable``).
 from __future__ import annotations
 
 import functools
+import os
 
 import cupy
 import numpy as np
@@ -219,10 +220,16 @@ def vectorizable(features, *arrays):
         a is None or a.data.ptr % (8 * a.itemsize) == 0 for a in arrays)
 
 
+#: 16-bit GELU epilogs in these kernels too (FUSEFLOW_OWN_GELU_16BIT=1). Off: 16-bit GELU
+#: stays with cuBLASLt, which adds the bias and takes the derivative before it rounds the
+#: product; these kernels round the plain product to 16 bits first.
+HALF_GELU = os.environ.get("FUSEFLOW_OWN_GELU_16BIT") == "1"
+
+
 def supports(activation, dtype) -> bool:
     """These kernels run this activation's epilogs in this dtype: ReLU (or none) in every
-    dtype, GELU in float32 and float64 (16-bit GELU stays with cuBLASLt)."""
-    return activation != "gelu" or not is_half(dtype)
+    dtype, GELU in float32 and float64 (and 16 bits with ``HALF_GELU``)."""
+    return activation != "gelu" or not is_half(dtype) or HALF_GELU
 
 
 def gelu_aux_vectorizable(aux, ld: int) -> bool:

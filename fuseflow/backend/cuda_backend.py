@@ -681,12 +681,14 @@ class CudaBackend(Backend):
                 not E.supports(spec.activation, dtype):
             return False
         fp32 = dtype == np.float32 and batch * features >= self.own_epilog_min
+        # DRELU/DGELU input gradients where cuBLASLt's are slower than its plain matmuls
+        big_grad = spec.stage == "dgrad" and macs >= self.split_bias_grad_macs
         if spec.activation == "gelu":  # the forward not with TF32: cuBLASLt's was faster
             return mode == "all" or (mode in ("fp32", "auto") and fp32 and
-                                     (spec.stage == "dgrad" or not self.tf32))
-        big_drelu = spec.name.startswith("DRELU") and macs >= self.split_bias_grad_macs
+                                     (spec.stage == "dgrad" or not self.tf32)) or \
+                (mode == "auto" and big_grad)
         return mode == "all" or (mode in ("fp32", "auto") and fp32) or \
-            (mode == "auto" and big_drelu)
+            (mode == "auto" and big_grad)
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
