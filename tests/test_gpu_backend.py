@@ -1072,6 +1072,38 @@ def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
     assert off.stats()["own_epilog"] == 0
 
 
+@pytest.mark.parametrize("dtype", HALVES)
+def test_half_gelu_input_gradients_take_the_own_pass(rng, dtype):
+    """In 16 bits from ``own_epilog_min`` on, DGELU_BGRAD runs as a plain matmul plus
+    fuseflow's GELU-gradient pass (cuBLASLt ran the large model's K = 10 one as a SIMT
+    matmul and a 307 us epilog kernel, call 182), also at K = 10, while the GELU_AUX_BIAS
+    forward stays cuBLASLt's fused one. The results match NumPy in float64 and cuBLASLt's
+    DGELU_BGRAD within the 16-bit bounds (the pass rounds the product before ``gelu'``)."""
+    cb, off = CudaBackend(tf32=False), CudaBackend(tf32=False)
+    off.own_epilog = "off"
+    x, w1 = normal(rng, (256, 96), dtype), normal(rng, (1024, 96), dtype, 0.1)
+    b1 = normal(rng, (1024,), dtype)
+    y, aux = cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
+    assert cb.stats()["own_epilog"] == 0    # the forward: cuBLASLt's fused epilog
+    for k in (10, 64):                      # the output layer's K, and a hidden layer's
+        w2, dz = normal(rng, (k, 1024), dtype, 0.3), normal(rng, (256, k), dtype)
+        cb.reset_stats()
+        dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+        assert cb.stats()["own_epilog"] == 1, k
+        dh_ref, db_ref = NumpyBackend().linear_dgrad(
+            dz.astype(np.float64), w2.astype(np.float64), "DGELU_BGRAD",
+            host(aux).astype(np.float64))
+        assert rel_err(host(dh), dh_ref) < TOL[dtype] and rel_err(host(db), db_ref) < TOL[dtype]
+        dh2, db2 = off.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+        assert off.stats()["own_epilog"] == 0
+        assert rel_err(host(dh2), host(dh)) < GELU_EPILOG_TOL[dtype]
+        assert rel_err(host(db2), host(db)) < GELU_EPILOG_TOL[dtype]
+    small = CudaBackend(tf32=False)
+    small.own_epilog_min = 2 ** 30            # under the threshold: cuBLASLt's DGELU_BGRAD
+    small.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+    assert small.stats()["own_epilog"] == 0
+
+
 def test_tf32_env_switch(monkeypatch):
     monkeypatch.setenv("FUSEFLOW_TF32", "1")
     assert CudaBackend().tf32 is True

@@ -110,11 +110,9 @@ def _generated_sources(monkeypatch):
         for b, u, sp, t in itertools.product((False, True), (1, E.DRELU_UNROLL), splits,
                                              (False, True)):
             E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp, TICKET=b and t)
-            if dt.itemsize > 2:  # the own GELU epilogs (float32, float64)
-                E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp, TICKET=b and t, GELU=True)
+            E._kernel("drelu", dt, BGRAD=b, UNROLL=u, SPLITS=sp, TICKET=b and t, GELU=True)
         for hb, ha, sp in itertools.product((False, True), (False, True), splits):
-            if dt.itemsize > 2:
-                E._kernel("bias_gelu", dt, HAS_BIAS=hb, HAS_AUX=ha, SPLITS=sp)
+            E._kernel("bias_gelu", dt, HAS_BIAS=hb, HAS_AUX=ha, SPLITS=sp)
         for labels in (np.int64, np.int32, np.uint8):
             for classes in (0, 1, 10, 32):
                 F._xent_kernel(dt, np.dtype(labels), classes)

@@ -14,8 +14,8 @@ over the matmul's output, in place (no second activation buffer):
   sat on the backward's critical path; float64 keeps it, see ``DRELU_TAIL``);
   deterministic.
 - ``bias_gelu`` and ``dgelu``: the same for GELU (GELU_AUX_BIAS, DGELU_BGRAD), the
-  gelu_aux being the pre-activation itself; float32 and float64 (the tanh formula of
-  ``_cuda_kernels``, not cuBLASLt's approximation of it).
+  gelu_aux being the pre-activation itself (the tanh formula of ``_cuda_kernels``, not
+  cuBLASLt's approximation of it).
 
 All also take the (S, B, F) partial products of a matmul whose K the backend split into S
 slices (``_k_split``): they add them in split order as they read them and write the
@@ -30,7 +30,6 @@ elementwise kernels of ``_cuda_kernels`` otherwise (``vectorizable``).
 from __future__ import annotations
 
 import functools
-import os
 
 import cupy
 import numpy as np
@@ -220,16 +219,11 @@ def vectorizable(features, *arrays):
         a is None or a.data.ptr % (8 * a.itemsize) == 0 for a in arrays)
 
 
-#: 16-bit GELU epilogs in these kernels too (FUSEFLOW_OWN_GELU_16BIT=1). Off: 16-bit GELU
-#: stays with cuBLASLt, which adds the bias and takes the derivative before it rounds the
-#: product; these kernels round the plain product to 16 bits first.
-HALF_GELU = os.environ.get("FUSEFLOW_OWN_GELU_16BIT") == "1"
-
-
 def supports(activation, dtype) -> bool:
-    """These kernels run this activation's epilogs in this dtype: ReLU (or none) in every
-    dtype, GELU in float32 and float64 (and 16 bits with ``HALF_GELU``)."""
-    return activation != "gelu" or not is_half(dtype) or HALF_GELU
+    """These kernels run this activation's epilogs in this dtype (ReLU, GELU or none, every
+    float dtype; in 16 bits they round the plain product before the bias or derivative,
+    where cuBLASLt's fused epilogs round once)."""
+    return activation in (None, "relu", "gelu")
 
 
 def gelu_aux_vectorizable(aux, ld: int) -> bool:

@@ -203,9 +203,9 @@ class CudaBackend(Backend):
         #: batches), its softmax cross-entropy runs in the same kernel (``linear_xent``:
         #: two launches fewer); FUSEFLOW_FUSED_TC_XENT=0 runs the forward and the loss apart.
         self.fused_tc_xent = env_choice("FUSEFLOW_FUSED_TC_XENT", {"1": True, "0": False}, True)
-        #: Bias/ReLU and bias/GELU epilogs (forward, DRELU[_BGRAD], DGELU[_BGRAD]; GELU in
-        #: float32/float64 only, its forward not with TF32: cuBLASLt's GELU forward is the
-        #: faster one there, calls 174-175) run as a plain matmul plus fuseflow's in-place
+        #: Bias/ReLU and bias/GELU epilogs (forward, DRELU[_BGRAD], DGELU[_BGRAD]; the GELU
+        #: forward not with TF32 nor in 16 bits: cuBLASLt's fused GELU forward is the faster
+        #: one there, calls 174-175 and 182) run as a plain matmul plus fuseflow's in-place
         #: ``_cuda_epilogs`` pass (FUSEFLOW_OWN_EPILOG[_MIN]):
         #: "fp32": in float32 (full or TF32) from ``own_epilog_min`` batch x features on,
         #: where cuBLASLt has no fused epilog and runs a slow separate one (with TF32 too:
@@ -214,9 +214,12 @@ class CudaBackend(Backend):
         #: in the thirty-sixth session on an H100, calls 171-172: the compiled TF32 steps
         #: 7-9% faster, 784-4096-4096-10 at batch 8192 3,604 against 3,906 us (SGD) and
         #: 3,604 against 3,951 (Adam), 784-1024-1024-10 70.6 against 76.1 and 89.6
-        #: against 96.5); "auto" (default): also DRELU input gradients of any dtype from
-        #: ``split_bias_grad_macs`` on, where cuBLASLt's DRELU kernels are slower than its
-        #: plain ones; "all": always (tests); "off": never.
+        #: against 96.5); "auto" (default): also DRELU/DGELU input gradients of any dtype
+        #: from ``split_bias_grad_macs`` on, where cuBLASLt's DRELU kernels are slower than
+        #: its plain ones, and 16-bit DGELU[_BGRAD] from ``own_epilog_min`` on (cuBLASLt ran
+        #: the 784-4096-4096-10 output layer's as a SIMT matmul plus a 307 us epilog kernel,
+        #: the plain matmul and fuseflow's pass took 40 + 83 us; call 182 on an H100);
+        #: "all": always (tests); "off": never.
         self.own_epilog = env_choice("FUSEFLOW_OWN_EPILOG", {m: m for m in OWN_EPILOG_MODES},
                                      "auto")
         self.own_epilog_min = env_int("FUSEFLOW_OWN_EPILOG_MIN", 2 ** 18)
@@ -680,15 +683,18 @@ class CudaBackend(Backend):
         if mode == "off" or spec.name == "DEFAULT" or features % 8 or \
                 not E.supports(spec.activation, dtype):
             return False
-        fp32 = dtype == np.float32 and batch * features >= self.own_epilog_min
+        if mode == "all":
+            return True
+        big = batch * features >= self.own_epilog_min
+        fp32 = mode in ("fp32", "auto") and dtype == np.float32 and big
         # DRELU/DGELU input gradients where cuBLASLt's are slower than its plain matmuls
-        big_grad = spec.stage == "dgrad" and macs >= self.split_bias_grad_macs
-        if spec.activation == "gelu":  # the forward not with TF32: cuBLASLt's was faster
-            return mode == "all" or (mode in ("fp32", "auto") and fp32 and
-                                     (spec.stage == "dgrad" or not self.tf32)) or \
-                (mode == "auto" and big_grad)
-        return mode == "all" or (mode in ("fp32", "auto") and fp32) or \
-            (mode == "auto" and big_grad)
+        big_grad = mode == "auto" and spec.stage == "dgrad" and macs >= self.split_bias_grad_macs
+        if spec.activation == "gelu":
+            # the forward not with TF32 nor in 16 bits: cuBLASLt's fused ones were faster
+            # (calls 174-175, 182); its 16-bit DGELU runs a separate epilog kernel
+            half_grad = mode == "auto" and spec.stage == "dgrad" and is_half(dtype) and big
+            return (fp32 and (spec.stage == "dgrad" or not self.tf32)) or big_grad or half_grad
+        return fp32 or big_grad
 
     def _linear_impl(self, x, w, bias, spec):
         out = w.shape[0]
