@@ -153,9 +153,9 @@ def _generated_sources(monkeypatch):
                 TC._xent_kernel(n, hb, np.dtype(labels), dt)
         for b, rows in itertools.product((False, True), (16, 48, TC.MAX_ROWS_PER_CHUNK)):
             TC._kernel("tc_wgrad", n, u, dt, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
-            for d in (False, True):
+            for d, gelu in ((False, False), (True, False), (False, True)):
                 TC._kernel("tc_dgrad", n, u, dt, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS,
-                           RPC=rows)
+                           RPC=rows, GELU=gelu)
         for bw, bx, d, rows in itertools.product((False, True), (False, True), (False, True),
                                                  (16, 48, TC.MAX_ROWS_PER_CHUNK)):
             TC._kernel("tc_grads", n, u, dt, BGRADB=bw, DRELU=d, BGRAD=bx,

@@ -804,10 +804,9 @@ class CudaBackend(Backend):
 
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
-        if spec.activation in (None, "relu") and self._skinny_tc(
-                "dgrad", w.shape[0], TC.grad_supported(dy, w)):
+        if self._skinny_tc("dgrad", w.shape[0], TC.grad_supported(dy, w)):
             aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
-            return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias)
+            return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias, gelu=spec.activation == "gelu")
         if self._skinny("dgrad", w.shape[0], spec.activation):
             aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
             return S.dgrad(dy, w, aux, ld, bgrad=spec.bias)
