@@ -674,7 +674,7 @@ def test_skinny_tc_dgrad_with_gelu_equals_the_plain_product_and_dgelu_pass(nb, r
     check_close("db against the pass's", db_pass, host(TC.dgrad(
         dev(dy), dev(w), aux, fin, bgrad=True, gelu=True)[1]).astype(np.float64), f16, rng.seed,
         scale=dx_ref)
-    with pytest.raises(ValueError, match="GELU needs the gelu_aux in dy's dtype"):
+    with pytest.raises(ValueError, match="GELU needs the gelu_aux in dy.s dtype"):
         TC.dgrad(dev(dy), dev(w), aux.astype(f32), fin, bgrad=False, gelu=True)
 
 
@@ -719,10 +719,10 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     """``linear_grads`` on the 16-bit output layer of a long batch is one ``tc_grads``
     launch whose dw, dx and head bias gradient equal ``linear_wgrad`` + ``linear_dgrad``'s
     bit for bit (dx's column sums to float16 rounding: added in another order), and both
-    agree with NumPy in float32. Where either kernel would not be the tensor-core one
-    (float32, 17 outputs, a GELU mask, FUSEFLOW_FUSED_SKINNY_GRADS off) it returns None
-    and counts nothing; a side stream that would take the weight gradient (overlap) also
-    keeps the two calls."""
+    agree with NumPy in float32; with a GELU layer below (the kernels' GELU form) too.
+    Where either kernel would not be the tensor-core one (float32, 17 outputs,
+    FUSEFLOW_FUSED_SKINNY_GRADS off) it returns None and counts nothing; a side stream
+    that would take the weight gradient (overlap) also keeps the two calls."""
     cb = CudaBackend(tf32=False)
     cb.fused_skinny_grads = True  # the default, unless FUSEFLOW_FUSED_SKINNY_GRADS=0
     f32 = np.float32
@@ -758,7 +758,16 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     assert cb.linear_grads(dev(normal(rng, (8192, 17), f16)), h,
                            dev(normal(rng, (17, 1024), f16)), "BGRADB", "DRELU_BGRAD",
                            aux17) is None
-    assert cb.linear_grads(dy, gelu_x, w, "BGRADB", "DGELU_BGRAD", gaux) is None
+    gw, gb, gx, gbx = cb.linear_grads(dy, gelu_x, w, "BGRADB", "DGELU_BGRAD", gaux)
+    sw, sb = cb.linear_wgrad(dy, gelu_x, "BGRADB")
+    sx, sbx = cb.linear_dgrad(dy, w, "DGELU_BGRAD", gaux)
+    for name, got, ref in (("gelu dw", gw, sw), ("gelu db", gb, sb), ("gelu dx", gx, sx)):
+        np.testing.assert_array_equal(host(got), host(ref), err_msg=f"{name} (seed {rng.seed})")
+    check_close("gelu dbx", gbx, host(sbx), f16, rng.seed, tol={f16: 2e-3 * wide},
+                scale=host(sx).astype(f32))
+    gx_ref, gbx_ref = nb.linear_dgrad(dy32, w32, "DGELU_BGRAD", host(gaux).astype(f32))
+    check_close("gelu dx", gx, gx_ref, f16, rng.seed, tol={f16: 3e-3 * wide})
+    check_close("gelu dbx", gbx, gbx_ref, f16, rng.seed, tol={f16: 3e-3 * wide})
     cb.fused_skinny_grads = False
     assert cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux) is None
     cb.fused_skinny_grads = True
@@ -767,7 +776,7 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     with cb.overlapping_wgrad():
         assert cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux, overlap=True) is None
     cb.overlap_wgrad = scope_before
-    assert cb.stats()["fused_skinny_grads"] == fused + 1
+    assert cb.stats()["fused_skinny_grads"] == fused + 2
 
 
 def test_dense_layers_take_the_one_pass_backward_and_match_the_two_calls(rng):

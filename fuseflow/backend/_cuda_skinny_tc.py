@@ -542,7 +542,7 @@ def _kernel(name, n, unroll=GRAD_UNROLL, dtype=_F16, **flags):
            "tc_grads": _GRADS}[name]
     src = src.replace("UNROLL_ROWS", str(int(unroll)))  # a literal: #pragma unroll takes one
     head = _COMMON.replace("{N}", str(n))
-    if name in ("tc_dgrad", "tc_grads"):   # DX_STORE's GELU form (tc_dgrad only)
+    if name in ("tc_dgrad", "tc_grads"):   # DX_STORE's GELU form
         flags = {"GELU": False, **flags}
         head += K.PREAMBLE
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
@@ -694,6 +694,12 @@ def _gelu_aux_aligned(aux, ld, batch):
         aux, (batch, aux.shape[0]), (ld * size, size))).T, aux.shape[0]
 
 
+def _check_gelu_aux(gelu, aux, dy):
+    if gelu and (aux is None or aux.dtype != dy.dtype):
+        raise ValueError(f"tensor-core skinny input gradient: GELU needs the gelu_aux in dy's "
+                         f"dtype {dy.dtype}, got {None if aux is None else aux.dtype}")
+
+
 def dgrad(dy, w, aux, ld: int, *, bgrad: bool, gelu: bool = False, rows=None, warps=None,
           unroll=None):
     """``(dx, dbias)``: ``dy @ w`` for C-contiguous float16 dy (B, N), N <= 16, w (N, F),
@@ -704,9 +710,7 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, gelu: bool = False, rows=None, wa
     batch, n = dy.shape
     features = w.shape[1]
     warps, unroll = _launch_shape(warps, unroll)
-    if gelu and (aux is None or aux.dtype != dy.dtype):
-        raise ValueError(f"tc_dgrad: GELU needs the gelu_aux in dy's dtype {dy.dtype}, got "
-                         f"{None if aux is None else aux.dtype}")
+    _check_gelu_aux(gelu, aux, dy)
     dx = cupy.empty((batch, features), dtype=dy.dtype)
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     if not batch:
@@ -732,17 +736,18 @@ def grads_shared_bytes(rows: int, warps: int) -> int:
     return 16 * (rows + 16) * 2 + rows * warps * 8
 
 
-def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, warps=None,
-          unroll=None):
+def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, gelu: bool = False,
+          rows=None, warps=None, unroll=None):
     """``(dw, db, dx, dbx)``: ``wgrad(dy, x, bgrad=bgrad_w)`` and ``dgrad(dy, w, aux, ld,
-    bgrad=bgrad_x)`` from one launch that reads each tile of x once and writes the same
-    tile of dx (see ``_GRADS``); x and w have the same features. ``rows``, ``warps``,
-    ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``)."""
+    bgrad=bgrad_x, gelu=gelu)`` from one launch that reads each tile of x once and writes
+    the same tile of dx (see ``_GRADS``); x and w have the same features. ``rows``,
+    ``warps``, ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``)."""
     batch, n = dy.shape
     features = x.shape[1]
     if w.shape[1] != features:
         raise ValueError(f"tensor-core skinny grads: x has {features} features but w has "
                          f"{w.shape[1]}")
+    _check_gelu_aux(gelu, aux, dy)
     warps, unroll = _launch_shape(warps, unroll, GRADS_UNROLL)
     fc = features + (1 if bgrad_w else 0)
     dw = cupy.empty((n, features), dtype=dy.dtype)
@@ -755,12 +760,13 @@ def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, wa
                 a.fill(0)
         return dw, db, dx, dbx
     rows, chunks = _chunks(batch, rows)
-    aux, ld = _aux_aligned(aux, ld, batch)
+    aux, ld = (_gelu_aux_aligned if gelu else _aux_aligned)(aux, ld, batch)
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
     xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
         else None
-    kern = _kernel("tc_grads", n, unroll, dy.dtype, BGRADB=bgrad_w, DRELU=aux is not None,
-                   BGRAD=bgrad_x, WARPS=warps, RPC=rows)
+    kern = _kernel("tc_grads", n, unroll, dy.dtype, BGRADB=bgrad_w,
+                   DRELU=aux is not None and not gelu, BGRAD=bgrad_x, WARPS=warps, RPC=rows,
+                   GELU=gelu)
     smem = grads_shared_bytes(rows, warps)
     if smem > S._SMEM_LIMIT and kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem  # opt in beyond 48 KB (8 warps, 512 rows)

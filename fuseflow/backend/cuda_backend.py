@@ -889,8 +889,8 @@ class CudaBackend(Backend):
         would be its tensor-core skinny kernel and no side stream takes the weight
         gradient; else None (see base), having copied and counted nothing."""
         n = w.shape[0]
-        if not (is_half(dy.dtype) and dspec.activation in (None, "relu")
-                and self._takes_skinny_tc("wgrad", n) and self._takes_skinny_tc("dgrad", n)):
+        if not (is_half(dy.dtype) and self._takes_skinny_tc("wgrad", n)
+                and self._takes_skinny_tc("dgrad", n)):
             return None
         op = f"linear_grads/{wspec.name}+{dspec.name}"
         self._check_device(op, dy=dy, x=x, w=w, aux=aux)
@@ -908,7 +908,8 @@ class CudaBackend(Backend):
             aux_k, ld = self._aux_for_kernels(aux, batch, dspec.activation)
             self._counters["skinny_tc"] += 2  # the two kernels' work, in one launch
             self._counters["fused_skinny_grads"] += 1
-            return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias)
+            return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias,
+                            gelu=dspec.activation == "gelu")
 
         out = self._guard(op, run, {"dy": dy, "x": x, "w": w}, outputs)
         self.params_read()  # the last read of w, as in _linear_dgrad
