@@ -5,7 +5,7 @@
 # the tensor-core skinny input gradient's new GELU form. Every GPU test but the kernel
 # sources' on that tree; the 16-bit GELU steps' profiles (the default, and the routing
 # before: FUSEFLOW_OWN_EPILOG=fp32 FUSEFLOW_SKINNY_OPS=forward,wgrad); the default against
-# own_epilog=fp32 side by side, large and medium; then peers.py: fuseflow's and JAX's
+# own_epilog=fp32 side by side (large); then peers.py: fuseflow's and JAX's
 # 16-bit large GELU steps and fuseflow's ReLU ones, one process each.
 # Results: $OUT/results-s42c.tgz.
 set -uo pipefail
@@ -20,8 +20,7 @@ FUSEFLOW_OWN_EPILOG=fp32 FUSEFLOW_SKINNY_OPS=forward,wgrad TAILN=3 run profile_b
   --out "$res" --tag "${TAG}_before"
 TAILN=4 run ab_gelu16 150 python3 benchmarks/settings_ab.py --out "$res" --name gelu16_s42c \
   --activation gelu --rounds 2 --setting own_epilog=auto --setting own_epilog=fp32 \
-  --config 784-4096-4096-10:sgd:bf16 --config 784-4096-4096-10:adam:bf16 \
-  --config 784-1024-1024-10:sgd:bf16 --config 784-1024-1024-10:adam:bf16
+  --config 784-4096-4096-10:sgd:bf16 --config 784-4096-4096-10:adam:bf16
 for w in fuseflow jax; do
   TAILN=4 peers "peers_gelu16_$w" 100 --worker "$w" --tag "${TAG}_gelu16" \
     --models 784-4096-4096-10 --precisions 16bit --activation gelu --no-mnist
