@@ -3,21 +3,18 @@
 # DGELU_BGRAD running as a SIMT matmul plus a 307 us cuBLASLt epilog kernel; now 16-bit
 # DGELU[_BGRAD] takes the own pass from own_epilog_min on, and on long batches at K <= 16
 # the tensor-core skinny input gradient's new GELU form. Every GPU test but the kernel
-# sources' on that tree; the 16-bit GELU steps' profiles (the default, and the routing
-# before: FUSEFLOW_OWN_EPILOG=fp32 FUSEFLOW_SKINNY_OPS=forward,wgrad); the default against
+# sources' on that tree; the 16-bit GELU steps' profile (call 182's profile_default is the
+# routing before); the default against
 # own_epilog=fp32 side by side (large); then peers.py: fuseflow's and JAX's
 # 16-bit large GELU steps and fuseflow's ReLU ones, one process each.
 # Results: $OUT/results-s42c.tgz.
 set -uo pipefail
 TAG=${TAG:-s42c}
 source "$(dirname "$0")/_device_lib.sh"
-gpu_groups 230 130
+gpu_groups 215 110
 C=784-4096-4096-10:sgd:16bit,784-4096-4096-10:adam:16bit
 TAILN=3 run profile_default 90 python3 benchmarks/profile_step.py --framework fuseflow \
   --activation gelu --configs $C --out "$res" --tag "${TAG}_default"
-FUSEFLOW_OWN_EPILOG=fp32 FUSEFLOW_SKINNY_OPS=forward,wgrad TAILN=3 run profile_before 90 \
-  python3 benchmarks/profile_step.py --framework fuseflow --activation gelu --configs $C \
-  --out "$res" --tag "${TAG}_before"
 TAILN=4 run ab_gelu16 150 python3 benchmarks/settings_ab.py --out "$res" --name gelu16_s42c \
   --activation gelu --rounds 2 --setting own_epilog=auto --setting own_epilog=fp32 \
   --config 784-4096-4096-10:sgd:bf16 --config 784-4096-4096-10:adam:bf16
