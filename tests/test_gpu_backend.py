@@ -627,58 +627,6 @@ def test_skinny_tc_kernels_are_exact_on_integers(nb, rng, shape, f16):
 
 
 @pytest.mark.parametrize("f16", HALVES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("shape", TC_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_skinny_tc_dgrad_with_gelu_equals_the_plain_product_and_dgelu_pass(nb, rng, shape,
-                                                                          f16):
-    """The tensor-core input gradient's GELU form, ``(dy @ w) * gelu'(gelu_aux)`` and its
-    column sums, on small-integer dy and w (an exact product) and a random gelu_aux: as
-    ``_cuda_epilogs.dgelu`` on that product rounds it (within one 16-bit rounding: each
-    kernel inlines the derivative itself), and against NumPy in float64, at every
-    rows-per-chunk and launch shape, also from a gelu_aux whose columns are not 16-byte
-    aligned (the kernel then reads a copy)."""
-    from fuseflow.backend import _cuda_epilogs as E
-    from fuseflow.backend import _cuda_skinny_tc as TC
-
-    batch, fin, fout = shape
-    f32 = np.float32
-    w, dy = ints(rng, (fout, fin), f16), ints(rng, (batch, fout), f16)
-    pre = normal(rng, (batch, fin), f16, 2.0)
-    aux = dev(pre).T                                    # (F, batch), column b at b * F
-    odd = cupy.zeros((batch, fin + 8), dtype=f16)       # columns fin + 8 apart ...
-    odd[:, :fin] = dev(pre)
-    odd_aux = odd[:, 4:4 + fin].T                       # ... and 8 bytes off
-    plain = dev((dy.astype(f32) @ w.astype(f32)).astype(f16))
-    dx_pass, db_pass = E.dgelu(plain.copy(), aux, fin, bgrad=True)
-    dx_ref, db_ref = nb.linear_dgrad(dy.astype(np.float64), w.astype(np.float64),
-                                     "DGELU_BGRAD", pre.T.astype(np.float64))
-    ulp = 2.0 ** (-10 if f16 == np.float16 else -7)
-    launches = [(TC.GRAD_WARPS, TC.GRAD_UNROLL), (8, 1), (8, 4)]
-    for rows, (warps, unroll) in itertools.product((16, 48, TC.MAX_ROWS_PER_CHUNK),
-                                                   launches):
-        a, ld = (odd_aux, fin + 8) if rows == 48 else (aux, fin)
-        dx, db = TC.dgrad(dev(dy), dev(w), a, ld, bgrad=True, gelu=True, rows=rows,
-                          warps=warps, unroll=unroll)
-        where = f"rows={rows} warps={warps} unroll={unroll} (seed {rng.seed})"
-        np.testing.assert_allclose(host(dx).astype(f32), host(dx_pass).astype(f32),
-                                   rtol=ulp, atol=0, err_msg=f"dx {where}")
-        np.testing.assert_allclose(host(db).astype(f32),
-                                   host(dx).astype(f32).sum(0).astype(f16).astype(f32),
-                                   rtol=4 * ulp, atol=4 * ulp * np.abs(host(dx)).max(),
-                                   err_msg=f"db {where}")
-        check_close("dx", dx, dx_ref, f16, rng.seed)
-        check_close("db", db, db_ref, f16, rng.seed, scale=dx_ref)
-    dx, db = TC.dgrad(dev(dy), dev(w), aux, fin, bgrad=False, gelu=True, rows=64)
-    assert db is None
-    np.testing.assert_allclose(host(dx).astype(f32), host(dx_pass).astype(f32), rtol=ulp,
-                               atol=0)
-    check_close("db against the pass's", db_pass, host(TC.dgrad(
-        dev(dy), dev(w), aux, fin, bgrad=True, gelu=True)[1]).astype(np.float64), f16, rng.seed,
-        scale=dx_ref)
-    with pytest.raises(ValueError, match="GELU needs the gelu_aux in dy.s dtype"):
-        TC.dgrad(dev(dy), dev(w), aux.astype(f32), fin, bgrad=False, gelu=True)
-
-
-@pytest.mark.parametrize("f16", HALVES, ids=lambda d: np.dtype(d).name)
 def test_skinny_tc_kernels_run_where_supported(nb, rng, f16):
     """The backend takes the tensor-core kernels for the 16-bit output layer of the large
     model (forward, both gradients; they agree with NumPy on random data), and the SIMT
@@ -719,10 +667,10 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     """``linear_grads`` on the 16-bit output layer of a long batch is one ``tc_grads``
     launch whose dw, dx and head bias gradient equal ``linear_wgrad`` + ``linear_dgrad``'s
     bit for bit (dx's column sums to float16 rounding: added in another order), and both
-    agree with NumPy in float32; with a GELU layer below (the kernels' GELU form) too.
-    Where either kernel would not be the tensor-core one (float32, 17 outputs,
-    FUSEFLOW_FUSED_SKINNY_GRADS off) it returns None and counts nothing; a side stream
-    that would take the weight gradient (overlap) also keeps the two calls."""
+    agree with NumPy in float32. Where either kernel would not be the tensor-core one
+    (float32, 17 outputs, a GELU mask, FUSEFLOW_FUSED_SKINNY_GRADS off) it returns None
+    and counts nothing; a side stream that would take the weight gradient (overlap) also
+    keeps the two calls."""
     cb = CudaBackend(tf32=False)
     cb.fused_skinny_grads = True  # the default, unless FUSEFLOW_FUSED_SKINNY_GRADS=0
     f32 = np.float32
@@ -758,16 +706,7 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     assert cb.linear_grads(dev(normal(rng, (8192, 17), f16)), h,
                            dev(normal(rng, (17, 1024), f16)), "BGRADB", "DRELU_BGRAD",
                            aux17) is None
-    gw, gb, gx, gbx = cb.linear_grads(dy, gelu_x, w, "BGRADB", "DGELU_BGRAD", gaux)
-    sw, sb = cb.linear_wgrad(dy, gelu_x, "BGRADB")
-    sx, sbx = cb.linear_dgrad(dy, w, "DGELU_BGRAD", gaux)
-    for name, got, ref in (("gelu dw", gw, sw), ("gelu db", gb, sb), ("gelu dx", gx, sx)):
-        np.testing.assert_array_equal(host(got), host(ref), err_msg=f"{name} (seed {rng.seed})")
-    check_close("gelu dbx", gbx, host(sbx), f16, rng.seed, tol={f16: 2e-3 * wide},
-                scale=host(sx).astype(f32))
-    gx_ref, gbx_ref = nb.linear_dgrad(dy32, w32, "DGELU_BGRAD", host(gaux).astype(f32))
-    check_close("gelu dx", gx, gx_ref, f16, rng.seed, tol={f16: 3e-3 * wide})
-    check_close("gelu dbx", gbx, gbx_ref, f16, rng.seed, tol={f16: 3e-3 * wide})
+    assert cb.linear_grads(dy, gelu_x, w, "BGRADB", "DGELU_BGRAD", gaux) is None
     cb.fused_skinny_grads = False
     assert cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux) is None
     cb.fused_skinny_grads = True
@@ -776,7 +715,7 @@ def test_linear_grads_takes_one_pass_where_both_would_be_tensor_core_kernels(nb,
     with cb.overlapping_wgrad():
         assert cb.linear_grads(dy, h, w, "BGRADB", "DRELU_BGRAD", aux, overlap=True) is None
     cb.overlap_wgrad = scope_before
-    assert cb.stats()["fused_skinny_grads"] == fused + 2
+    assert cb.stats()["fused_skinny_grads"] == fused + 1
 
 
 def test_dense_layers_take_the_one_pass_backward_and_match_the_two_calls(rng):
@@ -1137,10 +1076,9 @@ def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
 def test_half_gelu_input_gradients_take_the_own_pass(rng, dtype):
     """In 16 bits from ``own_epilog_min`` on, DGELU_BGRAD runs as a plain matmul plus
     fuseflow's GELU-gradient pass (cuBLASLt ran the large model's K = 10 one as a SIMT
-    matmul and a 307 us epilog kernel, call 182), also at K = 10 on short batches (long
-    ones take the tensor-core skinny kernel), while the GELU_AUX_BIAS forward stays
-    cuBLASLt's fused one. The results match NumPy in float64 and cuBLASLt's DGELU_BGRAD
-    within the 16-bit bounds (the pass rounds the product before ``gelu'``)."""
+    matmul and a 307 us epilog kernel, call 182), also at K = 10, while the GELU_AUX_BIAS
+    forward stays cuBLASLt's fused one. The results match NumPy in float64 and cuBLASLt's
+    DGELU_BGRAD within the 16-bit bounds (the pass rounds the product before ``gelu'``)."""
     cb, off = CudaBackend(tf32=False), CudaBackend(tf32=False)
     off.own_epilog = "off"
     x, w1 = normal(rng, (256, 96), dtype), normal(rng, (1024, 96), dtype, 0.1)
@@ -1164,19 +1102,6 @@ def test_half_gelu_input_gradients_take_the_own_pass(rng, dtype):
     small.own_epilog_min = 2 ** 30            # under the threshold: cuBLASLt's DGELU_BGRAD
     small.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
     assert small.stats()["own_epilog"] == 0
-    # a long batch at K = 10 (the large model's output layer): the tensor-core skinny
-    # input gradient's GELU form, from cuBLASLt's gelu_aux
-    tc = CudaBackend(tf32=False)
-    _, aux3 = tc.linear(dev(normal(rng, (8192, 64), dtype)), dev(normal(rng, (256, 64), dtype,
-                        0.2)), dev(normal(rng, (256,), dtype)), "GELU_AUX_BIAS")
-    w3, dy3 = normal(rng, (10, 256), dtype, 0.3), normal(rng, (8192, 10), dtype)
-    dx3, db3 = tc.linear_dgrad(dev(dy3), dev(w3), "DGELU_BGRAD", aux3)
-    assert tc.stats()["skinny_tc"] == 1 and tc.stats()["own_epilog"] == 0
-    dx3_ref, db3_ref = NumpyBackend().linear_dgrad(
-        dy3.astype(np.float64), w3.astype(np.float64), "DGELU_BGRAD",
-        host(aux3).astype(np.float64))
-    assert rel_err(host(dx3), dx3_ref) < TOL[dtype]
-    assert rel_err(host(db3), db3_ref) < TOL[dtype]
 
 
 def test_tf32_env_switch(monkeypatch):

@@ -153,11 +153,12 @@ def test_device_batches_stay_on_gpu_and_cover_the_data(cp):
 
 @pytest.mark.parametrize("activation, own_epilog, path", [
     ("relu", "auto", "own_epilog"), ("relu", "fp32", "split_bias_grad"),
-    ("gelu", "auto", "split_bias_grad")])
+    ("gelu", "auto", "own_epilog"), ("gelu", "fp32", "split_bias_grad")])
 def test_large_shape_bias_grad_split_matches_fused(cp, activation, own_epilog, path):
     """Above ``split_bias_grad_macs`` DRELU_BGRAD runs as a plain matmul plus fuseflow's
     in-place mask-and-bias-sum pass (or, with own epilogs only for float32, as DRELU + a
-    bias-sum kernel), DGELU_BGRAD as DGELU + the bias-sum kernel: NumPy's results."""
+    bias-sum kernel), DGELU_BGRAD likewise with its GELU-derivative pass (or as DGELU +
+    the bias-sum kernel): NumPy's results."""
     be = ff.backend.get("cuda")
     rng = np.random.default_rng(0)
     pre = rng.standard_normal((64, 40)).astype(np.float32)

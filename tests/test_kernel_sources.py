@@ -153,14 +153,13 @@ def _generated_sources(monkeypatch):
                 TC._xent_kernel(n, hb, np.dtype(labels), dt)
         for b, rows in itertools.product((False, True), (16, 48, TC.MAX_ROWS_PER_CHUNK)):
             TC._kernel("tc_wgrad", n, u, dt, BGRADB=b, WARPS=TC.GRAD_WARPS, RPC=rows)
-            for d, gelu in ((False, False), (True, False), (False, True)):
+            for d in (False, True):
                 TC._kernel("tc_dgrad", n, u, dt, DRELU=d, BGRAD=b, WARPS=TC.GRAD_WARPS,
-                           RPC=rows, GELU=gelu)
-        for bw, bx, (d, gelu), rows in itertools.product(
-                (False, True), (False, True), ((False, False), (True, False), (False, True)),
-                (16, 48, TC.MAX_ROWS_PER_CHUNK)):
+                           RPC=rows)
+        for bw, bx, d, rows in itertools.product((False, True), (False, True), (False, True),
+                                                 (16, 48, TC.MAX_ROWS_PER_CHUNK)):
             TC._kernel("tc_grads", n, u, dt, BGRADB=bw, DRELU=d, BGRAD=bx,
-                       WARPS=TC.GRAD_WARPS, RPC=rows, GELU=gelu)
+                       WARPS=TC.GRAD_WARPS, RPC=rows)
     # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
         TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,

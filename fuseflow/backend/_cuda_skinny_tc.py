@@ -25,8 +25,7 @@ column g), D (rows g, g + 8, columns 2t, 2t + 1). Two freedoms make every global
   warps takes 16 rows, its warps split the inputs and add their sums in shared memory.
 - ``wgrad``: ``dw = dy.T @ x`` and the bias gradient ``dy.sum(0)``; a warp takes 64
   features of a chunk of rows; chunks go through ``_cuda_skinny.sum_chunks``.
-- ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` (or ``* gelu'(aux)``, the gelu_aux read from
-  global memory 16 bytes at a time) and its column sums (the lower layer's bias
+- ``dgrad``: ``dx = (dy @ w) * relu'(aux)`` and its column sums (the lower layer's bias
   gradient); dy and the chunk's mask bytes are staged in shared memory.
 
 Sums run in float32 in a fixed order: results are deterministic, but their last bits
@@ -44,7 +43,6 @@ import numpy as np
 
 from fuseflow._dtypes import is_half
 from fuseflow.backend import _cuda_head as H
-from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 from fuseflow.backend._cuda_fused import _LABEL_CTYPES, HALF_HEADERS, MUL_RN_SRC
@@ -196,9 +194,6 @@ _PIECES = {
             #pragma unroll
             for (int s = 0; s < 2; ++s) {    // features fb + 8t + j, fb + 32 + 8t + j
                 const unsigned bits = DRELU ? ms[r * (WARPS * 8) + mbyte + 4 * s] : 0xffu;
-                unsigned pre[4];             // GELU: these 8 features' pre-activations
-                load16(pre, reinterpret_cast<const T*>(aux) + (r0 + r) * ld + fb + 32 * s
-                            + 8 * t, GELU);
                 unsigned o[4];
                 #pragma unroll
                 for (int j = 0; j < 8; j += 2) {
@@ -206,12 +201,6 @@ _PIECES = {
                     __half hi = __float2half_rn(@DACC@[j + 1][2 * h + s]);
                     if (DRELU && !((bits >> j) & 1u)) lo = __float2half(0.f);
                     if (DRELU && !((bits >> (j + 1)) & 1u)) hi = __float2half(0.f);
-                    if (GELU) {  // _cuda_epilogs.dgelu's rounding: (T)((float)(T)acc * gelu')
-                        lo = __float2half_rn(__half2float(lo) * ff_gelu_grad<float>(
-                            __half2float(__ushort_as_half((unsigned short)(pre[j >> 1])))));
-                        hi = __float2half_rn(__half2float(hi) * ff_gelu_grad<float>(
-                            __half2float(__ushort_as_half((unsigned short)(pre[j >> 1] >> 16)))));
-                    }
                     if (BGRAD) {
                         colsum[8 * s + j] += __half2float(lo);
                         colsum[8 * s + j + 1] += __half2float(hi);
@@ -522,7 +511,6 @@ _BF16_FORM = (("typedef __half T;", "typedef __nv_bfloat16 T;"),
               ("__float2half(", "__float2bfloat16("),
               ("__half2float(", "__bfloat162float("),
               ("__half_as_ushort(", "__bfloat16_as_ushort("),
-              ("__ushort_as_half(", "__ushort_as_bfloat16("),
               ("__half lo", "T lo"), ("__half hi", "T hi"))
 _F16 = np.dtype(np.float16)
 
@@ -542,9 +530,6 @@ def _kernel(name, n, unroll=GRAD_UNROLL, dtype=_F16, **flags):
            "tc_grads": _GRADS}[name]
     src = src.replace("UNROLL_ROWS", str(int(unroll)))  # a literal: #pragma unroll takes one
     head = _COMMON.replace("{N}", str(n))
-    if name in ("tc_dgrad", "tc_grads"):   # DX_STORE's GELU form
-        flags = {"GELU": False, **flags}
-        head += K.PREAMBLE
     head += "".join(f"#define {k} {int(v)}\n" for k, v in flags.items())
     return cupy.RawKernel(_source(head + src, dtype), name)
 
@@ -683,34 +668,13 @@ def _aux_aligned(aux, ld, batch):
     return padded.T, padded.shape[1]
 
 
-def _gelu_aux_aligned(aux, ld, batch):
-    """``(aux, ld)`` of a gelu_aux (column b at element ``b * ld``, F rows) that the kernel
-    reads 16 bytes at a time: as given where its columns are 16-byte aligned, else a
-    contiguous copy."""
-    if not (ld % 8 or aux.data.ptr % 16):
-        return aux, ld
-    size = aux.itemsize
-    return cupy.ascontiguousarray(cupy.lib.stride_tricks.as_strided(
-        aux, (batch, aux.shape[0]), (ld * size, size))).T, aux.shape[0]
-
-
-def _check_gelu_aux(gelu, aux, dy):
-    if gelu and (aux is None or aux.dtype != dy.dtype):
-        raise ValueError(f"tensor-core skinny input gradient: GELU needs the gelu_aux in dy's "
-                         f"dtype {dy.dtype}, got {None if aux is None else aux.dtype}")
-
-
-def dgrad(dy, w, aux, ld: int, *, bgrad: bool, gelu: bool = False, rows=None, warps=None,
-          unroll=None):
+def dgrad(dy, w, aux, ld: int, *, bgrad: bool, rows=None, warps=None, unroll=None):
     """``(dx, dbias)``: ``dy @ w`` for C-contiguous float16 dy (B, N), N <= 16, w (N, F),
-    F % 64 == 0, masked by relu_aux ``aux`` (column b at byte ``b * ld``) when given, or
-    with ``gelu`` times gelu'(aux) of the gelu_aux (column b at element ``b * ld``, dy's
-    dtype), and its column sums when ``bgrad``. ``rows``, ``warps``, ``unroll``: as
-    ``wgrad``'s."""
+    F % 64 == 0, masked by relu_aux ``aux`` (column b at byte ``b * ld``) when given, and
+    its column sums when ``bgrad``. ``rows``, ``warps``, ``unroll``: as ``wgrad``'s."""
     batch, n = dy.shape
     features = w.shape[1]
     warps, unroll = _launch_shape(warps, unroll)
-    _check_gelu_aux(gelu, aux, dy)
     dx = cupy.empty((batch, features), dtype=dy.dtype)
     db = cupy.empty(features, dtype=dy.dtype) if bgrad else None
     if not batch:
@@ -718,10 +682,10 @@ def dgrad(dy, w, aux, ld: int, *, bgrad: bool, gelu: bool = False, rows=None, wa
             db.fill(0)
         return dx, db
     rows, chunks = _chunks(batch, rows)
-    aux, ld = (_gelu_aux_aligned if gelu else _aux_aligned)(aux, ld, batch)
+    aux, ld = _aux_aligned(aux, ld, batch)
     part = cupy.empty((chunks, features), dtype=np.float32) if bgrad and chunks > 1 else None
-    kern = _kernel("tc_dgrad", n, unroll, dy.dtype, DRELU=aux is not None and not gelu,
-                   BGRAD=bgrad, WARPS=warps, RPC=rows, GELU=gelu)
+    kern = _kernel("tc_dgrad", n, unroll, dy.dtype, DRELU=aux is not None, BGRAD=bgrad, WARPS=warps,
+                   RPC=rows)
     kern((-(-features // (64 * warps)), chunks), (32 * warps,),
          (dy, w, aux if aux is not None else np.uintp(0), dx,
           part if part is not None else np.uintp(0), db if bgrad else np.uintp(0),
@@ -736,18 +700,17 @@ def grads_shared_bytes(rows: int, warps: int) -> int:
     return 16 * (rows + 16) * 2 + rows * warps * 8
 
 
-def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, gelu: bool = False,
-          rows=None, warps=None, unroll=None):
+def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, rows=None, warps=None,
+          unroll=None):
     """``(dw, db, dx, dbx)``: ``wgrad(dy, x, bgrad=bgrad_w)`` and ``dgrad(dy, w, aux, ld,
-    bgrad=bgrad_x, gelu=gelu)`` from one launch that reads each tile of x once and writes
-    the same tile of dx (see ``_GRADS``); x and w have the same features. ``rows``,
-    ``warps``, ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``)."""
+    bgrad=bgrad_x)`` from one launch that reads each tile of x once and writes the same
+    tile of dx (see ``_GRADS``); x and w have the same features. ``rows``, ``warps``,
+    ``unroll``: as ``wgrad``'s (``unroll`` defaults to ``GRADS_UNROLL``)."""
     batch, n = dy.shape
     features = x.shape[1]
     if w.shape[1] != features:
         raise ValueError(f"tensor-core skinny grads: x has {features} features but w has "
                          f"{w.shape[1]}")
-    _check_gelu_aux(gelu, aux, dy)
     warps, unroll = _launch_shape(warps, unroll, GRADS_UNROLL)
     fc = features + (1 if bgrad_w else 0)
     dw = cupy.empty((n, features), dtype=dy.dtype)
@@ -760,13 +723,12 @@ def grads(dy, x, w, aux, ld: int, *, bgrad_w: bool, bgrad_x: bool, gelu: bool = 
                 a.fill(0)
         return dw, db, dx, dbx
     rows, chunks = _chunks(batch, rows)
-    aux, ld = (_gelu_aux_aligned if gelu else _aux_aligned)(aux, ld, batch)
+    aux, ld = _aux_aligned(aux, ld, batch)
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
     xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
         else None
-    kern = _kernel("tc_grads", n, unroll, dy.dtype, BGRADB=bgrad_w,
-                   DRELU=aux is not None and not gelu, BGRAD=bgrad_x, WARPS=warps, RPC=rows,
-                   GELU=gelu)
+    kern = _kernel("tc_grads", n, unroll, dy.dtype, BGRADB=bgrad_w, DRELU=aux is not None,
+                   BGRAD=bgrad_x, WARPS=warps, RPC=rows)
     smem = grads_shared_bytes(rows, warps)
     if smem > S._SMEM_LIMIT and kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem  # opt in beyond 48 KB (8 warps, 512 rows)

@@ -804,9 +804,10 @@ class CudaBackend(Backend):
 
     def _dgrad_impl(self, dy, w, spec, aux):
         batch, features = dy.shape[0], w.shape[1]
-        if self._skinny_tc("dgrad", w.shape[0], TC.grad_supported(dy, w)):
+        if spec.activation in (None, "relu") and self._skinny_tc(
+                "dgrad", w.shape[0], TC.grad_supported(dy, w)):
             aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
-            return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias, gelu=spec.activation == "gelu")
+            return TC.dgrad(dy, w, aux, ld, bgrad=spec.bias)
         if self._skinny("dgrad", w.shape[0], spec.activation):
             aux, ld = self._aux_for_kernels(aux, batch, spec.activation)
             return S.dgrad(dy, w, aux, ld, bgrad=spec.bias)
@@ -889,8 +890,8 @@ class CudaBackend(Backend):
         would be its tensor-core skinny kernel and no side stream takes the weight
         gradient; else None (see base), having copied and counted nothing."""
         n = w.shape[0]
-        if not (is_half(dy.dtype) and self._takes_skinny_tc("wgrad", n)
-                and self._takes_skinny_tc("dgrad", n)):
+        if not (is_half(dy.dtype) and dspec.activation in (None, "relu")
+                and self._takes_skinny_tc("wgrad", n) and self._takes_skinny_tc("dgrad", n)):
             return None
         op = f"linear_grads/{wspec.name}+{dspec.name}"
         self._check_device(op, dy=dy, x=x, w=w, aux=aux)
@@ -908,8 +909,7 @@ class CudaBackend(Backend):
             aux_k, ld = self._aux_for_kernels(aux, batch, dspec.activation)
             self._counters["skinny_tc"] += 2  # the two kernels' work, in one launch
             self._counters["fused_skinny_grads"] += 1
-            return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias,
-                            gelu=dspec.activation == "gelu")
+            return TC.grads(dy, x, w, aux_k, ld, bgrad_w=wspec.bias, bgrad_x=dspec.bias)
 
         out = self._guard(op, run, {"dy": dy, "x": x, "w": w}, outputs)
         self.params_read()  # the last read of w, as in _linear_dgrad
