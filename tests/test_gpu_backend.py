@@ -1073,20 +1073,23 @@ def test_gelu_epilogs_take_the_own_pass(rng, tf32, k_splits):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
-def test_half_gelu_input_gradients_take_the_own_pass(rng, dtype):
-    """In 16 bits from ``own_epilog_min`` on, DGELU_BGRAD runs as a plain matmul plus
-    fuseflow's GELU-gradient pass (cuBLASLt ran the large model's K = 10 one as a SIMT
-    matmul and a 307 us epilog kernel, call 182), also at K = 10, while the GELU_AUX_BIAS
-    forward stays cuBLASLt's fused one. The results match NumPy in float64 and cuBLASLt's
-    DGELU_BGRAD within the 16-bit bounds (the pass rounds the product before ``gelu'``)."""
+def test_half_gelu_input_gradients_take_the_own_pass(rng, dtype, monkeypatch):
+    """In 16 bits from ``HALF_DGELU_MIN`` batch x features on, DGELU_BGRAD runs as a plain
+    matmul plus fuseflow's GELU-gradient pass (cuBLASLt ran the large model's K = 10 one
+    as a SIMT matmul and a 307 us epilog kernel, call 182), also at K = 10, while the
+    GELU_AUX_BIAS forward stays cuBLASLt's fused one. The results match NumPy in float64
+    and cuBLASLt's DGELU_BGRAD within the 16-bit bounds (the pass rounds the product
+    before ``gelu'``). Under the threshold cuBLASLt's DGELU_BGRAD stays."""
+    batch, features = 2048, 1024
+    assert batch * features >= _cuda.HALF_DGELU_MIN
     cb, off = CudaBackend(tf32=False), CudaBackend(tf32=False)
     off.own_epilog = "off"
-    x, w1 = normal(rng, (256, 96), dtype), normal(rng, (1024, 96), dtype, 0.1)
-    b1 = normal(rng, (1024,), dtype)
+    x, w1 = normal(rng, (batch, 96), dtype), normal(rng, (features, 96), dtype, 0.1)
+    b1 = normal(rng, (features,), dtype)
     y, aux = cb.linear(dev(x), dev(w1), dev(b1), "GELU_AUX_BIAS")
     assert cb.stats()["own_epilog"] == 0    # the forward: cuBLASLt's fused epilog
     for k in (10, 64):                      # the output layer's K, and a hidden layer's
-        w2, dz = normal(rng, (k, 1024), dtype, 0.3), normal(rng, (256, k), dtype)
+        w2, dz = normal(rng, (k, features), dtype, 0.3), normal(rng, (batch, k), dtype)
         cb.reset_stats()
         dh, db = cb.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
         assert cb.stats()["own_epilog"] == 1, k
@@ -1098,10 +1101,11 @@ def test_half_gelu_input_gradients_take_the_own_pass(rng, dtype):
         assert off.stats()["own_epilog"] == 0
         assert rel_err(host(dh2), host(dh)) < GELU_EPILOG_TOL[dtype]
         assert rel_err(host(db2), host(db)) < GELU_EPILOG_TOL[dtype]
-    small = CudaBackend(tf32=False)
-    small.own_epilog_min = 2 ** 30            # under the threshold: cuBLASLt's DGELU_BGRAD
-    small.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
+    monkeypatch.setattr(_cuda, "HALF_DGELU_MIN", batch * features + 1)
+    small = CudaBackend(tf32=False)         # under the threshold: cuBLASLt's DGELU_BGRAD
+    dh3, db3 = small.linear_dgrad(dev(dz), dev(w2), "DGELU_BGRAD", aux)
     assert small.stats()["own_epilog"] == 0
+    assert rel_err(host(dh3), host(dh2)) < TOL[dtype] and rel_err(host(db3), host(db2)) < TOL[dtype]
 
 
 def test_tf32_env_switch(monkeypatch):

@@ -105,6 +105,10 @@ class _Unfused:
 
 #: FUSEFLOW_OWN_EPILOG's modes (see ``CudaBackend.own_epilog``)
 OWN_EPILOG_MODES = ("auto", "fp32", "all", "off")
+#: "auto" runs 16-bit DGELU[_BGRAD] through the own pass from this many batch x features
+#: on: measured faster at 784-4096-4096-10's 8192 x 4096 (call 182, an H100). Shorter
+#: batches keep cuBLASLt's fused 16-bit epilog, which no call has compared there.
+HALF_DGELU_MIN = 2 ** 21
 #: the dense ops that may run the skinny kernels (``FUSEFLOW_SKINNY_OPS``)
 SKINNY_OPS = ("forward", "wgrad", "dgrad")
 
@@ -216,7 +220,7 @@ class CudaBackend(Backend):
         #: 3,604 against 3,951 (Adam), 784-1024-1024-10 70.6 against 76.1 and 89.6
         #: against 96.5); "auto" (default): also DRELU/DGELU input gradients of any dtype
         #: from ``split_bias_grad_macs`` on, where cuBLASLt's DRELU kernels are slower than
-        #: its plain ones, and 16-bit DGELU[_BGRAD] from ``own_epilog_min`` on (cuBLASLt ran
+        #: its plain ones, and 16-bit DGELU[_BGRAD] from ``HALF_DGELU_MIN`` on (cuBLASLt ran
         #: the 784-4096-4096-10 output layer's as a SIMT matmul plus a 307 us epilog kernel,
         #: the plain matmul and fuseflow's pass took 40 + 83 us; call 182 on an H100);
         #: "all": always (tests); "off": never.
@@ -685,14 +689,15 @@ class CudaBackend(Backend):
             return False
         if mode == "all":
             return True
-        big = batch * features >= self.own_epilog_min
-        fp32 = mode in ("fp32", "auto") and dtype == np.float32 and big
+        fp32 = mode in ("fp32", "auto") and dtype == np.float32 and \
+            batch * features >= self.own_epilog_min
         # DRELU/DGELU input gradients where cuBLASLt's are slower than its plain matmuls
         big_grad = mode == "auto" and spec.stage == "dgrad" and macs >= self.split_bias_grad_macs
         if spec.activation == "gelu":
             # the forward not with TF32 nor in 16 bits: cuBLASLt's fused ones were faster
-            # (calls 174-175, 182); its 16-bit DGELU runs a separate epilog kernel
-            half_grad = mode == "auto" and spec.stage == "dgrad" and is_half(dtype) and big
+            # (calls 174-175, 182); its 16-bit DGELU was slower on long batches (call 182)
+            half_grad = mode == "auto" and spec.stage == "dgrad" and is_half(dtype) and \
+                batch * features >= HALF_DGELU_MIN
             return (fp32 and (spec.stage == "dgrad" or not self.tf32)) or big_grad or half_grad
         return fp32 or big_grad
 
