@@ -157,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) skinny_head(
 #if DRELU
             if (!((aux[row * ld + (k >> 3)] >> (k & 7)) & 1u)) t = (A)0;
             const T o = (T)t;
-#elif DGELU  // as _cuda_epilogs.dgelu (and, in 16 bits, _cuda_kernels.gelu_grad): the
+#elif DGELU  // as _cuda_epilogs.dgelu (and _cuda_kernels.gelu_grad, its fallback): the
             // product rounded to T, times gelu'(pre-activation), rounded again
             const T o = (T)((A)(T)t * ff_gelu_grad<A>((A)aux[row * ld + k]));
 #else

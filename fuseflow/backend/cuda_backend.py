@@ -173,9 +173,11 @@ class CudaBackend(Backend):
                              f"{autotune!r}")
         self.autotune = autotune
         self.max_plans = max_plans
-        #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as DRELU/DGELU plus the
-        #: bias-sum kernel: measured faster at large shapes (benchmarks/seed_epilogs.py:
-        #: 28.66 vs 29.46 ms at 65536x8192x16384), where cuBLASLt's BGRAD algorithms are slow.
+        #: From this many multiply-adds up, DRELU/DGELU_BGRAD runs as the plain matmul plus
+        #: the own epilog pass (``own_epilog`` "auto"), or with ``own_epilog`` "fp32" or
+        #: "off" as DRELU/DGELU plus the bias-sum kernel: measured faster at large shapes
+        #: (benchmarks/seed_epilogs.py: 28.66 vs 29.46 ms at 65536x8192x16384), where
+        #: cuBLASLt's BGRAD algorithms are slow.
         self.split_bias_grad_macs = env_int("FUSEFLOW_SPLIT_BIAS_GRAD_MACS", 2 ** 32)
         #: Dense matmuls whose output (forward, wgrad) or input-gradient reduction (dgrad) side
         #: has at most this many features run fuseflow's one-kernel ``_cuda_skinny`` forms
