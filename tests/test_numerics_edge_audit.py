@@ -182,8 +182,10 @@ def test_layernorm_at_the_edges_of_the_range_vs_float64(rng, case):
                        @ (f64(dy[i]) * f64(p["scale"])) for i in range(len(x))])
     tol = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[x.dtype.type]
     assert y.dtype == x.dtype and dx.dtype == x.dtype
-    ref.close(res["xhat"], xhat, tol, tol * 1e-30 if "tiny" in case else tol, "xhat",
-              rng.seed)
+    # tiny rows: an element that nearly cancels the row mean keeps the mean's rounding
+    # (float32's eps of the row's scale), so the absolute bound follows the row's scale
+    ref.close(res["xhat"], xhat, tol, tol * np.abs(xhat).max() if "tiny" in case else tol,
+              "xhat", rng.seed)
     ref.close(y, y_ref, tol, tol, "y", rng.seed)
     ref.close(dx, dx_ref, tol, tol * np.abs(dx_ref).max(), "dx", rng.seed)
     for k in grads:
