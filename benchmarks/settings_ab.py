@@ -124,7 +124,8 @@ def main():
                                  x["precision"], x["arm"]) == (model, opt, prec, i))
                for i in range(len(arms))]
         summary.append({"model": model, "optimizer": opt, "precision": prec,
-                        "activation": args.activation, "settings": arms, "median_us": [round(m, 2) for m in med],
+                        "activation": args.activation, "settings": arms,
+                        "median_us": [round(m, 2) for m in med],
                         "ratio_to_first": [round(m / med[0], 4) for m in med]})
         print(json.dumps(summary[-1]), flush=True)
     write_json(Path(args.out) / f"settings_ab_{args.name}.json",

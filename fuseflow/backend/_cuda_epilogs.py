@@ -17,6 +17,9 @@ over the matmul's output, in place (no second activation buffer):
   gelu_aux being the pre-activation itself (the tanh formula of ``_cuda_kernels``, not
   cuBLASLt's approximation of it).
 
+Every epilog (ReLU, GELU or none) in every float dtype; in 16 bits they round the plain
+product before the bias or derivative, where cuBLASLt's fused epilogs round once.
+
 All also take the (S, B, F) partial products of a matmul whose K the backend split into S
 slices (``_k_split``): they add them in split order as they read them and write the
 result to a separate output, in place of cuBLASLt's split-K reduction kernel.
@@ -217,13 +220,6 @@ def vectorizable(features, *arrays):
     """The features come in whole aux bytes and every array allows 8-element accesses."""
     return features % 8 == 0 and all(
         a is None or a.data.ptr % (8 * a.itemsize) == 0 for a in arrays)
-
-
-def supports(activation, dtype) -> bool:
-    """These kernels run this activation's epilogs in this dtype (ReLU, GELU or none, every
-    float dtype; in 16 bits they round the plain product before the bias or derivative,
-    where cuBLASLt's fused epilogs round once)."""
-    return activation in (None, "relu", "gelu")
 
 
 def gelu_aux_vectorizable(aux, ld: int) -> bool:

@@ -686,8 +686,7 @@ class CudaBackend(Backend):
         """Run this bias/ReLU or bias/GELU epilog as plain matmul + ``_cuda_epilogs`` (see
         __init__)."""
         mode = self.own_epilog
-        if mode == "off" or spec.name == "DEFAULT" or features % 8 or \
-                not E.supports(spec.activation, dtype):
+        if mode == "off" or spec.name == "DEFAULT" or features % 8:
             return False
         if mode == "all":
             return True
@@ -765,7 +764,7 @@ class CudaBackend(Backend):
     def _linear_unfused(self, x, w, bias, spec):
         if bias is not None:
             bias = cupy.ascontiguousarray(bias)
-        own = E.supports(spec.activation, x.dtype) and E.vectorizable(w.shape[0], bias)
+        own = E.vectorizable(w.shape[0], bias)
         # The product: K-slice partials that the epilog adds up, or one plain matmul.
         part = self._split_k("forward", x, w.T) if own else None
         if part is not None:
@@ -872,7 +871,6 @@ class CudaBackend(Backend):
     def _dgrad_unfused(self, dy, w, spec, aux):
         ld = self._aux_ld(aux, aux.shape[0], dy.shape[0]) if spec.activation else None
         own = ld is not None and E.vectorizable(w.shape[1]) and \
-            E.supports(spec.activation, dy.dtype) and \
             (spec.activation == "relu" or E.gelu_aux_vectorizable(aux, ld))
         # The product: K-slice partials that the epilog adds up, or one plain matmul.
         part = self._split_k("dgrad", dy, w) if own else None
