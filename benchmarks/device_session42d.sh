@@ -9,7 +9,10 @@
 set -uo pipefail
 TAG=${TAG:-s42d}
 source "$(dirname "$0")/_device_lib.sh"
-gpu_groups 280 130
+# PART=tests or PART=bench runs one half (each fits one call); unset runs both.
+PART=${PART:-all}
+if [ "$PART" != bench ]; then gpu_groups 280 130; fi
+if [ "$PART" = tests ]; then exit 0; fi
 TAILN=6 run ab_gelu16 200 python3 benchmarks/settings_ab.py --out "$res" --name gelu16_s42d \
   --activation gelu --rounds 2 --setting own_epilog=auto --setting own_epilog=fp32 \
   --config 784-4096-4096-10:sgd:bf16 --config 784-4096-4096-10:adam:bf16 \
