@@ -1,0 +1,415 @@
+"""Can a pipelined 3xTF32 matmul beat cuBLASLt's full-float32 SIMT kernels at batch 256?
+
+    python benchmarks/tf32x3_pipe_probe.py --out DIR [--quick]
+
+Issue 5's two open targets (the medium full-float32 step at 0.75x JAX, time to 98%) wait
+on full-float32 matmuls faster than cuBLASLt's at the medium model's shapes (benchmarks.md,
+"What is left"). The own kernel's 3xTF32 form (``_cuda_gemm``, ``mma="tf32x3"``) was as
+accurate as float32 but no faster: one warp per scheduler, loads through registers, a
+k-tile's fresh sums beside its accumulators. This probe is the kernel that section asks
+for, standalone, before any of it goes into the backend:
+
+- a ``STAGES``-deep ``cp.async`` pipeline (global to shared memory without registers);
+- 8 warps a block (two per scheduler), each a (BM / WM) x (BN / WN) block of C on
+  ``mma.m16n8k8.tf32``, every product accumulated straight into the float32 sums in
+  CUTLASS's order (small products first: a_lo b_hi, a_hi b_lo, a_hi b_hi);
+- K split over the blocks of a thread-block cluster, added through distributed shared
+  memory in rank order (deterministic, one launch, no workspace).
+
+For each of the five matmuls of 784-1024-1024-10 at batch 256 (operands shaped, laid out
+and scaled as the step has them, as in ``tf32x3_probe.py``): cuBLASLt's plain float32
+product (the backend with the own matmul off) and this kernel over a sweep of tiles, K
+splits and pipeline depths, each timed like a compiled step runs it (20 calls in one CUDA
+graph, median over replays) and checked against the float64 product of the same float32
+operands (norm-relative and componentwise errors; a variant whose norm-relative error is
+above ``MAX_NORM_REL`` is reported as wrong, not timed). ``--products 1`` times plain
+TF32 (one product) as the tensor cores' ceiling. JSON out (``tf32x3_pipe_probe.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from _meta import metadata, write_json  # noqa: E402
+from gemm_sweep import LAYERS  # noqa: E402
+
+#: A variant more than this far from the float64 product (norm-relative) is wrong: float32
+#: FMAs measured 1.5-5.8e-7 at these shapes, 3xTF32 1.5-2.0e-7, TF32 2.9e-4 (call 129).
+MAX_NORM_REL = {3: 2e-6, 1: 2e-3}
+
+SRC = r"""
+#define THREADS (32 * WM * WN)
+#define WTM (BM / WM)
+#define WTN (BN / WN)
+#define MI (WTM / 16)
+#define NJ (WTN / 8)
+// Shared-memory tiles: a k-major operand as [rows][BK + 4] (fragment reads 4 g + t apart
+// mod 32), an m- or n-major one as [BK][cols + 8] (8 t + g apart): no bank conflicts.
+#define A_LD (A_KMAJOR ? BK + 4 : BM + 8)
+#define B_LD (B_KMAJOR ? BK + 4 : BN + 8)
+#define A_STAGE ((A_KMAJOR ? BM : BK) * A_LD)
+#define B_STAGE ((B_KMAJOR ? BN : BK) * B_LD)
+#define STAGE_FLOATS (A_STAGE + B_STAGE)
+#define C_LD (BN + 4)
+
+__device__ __forceinline__ void cp16(float* dst, const float* src, bool valid) {
+    const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// x = hi + lo, hi = x rounded to TF32, lo = the rest (exact in float32) rounded to TF32.
+__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    hi &= 0xffffe000u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4],
+                                         const unsigned int (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+#if SPLITS > 1
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
+    const unsigned int local = (unsigned int)__cvta_generic_to_shared(p);
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
+}
+#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
+#else
+#define CLUSTER_DIMS
+#endif
+
+// One k-tile of A (rows m0.., k k0..) and B into stage ``st``; chunks past M, N or kend
+// are zero-filled (cp.async with source size 0).
+__device__ __forceinline__ void load_tile(float* smem, int st, const float* __restrict__ A,
+                                          const float* __restrict__ B, int M, int N, int kend,
+                                          long long lda, long long ldb, int m0, int n0, int k0) {
+    float* As = smem + st * STAGE_FLOATS;
+    float* Bs = As + A_STAGE;
+#pragma unroll
+    for (int c = threadIdx.x; c < BM * BK / 4; c += THREADS) {
+#if A_KMAJOR
+        const int r = c / (BK / 4), kc = 4 * (c % (BK / 4));
+        const bool ok = m0 + r < M && k0 + kc < kend;
+        cp16(As + r * A_LD + kc, ok ? A + (long long)(m0 + r) * lda + k0 + kc : A, ok);
+#else
+        const int kr = c / (BM / 4), mc = 4 * (c % (BM / 4));
+        const bool ok = k0 + kr < kend && m0 + mc < M;
+        cp16(As + kr * A_LD + mc, ok ? A + (long long)(k0 + kr) * lda + m0 + mc : A, ok);
+#endif
+    }
+#pragma unroll
+    for (int c = threadIdx.x; c < BN * BK / 4; c += THREADS) {
+#if B_KMAJOR
+        const int r = c / (BK / 4), kc = 4 * (c % (BK / 4));
+        const bool ok = n0 + r < N && k0 + kc < kend;
+        cp16(Bs + r * B_LD + kc, ok ? B + (long long)(n0 + r) * ldb + k0 + kc : B, ok);
+#else
+        const int kr = c / (BN / 4), nc = 4 * (c % (BN / 4));
+        const bool ok = k0 + kr < kend && n0 + nc < N;
+        cp16(Bs + kr * B_LD + nc, ok ? B + (long long)(k0 + kr) * ldb + n0 + nc : B, ok);
+#endif
+    }
+}
+
+// C(M, N) = A(M, K) B(K, N), float32 in and out. A(m, k) at A[m * lda + k] (A_KMAJOR) or
+// A[k * lda + m]; B(k, n) at B[n * ldb + k] (B_KMAJOR) or B[k * ldb + n]; C row-major, ldc.
+// Grid (N / BN, M / BM, SPLITS); split z takes k in [z * kchunk, (z + 1) * kchunk).
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(THREADS)
+pipe_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+          int M, int N, int K, long long lda, long long ldb, long long ldc, int kchunk) {
+    extern __shared__ __align__(16) float smem[];
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int kbeg = blockIdx.z * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+    const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / WN, wn = warp % WN;
+    const int g = lane / 4, t = lane % 4;
+
+    float acc[MI][NJ][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ntiles) load_tile(smem, s, A, B, M, N, kend, lda, ldb, m0, n0, kbeg + s * BK);
+        cp_commit();
+    }
+    for (int kt = 0; kt < ntiles; ++kt) {
+        cp_wait<STAGES - 2>();
+        __syncthreads();  // tile kt landed for every thread; stage (kt - 1) % STAGES is free
+        const int nt = kt + STAGES - 1;
+        if (nt < ntiles) load_tile(smem, nt % STAGES, A, B, M, N, kend, lda, ldb, m0, n0,
+                                   kbeg + nt * BK);
+        cp_commit();
+        const float* As = smem + (kt % STAGES) * STAGE_FLOATS;
+        const float* Bs = As + A_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 8) {
+            unsigned int ahi[MI][4], alo[MI][4], bhi[NJ][2], blo[NJ][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const int r = wm * WTM + 16 * i + g;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {  // a[q] = A(r + 8 (q % 2), kk + t + 4 (q / 2))
+                    const int rr = r + 8 * (q % 2), kq = kk + t + 4 * (q / 2);
+#if A_KMAJOR
+                    const float v = As[rr * A_LD + kq];
+#else
+                    const float v = As[kq * A_LD + rr];
+#endif
+                    split_tf32(v, ahi[i][q], alo[i][q]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int n = wn * WTN + 8 * j + g;
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {  // b[q] = B(kk + t + 4 q, n)
+                    const int kq = kk + t + 4 * q;
+#if B_KMAJOR
+                    const float v = Bs[n * B_LD + kq];
+#else
+                    const float v = Bs[kq * B_LD + n];
+#endif
+                    split_tf32(v, bhi[j][q], blo[j][q]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+#if PRODUCTS == 3
+                    mma_tf32(acc[i][j], alo[i], bhi[j]);
+                    mma_tf32(acc[i][j], ahi[i], blo[j]);
+#endif
+                    mma_tf32(acc[i][j], ahi[i], bhi[j]);
+                }
+        }
+    }
+    cp_wait<0>();
+
+    // acc[i][j][q] = C(wm WTM + 16 i + g + 8 (q / 2), wn WTN + 8 j + 2 t + q % 2)
+#if SPLITS > 1
+    __syncthreads();  // every warp is done with the pipeline's shared memory
+    float* Cs = smem;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WTM + 16 * i + g + 8 * h, c = wn * WTN + 8 * j + 2 * t;
+                *reinterpret_cast<float2*>(Cs + r * C_LD + c) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+    cluster_sync();
+    const unsigned int rank = blockIdx.z;
+    for (int e = threadIdx.x; e < (BM / SPLITS) * (BN / 4); e += THREADS) {
+        const int r = (e / (BN / 4)) * SPLITS + rank, c = 4 * (e % (BN / 4));
+        float4 s = load_peer(Cs + r * C_LD + c, 0);
+#pragma unroll
+        for (int q = 1; q < SPLITS; ++q) {
+            const float4 v = load_peer(Cs + r * C_LD + c, q);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+        if (m0 + r < M && n0 + c < N)
+            *reinterpret_cast<float4*>(C + (long long)(m0 + r) * ldc + n0 + c) = s;
+    }
+    cluster_sync();  // peers keep their shared memory until every block has read it
+#else
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = m0 + wm * WTM + 16 * i + g + 8 * h;
+                const int c = n0 + wn * WTN + 8 * j + 2 * t;
+                if (r < M && c < N)
+                    *reinterpret_cast<float2*>(C + (long long)r * ldc + c) =
+                        make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+#endif
+}
+"""
+
+#: (BM, BN, WM, WN, BK, STAGES): block tile, warps along M and N, k-tile, pipeline depth.
+TILES = [(64, 128, 2, 4, 32, 3), (64, 128, 2, 4, 16, 4), (128, 128, 4, 2, 32, 3),
+         (64, 64, 2, 2, 32, 4), (128, 64, 4, 2, 32, 3), (32, 128, 1, 4, 32, 4)]
+QUICK_TILES = TILES[:3]
+SPLITS = (1, 2, 4, 8)
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def source(bm, bn, wm, wn, bk, stages, a_kmajor, b_kmajor, splits, products):
+    defines = dict(BM=bm, BN=bn, WM=wm, WN=wn, BK=bk, STAGES=stages, A_KMAJOR=a_kmajor,
+                   B_KMAJOR=b_kmajor, SPLITS=splits, PRODUCTS=products)
+    return "".join(f"#define {k} {int(v)}\n" for k, v in defines.items()) + SRC
+
+
+def smem_bytes(bm, bn, bk, stages, a_kmajor, b_kmajor, splits):
+    a = (bm if a_kmajor else bk) * ((bk + 4) if a_kmajor else (bm + 8))
+    b = (bn if b_kmajor else bk) * ((bk + 4) if b_kmajor else (bn + 8))
+    c = bm * (bn + 4) if splits > 1 else 0
+    return 4 * max(stages * (a + b), c)
+
+
+@functools.cache
+def kernel(*key):
+    import cupy as cp
+
+    k = cp.RawKernel(source(*key), "pipe_gemm", options=("--std=c++17",))
+    bm, bn, wm, wn, bk, stages, a_km, b_km, splits, _ = key
+    k.max_dynamic_shared_size_bytes = smem_bytes(bm, bn, bk, stages, a_km, b_km, splits)
+    return k
+
+
+def launch(a, b, c, m, n, k, lda, ldb, a_kmajor, b_kmajor, tile, splits, products):
+    """C = A B by the probe's kernel; A, B, C CuPy float32, strides as in ``SRC``."""
+    bm, bn, wm, wn, bk, stages = tile
+    chunk = _cdiv(_cdiv(k, splits), bk) * bk
+    kern = kernel(bm, bn, wm, wn, bk, stages, a_kmajor, b_kmajor, splits, products)
+    kern((_cdiv(n, bn), _cdiv(m, bm), splits), (32 * wm * wn,),
+         (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb),
+          np.int64(n), np.int32(chunk)),
+         shared_mem=smem_bytes(bm, bn, bk, stages, a_kmajor, b_kmajor, splits))
+
+
+def operands(op, batch, fin, fout, rng):
+    """The layer's two float32 operands as the step has them, and the product's layout:
+    ``(A_array, B_array, m, n, k, lda, ldb, a_kmajor, b_kmajor, a_mat, b_mat)`` with
+    a_mat (m, k) and b_mat (k, n) the NumPy matrices of the product."""
+    if op == "forward":   # y = x @ w.T: x (batch, fin) after a ReLU, w (fout, fin)
+        x = np.maximum(rng.standard_normal((batch, fin)), 0).astype(np.float32)
+        w = (rng.standard_normal((fout, fin)) / np.sqrt(fin)).astype(np.float32)
+        return x, w, batch, fout, fin, fin, fin, 1, 1, x, w.T
+    if op == "dgrad":     # dx = dy @ w: dy (batch, fin), w (fin, fout)
+        dy = rng.standard_normal((batch, fin)).astype(np.float32)
+        w = (rng.standard_normal((fin, fout)) / np.sqrt(fin)).astype(np.float32)
+        return dy, w, batch, fout, fin, fin, fout, 1, 0, dy, w
+    # dw = dy.T @ x: dy (batch, fout), x (batch, fin) after a ReLU
+    dy = rng.standard_normal((batch, fout)).astype(np.float32)
+    x = np.maximum(rng.standard_normal((batch, fin)), 0).astype(np.float32)
+    return dy, x, fout, fin, batch, fout, fin, 0, 0, dy.T, x
+
+
+def errors(got, ref, scale):
+    d = np.abs(np.asarray(got, dtype=np.float64) - ref)
+    return {"norm_rel": float(np.linalg.norm(d) / np.linalg.norm(ref)),
+            "comp_max": float((d / np.maximum(scale, 1e-300)).max())}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="three tiles, not six")
+    ap.add_argument("--products", type=int, choices=(1, 3), nargs="+", default=[3])
+    ap.add_argument("--name", default="tf32x3_pipe_probe")
+    args = ap.parse_args()
+    import cupy as cp
+
+    from skinny_sweep import graph_us
+
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    fp32 = CudaBackend(tf32=False, autotune=False)
+    fp32.own_gemm_max_macs = 0
+    rng = np.random.default_rng(0)
+    tiles = QUICK_TILES if args.quick else TILES
+    rows = []
+    for label, op, batch, fin, fout in LAYERS[:5]:
+        a, b, m, n, k, lda, ldb, akm, bkm, amat, bmat = operands(op, batch, fin, fout, rng)
+        ref = amat.astype(np.float64) @ bmat.astype(np.float64)
+        scale = np.abs(amat).astype(np.float64) @ np.abs(bmat).astype(np.float64)
+        A, B = cp.asarray(a), cp.asarray(b)
+        if op == "forward":
+            def cublas():
+                return fp32.linear(A, B, None, "DEFAULT")[0]
+        elif op == "dgrad":
+            def cublas():
+                return fp32.linear_dgrad(A, B, "DEFAULT", None)[0]
+        else:
+            def cublas():
+                return fp32.linear_wgrad(A, B, "DEFAULT")[0]
+        row = {"label": label, "op": op, "m": m, "n": n, "k": k,
+               "cublaslt_fp32_errors": errors(cp.asnumpy(cublas()), ref, scale),
+               "cublaslt_fp32_us": graph_us(cublas), "variants": []}
+        C = cp.empty((m, n), dtype=cp.float32)
+        for products in args.products:
+            for tile in tiles:
+                for splits in SPLITS:
+                    if _cdiv(_cdiv(k, splits), tile[4]) < 2 or tile[0] % splits:
+                        continue
+                    v = {"tile": list(tile), "splits": splits, "products": products,
+                         "blocks": _cdiv(n, tile[1]) * _cdiv(m, tile[0]) * splits}
+
+                    def run():
+                        launch(A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits, products)
+                    try:
+                        C.fill(np.nan)
+                        run()
+                        v["errors"] = errors(cp.asnumpy(C), ref, scale)
+                        if not v["errors"]["norm_rel"] <= MAX_NORM_REL[products]:
+                            v["wrong"] = True
+                        else:
+                            v["us"] = graph_us(run)
+                    except Exception as e:  # noqa: BLE001 - record and go on
+                        v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    row["variants"].append(v)
+        timed = [v for v in row["variants"] if "us" in v and v["products"] == 3]
+        if timed:
+            best = min(timed, key=lambda v: v["us"])
+            row["best_3xtf32"] = best
+            row["speedup_best_vs_cublaslt"] = row["cublaslt_fp32_us"] / best["us"]
+        bad = sum(1 for v in row["variants"] if "wrong" in v or "error" in v)
+        print(f"{label:48s} cublaslt {row['cublaslt_fp32_us']:7.2f} us "
+              f"(err {row['cublaslt_fp32_errors']['norm_rel']:.1e})"
+              + (f"  best 3xTF32 {best['us']:7.2f} us {best['tile']} s={best['splits']} "
+                 f"(err {best['errors']['norm_rel']:.1e})" if timed else "  no 3xTF32 timed")
+              + f"  wrong/failed {bad}", flush=True)
+        for v in row["variants"]:
+            if "error" in v or "wrong" in v:
+                print("   ", v, flush=True)
+        rows.append(row)
+    write_json(os.path.join(args.out, f"{args.name}.json"),
+               {"benchmark": "tf32x3_pipe_probe", **metadata("cupy", "nvmath"), "rows": rows,
+                "note": "median GPU time per call: 20 calls in one CUDA graph; cublaslt = "
+                        "the backend's plain float32 product, own matmul off"})
+
+
+if __name__ == "__main__":
+    main()
