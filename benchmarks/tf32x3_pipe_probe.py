@@ -18,7 +18,7 @@ for, standalone, before any of it goes into the backend:
 
 For each of the five matmuls of 784-1024-1024-10 at batch 256 (operands shaped, laid out
 and scaled as the step has them, as in ``tf32x3_probe.py``): cuBLASLt's plain float32
-product (the backend with the own matmul off) and this kernel over a sweep of tiles, K
+product (the backend with the own matmul off), its TF32 product, and this kernel over a sweep of tiles, K
 splits and pipeline depths, each timed like a compiled step runs it (20 calls in one CUDA
 graph, median over replays) and checked against the float64 product of the same float32
 operands (norm-relative and componentwise errors; a variant whose norm-relative error is
@@ -333,12 +333,36 @@ def errors(got, ref, scale):
             "comp_max": float((d / np.maximum(scale, 1e-300)).max())}
 
 
+def ncu_target(fp32, tf32, rng):
+    import cupy as cp
+
+    _, op, batch, fin, fout = LAYERS[1]
+    a, b, m, n, k, lda, ldb, akm, bkm, _, _ = operands(op, batch, fin, fout, rng)
+    A, B = cp.asarray(a), cp.asarray(b)
+    C = cp.empty((m, n), dtype=cp.float32)
+    runs = [lambda: tf32.linear(A, B, None, "DEFAULT"), lambda: fp32.linear(A, B, None, "DEFAULT")]
+    runs += [functools.partial(launch, A, B, C, m, n, k, lda, ldb, akm, bkm,
+                               (64, 64, 2, 2, 32, 4), 4, p) for p in (1, 3)]
+    for run in runs:  # compiled, planned and warm before the profiled range
+        run()
+    cp.cuda.Device().synchronize()
+    cp.cuda.runtime.profilerStart()
+    for run in runs:
+        run()
+    cp.cuda.Device().synchronize()
+    cp.cuda.runtime.profilerStop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="three tiles, not six")
     ap.add_argument("--products", type=int, choices=(1, 3), nargs="+", default=[3])
     ap.add_argument("--name", default="tf32x3_pipe_probe")
+    ap.add_argument("--ncu", action="store_true",
+                    help="a target for Nsight Compute (--profile-from-start off): layer 2's "
+                         "forward once by cuBLASLt in TF32 and float32, and by the kernel "
+                         "(64 x 64 tile, 4 splits) with one and three products; no JSON")
     args = ap.parse_args()
     import cupy as cp
 
@@ -348,7 +372,10 @@ def main():
 
     fp32 = CudaBackend(tf32=False, autotune=False)
     fp32.own_gemm_max_macs = 0
+    tf32 = CudaBackend(tf32=True, autotune=False)
     rng = np.random.default_rng(0)
+    if args.ncu:
+        return ncu_target(fp32, tf32, rng)
     tiles = QUICK_TILES if args.quick else TILES
     rows = []
     for label, op, batch, fin, fout in LAYERS[:5]:
@@ -356,18 +383,18 @@ def main():
         ref = amat.astype(np.float64) @ bmat.astype(np.float64)
         scale = np.abs(amat).astype(np.float64) @ np.abs(bmat).astype(np.float64)
         A, B = cp.asarray(a), cp.asarray(b)
-        if op == "forward":
-            def cublas():
-                return fp32.linear(A, B, None, "DEFAULT")[0]
-        elif op == "dgrad":
-            def cublas():
-                return fp32.linear_dgrad(A, B, "DEFAULT", None)[0]
-        else:
-            def cublas():
-                return fp32.linear_wgrad(A, B, "DEFAULT")[0]
+        def product(be):
+            if op == "forward":
+                return lambda: be.linear(A, B, None, "DEFAULT")[0]
+            if op == "dgrad":
+                return lambda: be.linear_dgrad(A, B, "DEFAULT", None)[0]
+            return lambda: be.linear_wgrad(A, B, "DEFAULT")[0]
+        cublas, cublas_tf32 = product(fp32), product(tf32)
         row = {"label": label, "op": op, "m": m, "n": n, "k": k,
                "cublaslt_fp32_errors": errors(cp.asnumpy(cublas()), ref, scale),
-               "cublaslt_fp32_us": graph_us(cublas), "variants": []}
+               "cublaslt_fp32_us": graph_us(cublas),
+               "cublaslt_tf32_errors": errors(cp.asnumpy(cublas_tf32()), ref, scale),
+               "cublaslt_tf32_us": graph_us(cublas_tf32), "variants": []}
         C = cp.empty((m, n), dtype=cp.float32)
         for products in args.products:
             for tile in tiles:
@@ -397,6 +424,7 @@ def main():
             row["speedup_best_vs_cublaslt"] = row["cublaslt_fp32_us"] / best["us"]
         bad = sum(1 for v in row["variants"] if "wrong" in v or "error" in v)
         print(f"{label:48s} cublaslt {row['cublaslt_fp32_us']:7.2f} us "
+              f"(TF32 {row['cublaslt_tf32_us']:7.2f}) "
               f"(err {row['cublaslt_fp32_errors']['norm_rel']:.1e})"
               + (f"  best 3xTF32 {best['us']:7.2f} us {best['tile']} s={best['splits']} "
                  f"(err {best['errors']['norm_rel']:.1e})" if timed else "  no 3xTF32 timed")
