@@ -10,7 +10,7 @@ k-tile's fresh sums beside its accumulators. This probe is the kernel that secti
 for, standalone, before any of it goes into the backend:
 
 - a ``STAGES``-deep ``cp.async`` pipeline (global to shared memory without registers);
-- 8 warps a block (two per scheduler), each a (BM / WM) x (BN / WN) block of C on
+- 4 or 8 warps a block (one or two per scheduler), each a (BM / WM) x (BN / WN) block of C on
   ``mma.m16n8k8.tf32``, every product accumulated straight into the float32 sums in
   CUTLASS's order (small products first: a_lo b_hi, a_hi b_lo, a_hi b_hi);
 - K split over the blocks of a thread-block cluster, added through distributed shared
