@@ -42,6 +42,8 @@ sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS  # noqa: E402
 
+from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
+
 #: A variant more than this far from the float64 product (norm-relative) is wrong: float32
 #: FMAs measured 1.5-5.8e-7 at these shapes, 3xTF32 1.5-2.0e-7, TF32 2.9e-4 (call 129).
 MAX_NORM_REL = {3: 2e-6, 1: 2e-3}
@@ -86,55 +88,32 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[
 }
 
 #if SPLITS > 1
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
-    const unsigned int local = (unsigned int)__cvta_generic_to_shared(p);
-    unsigned int remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-    return v;
-}
-#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
+""" + CLUSTER_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
 #else
 #define CLUSTER_DIMS
 #endif
 
-// One k-tile of A (rows m0.., k k0..) and B into stage ``st``; chunks past M, N or kend
-// are zero-filled (cp.async with source size 0).
+// One operand's k-tile into shared memory S (row stride LD): EXT rows or columns of it
+// (along M for A, N for B) from e0, k from k0; chunks past elimit or kend are zero-filled
+// (cp.async with source size 0). G(e, k) is G[e * ld + k] (KMAJOR) or G[k * ld + e].
+template <int KMAJOR, int EXT, int LD>
+__device__ __forceinline__ void load_operand(float* S, const float* __restrict__ G, long long ld,
+                                             int e0, int elimit, int k0, int kend) {
+#pragma unroll
+    for (int c = threadIdx.x; c < EXT * BK / 4; c += THREADS) {
+        const int r = KMAJOR ? c / (BK / 4) : c / (EXT / 4);  // the row of S
+        const int q = 4 * (KMAJOR ? c % (BK / 4) : c % (EXT / 4));  // its first column
+        const int e = e0 + (KMAJOR ? r : q), k = k0 + (KMAJOR ? q : r);
+        const bool ok = e < elimit && k < kend;
+        cp16(S + r * LD + q, ok ? G + (KMAJOR ? (long long)e * ld + k : (long long)k * ld + e) : G, ok);
+    }
+}
 __device__ __forceinline__ void load_tile(float* smem, int st, const float* __restrict__ A,
                                           const float* __restrict__ B, int M, int N, int kend,
                                           long long lda, long long ldb, int m0, int n0, int k0) {
     float* As = smem + st * STAGE_FLOATS;
-    float* Bs = As + A_STAGE;
-#pragma unroll
-    for (int c = threadIdx.x; c < BM * BK / 4; c += THREADS) {
-#if A_KMAJOR
-        const int r = c / (BK / 4), kc = 4 * (c % (BK / 4));
-        const bool ok = m0 + r < M && k0 + kc < kend;
-        cp16(As + r * A_LD + kc, ok ? A + (long long)(m0 + r) * lda + k0 + kc : A, ok);
-#else
-        const int kr = c / (BM / 4), mc = 4 * (c % (BM / 4));
-        const bool ok = k0 + kr < kend && m0 + mc < M;
-        cp16(As + kr * A_LD + mc, ok ? A + (long long)(k0 + kr) * lda + m0 + mc : A, ok);
-#endif
-    }
-#pragma unroll
-    for (int c = threadIdx.x; c < BN * BK / 4; c += THREADS) {
-#if B_KMAJOR
-        const int r = c / (BK / 4), kc = 4 * (c % (BK / 4));
-        const bool ok = n0 + r < N && k0 + kc < kend;
-        cp16(Bs + r * B_LD + kc, ok ? B + (long long)(n0 + r) * ldb + k0 + kc : B, ok);
-#else
-        const int kr = c / (BN / 4), nc = 4 * (c % (BN / 4));
-        const bool ok = k0 + kr < kend && n0 + nc < N;
-        cp16(Bs + kr * B_LD + nc, ok ? B + (long long)(k0 + kr) * ldb + n0 + nc : B, ok);
-#endif
-    }
+    load_operand<A_KMAJOR, BM, A_LD>(As, A, lda, m0, M, k0, kend);
+    load_operand<B_KMAJOR, BN, B_LD>(As + A_STAGE, B, ldb, n0, N, k0, kend);
 }
 
 // C(M, N) = A(M, K) B(K, N), float32 in and out. A(m, k) at A[m * lda + k] (A_KMAJOR) or

@@ -87,6 +87,26 @@ DMMA_K = 16
 #: The most blocks of a cluster that every GPU of compute capability 9.0 runs (portable).
 MAX_CLUSTER = 8
 
+#: A thread-block cluster's barrier and its reads of a peer block's shared memory (also
+#: the cluster sums of ``benchmarks/tf32x3_pipe_probe.py``).
+CLUSTER_SRC = r"""// Every thread of every block of the cluster arrives; shared-memory writes before it are
+// visible to the cluster's reads after it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// 16 bytes at ``p`` (this block's shared memory) in the shared memory of cluster block ``rank``.
+__device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
+    const unsigned int local = (unsigned int)__cvta_generic_to_shared(p);
+    unsigned int remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
+}
+"""
+
 _SRC = r"""
 #define BM (32 * WM)
 #define BN (64 * WN)
@@ -115,23 +135,7 @@ _SRC = r"""
 #define FINISHES_ROW(i) ((i) % FINISHERS == FINISHER_RANK)
 #if CLUSTER > 1
 #define CLUSTER_DIMS __cluster_dims__(1, 1, CLUSTER)
-// Every thread of every block of the cluster arrives; shared-memory writes before it are
-// visible to the cluster's reads after it.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// 16 bytes at ``p`` (this block's shared memory) in the shared memory of cluster block ``rank``.
-__device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
-    const unsigned int local = (unsigned int)__cvta_generic_to_shared(p);
-    unsigned int remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
-    return v;
-}
-#else
+""" + CLUSTER_SRC + r"""#else
 #define CLUSTER_DIMS
 #endif
 
