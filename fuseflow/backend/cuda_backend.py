@@ -106,9 +106,11 @@ class _Unfused:
 #: FUSEFLOW_OWN_EPILOG's modes (see ``CudaBackend.own_epilog``)
 OWN_EPILOG_MODES = ("auto", "fp32", "all", "off")
 #: "auto" runs 16-bit DGELU[_BGRAD] through the own pass from this many batch x features
-#: on: measured faster at 784-4096-4096-10's 8192 x 4096 (call 182, an H100). Shorter
-#: batches keep cuBLASLt's fused 16-bit epilog, which no call has compared there.
-HALF_DGELU_MIN = 2 ** 21
+#: on: measured faster at 784-4096-4096-10's 8192 x 4096 (call 182, an H100: 12-13% on the
+#: whole bf16 step, call 185) and at 784-1024-1024-10's 256 x 1024 (call 187: its bf16
+#: steps 3-4% faster side by side). Shorter ones keep cuBLASLt's fused 16-bit epilog,
+#: which no call has compared there.
+HALF_DGELU_MIN = 2 ** 18
 #: the dense ops that may run the skinny kernels (``FUSEFLOW_SKINNY_OPS``)
 SKINNY_OPS = ("forward", "wgrad", "dgrad")
 
