@@ -24,6 +24,11 @@ graph, median over replays) and checked against the float64 product of the same 
 operands (norm-relative and componentwise errors; a variant whose norm-relative error is
 above ``MAX_NORM_REL`` is reported as wrong, not timed). ``--products 1`` times plain
 TF32 (one product) as the tensor cores' ceiling. JSON out (``tf32x3_pipe_probe.json``).
+
+Measured on an H100 (calls 184, 186, 187; benchmarks.md, "What is left"): slower than
+cuBLASLt's float32 at all five products, 3-36x less accurate with the sums in the tensor
+cores' accumulators, and one TF32 product twice cuBLASLt's TF32 time (an sm90 ``wgmma``
+kernel). So none of it went into the backend.
 """
 
 from __future__ import annotations
