@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS  # noqa: E402
 
-from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
+from fuseflow.backend._cuda_gemm import CLUSTER_SRC, TF32X3_SRC  # noqa: E402
 
 #: A variant more than this far from the float64 product (norm-relative) is wrong: float32
 #: FMAs measured 1.5-5.8e-7 at these shapes, 3xTF32 1.5-2.0e-7, TF32 2.9e-4 (call 129).
@@ -78,20 +78,7 @@ template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
-// x = hi + lo, hi = x rounded to TF32, lo = the rest (exact in float32) rounded to TF32.
-__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    hi &= 0xffffe000u;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-}
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned int (&a)[4],
-                                         const unsigned int (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
+""" + TF32X3_SRC + r"""
 #if SPLITS > 1
 """ + CLUSTER_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
 #else
@@ -194,10 +181,10 @@ pipe_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __res
 #pragma unroll
                 for (int j = 0; j < NJ; ++j) {
 #if PRODUCTS == 3
-                    mma_tf32(acc[i][j], alo[i], bhi[j]);
-                    mma_tf32(acc[i][j], ahi[i], blo[j]);
+                    tf32_mma(acc[i][j], alo[i], bhi[j]);
+                    tf32_mma(acc[i][j], ahi[i], blo[j]);
 #endif
-                    mma_tf32(acc[i][j], ahi[i], bhi[j]);
+                    tf32_mma(acc[i][j], ahi[i], bhi[j]);
                 }
         }
     }

@@ -89,7 +89,8 @@ MAX_CLUSTER = 8
 
 #: A thread-block cluster's barrier and its reads of a peer block's shared memory (also
 #: the cluster sums of ``benchmarks/tf32x3_pipe_probe.py``).
-CLUSTER_SRC = r"""// Every thread of every block of the cluster arrives; shared-memory writes before it are
+CLUSTER_SRC = r"""
+// Every thread of every block of the cluster arrives; shared-memory writes before it are
 // visible to the cluster's reads after it.
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
@@ -104,6 +105,30 @@ __device__ __forceinline__ float4 load_peer(const float* p, unsigned int rank) {
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
     return v;
+}
+"""
+
+#: 3xTF32's operand split and its TF32 tensor-core product (also the probe's).
+TF32X3_SRC = r"""
+// 3xTF32 (CUTLASS's "fast accurate" float32 on the TF32 tensor cores): each float32 operand
+// is split into x = hi + lo, hi = x rounded to TF32 (10 explicit mantissa bits), lo = the
+// rest (exact in float32) rounded to TF32, so hi + lo carries 21-22 bits of x; a product is
+// lo_a hi_b + hi_a lo_b + hi_a hi_b (lo_a lo_b, about 2^-22 of it, is dropped), all three
+// added to a k-tile's float32 sums by mma.m16n8k8.tf32, whose fragments sit where the
+// float64 m16n8k8's do: a[i] = A(g + 8 (i % 2), t + 4 (i / 2)), b[i] = B(t + 4 i, g),
+// d[i] = D(g + 8 (i / 2), 2 t + i % 2) (PTX ISA, "Matrix Fragments for mma.m16n8k8").
+__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    hi &= 0xffffe000u;  // the TF32 bits alone (PTX leaves the low 13 unspecified), so the
+                        // difference below is x's exact remainder
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+__device__ __forceinline__ void tf32_mma(float (&d)[4], const unsigned int (&a)[4],
+                                         const unsigned int (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 """
 
@@ -167,27 +192,7 @@ __device__ __forceinline__ void dmma(double (&d)[4], const double (&a)[FA], cons
 #endif
 
 #if TF32X3
-// 3xTF32 (CUTLASS's "fast accurate" float32 on the TF32 tensor cores): each float32 operand
-// is split into x = hi + lo, hi = x rounded to TF32 (10 explicit mantissa bits), lo = the
-// rest (exact in float32) rounded to TF32, so hi + lo carries 21-22 bits of x; a product is
-// lo_a hi_b + hi_a lo_b + hi_a hi_b (lo_a lo_b, about 2^-22 of it, is dropped), all three
-// added to a k-tile's float32 sums by mma.m16n8k8.tf32, whose fragments sit where the
-// float64 m16n8k8's do: a[i] = A(g + 8 (i % 2), t + 4 (i / 2)), b[i] = B(t + 4 i, g),
-// d[i] = D(g + 8 (i / 2), 2 t + i % 2) (PTX ISA, "Matrix Fragments for mma.m16n8k8").
-__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    hi &= 0xffffe000u;  // the TF32 bits alone (PTX leaves the low 13 unspecified), so the
-                        // difference below is x's exact remainder
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-}
-__device__ __forceinline__ void tf32_mma(float (&d)[4], const unsigned int (&a)[4],
-                                         const unsigned int (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
+""" + TF32X3_SRC + r"""#endif
 
 // Quads (16 bytes) of an operand tile of R rows (BM or BN) by BK: P(r, k) is P[r * ld + k]
 // (KMAJOR) or P[k * ld + r]; zeros past rend rows and kend. L quads per thread. Where each
