@@ -1,0 +1,524 @@
+"""Can a Hopper ``wgmma`` 3xTF32 matmul with float32-grade sums beat cuBLASLt's float32?
+
+    python benchmarks/wgmma_probe.py --out DIR [--quick] [--products 1 3]
+
+The pipelined ``mma.sync`` probe (``tf32x3_pipe_probe.py``, the fortieth session) was
+slower than cuBLASLt's float32 SIMT kernels at all five medium-model products, and even one
+TF32 product took it twice cuBLASLt's TF32 time, an sm90 ``wgmma`` kernel (benchmarks.md,
+"What is left"). It also showed that summing 3xTF32's products straight in the tensor
+cores' accumulators loses float32's accuracy over 784-1024-deep sums. This probe is the
+kernel that section names next, standalone, before any of it goes into the backend:
+
+- ``wgmma.mma_async`` (m64nNk8, TF32) by one or two warpgroups, both operands from shared
+  memory in the unswizzled K-major layout (8 x 4 core matrices; the row-group and k-group
+  strides are padded so that the split's stores spread over the banks);
+- every thread loads a k-tile of float32 operands into registers while the tensor cores
+  work on the previous one, splits each value once into TF32 hi + lo, and stores both into
+  the other of two shared-memory stages (any operand layout: the store transposes);
+- ``SUMS=1``: each k-tile's products go to fresh accumulators (``scale-d`` 0 on the
+  first), which are added to the running sums with float32 round-to-nearest adds, so no
+  sum is more than a k-tile deep in the tensor cores' truncating adder; ``SUMS=0`` sums
+  everything in the tensor cores, as CUTLASS's 3xTF32 does;
+- K split over the blocks of a thread-block cluster, added through distributed shared memory.
+
+For each of the five matmuls of 784-1024-1024-10 at batch 256 (``tf32x3_pipe_probe``'s
+operands): cuBLASLt's float32 and TF32 products, and this kernel over tiles, splits,
+products (1: plain TF32, the kernel's ceiling; 3: 3xTF32) and both sum modes, each checked
+against the float64 product before it is timed (20 calls in one CUDA graph, median over
+replays). Compiled by NVRTC for ``sm_90a`` (``wgmma`` needs the architecture-specific
+target; CuPy's own compile path only targets ``sm_90``). Before the sweep the probe finds
+which of the two readings of the descriptor's byte offsets is right (``layout``) and maps,
+on one tile, which reference element each output holds (``fragment_check``), so a wrong
+layout is diagnosed from one run. JSON out (``wgmma_probe.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from _meta import metadata, write_json  # noqa: E402
+from gemm_sweep import LAYERS  # noqa: E402
+from tf32x3_pipe_probe import errors, operands  # noqa: E402
+
+from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
+
+#: A variant more than this far from the float64 product (norm-relative) is wrong.
+MAX_NORM_REL = {3: 2e-6, 1: 2e-3}
+BK = 32
+SBO = 144  # bytes between row groups: 128 + 16 of padding (see ``kgroup_bytes``)
+
+SRC = r"""
+#define THREADS (128 * WG)
+#define BM (64 * WG)
+#define LA (BM * BK / 4 / THREADS)  // float4 quads of A a thread loads per k-tile
+#define LB (BN * BK / 4 / THREADS)
+#define NACC (BN / 2)
+
+__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    hi &= 0xffffe000u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+    lo &= 0xffffe000u;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Generic-proxy stores to shared memory become visible to wgmma's async-proxy reads.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+
+// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
+// leading- and stride-dimension byte offsets, all in 16-byte units; no swizzle.
+__device__ __forceinline__ unsigned long long descriptor(unsigned int addr, unsigned int kgroup,
+                                                         unsigned int rgroup) {
+#if SWAP
+    const unsigned int lbo = rgroup, sbo = kgroup;
+#else
+    const unsigned int lbo = kgroup, sbo = rgroup;
+#endif
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
+         | ((unsigned long long)(sbo >> 4) << 32);
+}
+""" + "WGMMA_SRC" + r"""
+#if SPLITS > 1
+""" + CLUSTER_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
+#else
+#define CLUSTER_DIMS
+#endif
+
+// Where operand element (row e of its R rows, k) sits in a tile: core matrix (e / 8, k / 4)
+// at (k / 4) KG + (e / 8) SBO, then row e % 8 at 16 bytes, k % 4 at 4.
+__device__ __forceinline__ int tile_offset(int e, int k, int kg) {
+    return (k / 4) * kg + (e / 8) * SBO + (e % 8) * 16 + (k % 4) * 4;
+}
+
+// Quad i of this thread's share of an R x BK operand tile: (e, k) of its first element and
+// whether the quad runs along k (KMAJOR) or along e. Lanes are laid out so that a warp
+// reads whole 32-byte sectors and its stores hit distinct banks.
+template <int KMAJOR, int R>
+__device__ __forceinline__ void quad_position(int c, int& e, int& k) {
+    if (KMAJOR) {  // 8 rows x 8 quads of k per 64 quads
+        e = c % 8 + 8 * (c / (8 * (BK / 4)));
+        k = 4 * ((c / 8) % (BK / 4));
+    } else {       // 8 k x 4 quads of e per 32 quads, BK / 8 such groups along k
+        k = c % 8 + 8 * ((c / 32) % (BK / 8));
+        e = 4 * ((c / 8) % 4 + 4 * (c / (32 * (BK / 8))));
+    }
+}
+
+template <int KMAJOR, int R, int L>
+__device__ __forceinline__ void fetch(float4 (&r)[L], const float* __restrict__ G, long long ld,
+                                      int e0, int elimit, int k0, int kend) {
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+        int e, k;
+        quad_position<KMAJOR, R>(threadIdx.x + i * THREADS, e, k);
+        e += e0; k += k0;
+        const bool ok = e < elimit && k < kend;  // quads lie wholly inside or outside
+        r[i] = ok ? __ldg(reinterpret_cast<const float4*>(G + (KMAJOR ? (long long)e * ld + k
+                                                                     : (long long)k * ld + e)))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+template <int KMAJOR, int R, int L, int KG>
+__device__ __forceinline__ void stash(unsigned char* hi, unsigned char* lo, const float4 (&r)[L]) {
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+        int e, k;
+        quad_position<KMAJOR, R>(threadIdx.x + i * THREADS, e, k);
+        const float v[4] = {r[i].x, r[i].y, r[i].z, r[i].w};
+        unsigned int h[4], l[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) split_tf32(v[j], h[j], l[j]);
+        if (KMAJOR) {
+            const int off = tile_offset(e, k, KG);
+            *reinterpret_cast<uint4*>(hi + off) = make_uint4(h[0], h[1], h[2], h[3]);
+#if PRODUCTS == 3
+            *reinterpret_cast<uint4*>(lo + off) = make_uint4(l[0], l[1], l[2], l[3]);
+#endif
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int off = tile_offset(e + j, k, KG);
+                *reinterpret_cast<unsigned int*>(hi + off) = h[j];
+#if PRODUCTS == 3
+                *reinterpret_cast<unsigned int*>(lo + off) = l[j];
+#endif
+            }
+        }
+    }
+}
+
+#define A_TILE (BK / 4 * A_KG)
+#define B_TILE (BK / 4 * B_KG)
+#define OPERANDS (PRODUCTS == 3 ? 2 : 1)
+#define STAGE_BYTES (OPERANDS * (A_TILE + B_TILE))
+
+// C(M, N) = A(M, K) B(K, N), float32. A(m, k) at A[m * lda + k] (A_KMAJOR) or A[k * lda + m];
+// B(k, n) at B[n * ldb + k] (B_KMAJOR) or B[k * ldb + n]; C row-major, ldc. Grid
+// (N / BN, M / BM, SPLITS); split z takes k in [z * kchunk, (z + 1) * kchunk).
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(THREADS)
+wg_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+        int M, int N, int K, long long lda, long long ldb, long long ldc, int kchunk) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int kbeg = blockIdx.z * kchunk;
+    const int kend = min(K, kbeg + kchunk);
+    const int ntiles = kend > kbeg ? (kend - kbeg + BK - 1) / BK : 0;
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const unsigned int sbase = (unsigned int)__cvta_generic_to_shared(smem);
+
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) acc[i] = 0.f;
+#if SUMS
+    float fresh[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) fresh[i] = 0.f;
+#define D fresh
+#else
+#define D acc
+#endif
+    float4 ra[LA], rb[LB];
+    // Stage s: A hi, B hi, then (3 products) A lo, B lo.
+#define A_HI(s) (smem + (s) * STAGE_BYTES)
+#define B_HI(s) (A_HI(s) + A_TILE)
+#define A_LO(s) (B_HI(s) + B_TILE)
+#define B_LO(s) (A_LO(s) + A_TILE)
+    if (ntiles > 0) {
+        fetch<A_KMAJOR, BM, LA>(ra, A, lda, m0, M, kbeg, kend);
+        fetch<B_KMAJOR, BN, LB>(rb, B, ldb, n0, N, kbeg, kend);
+        stash<A_KMAJOR, BM, LA, A_KG>(A_HI(0), A_LO(0), ra);
+        stash<B_KMAJOR, BN, LB, B_KG>(B_HI(0), B_LO(0), rb);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    for (int kt = 0; kt < ntiles; ++kt) {
+        const bool more = kt + 1 < ntiles;
+        if (more) {  // the next k-tile's loads fly while the tensor cores work on this one
+            fetch<A_KMAJOR, BM, LA>(ra, A, lda, m0, M, kbeg + (kt + 1) * BK, kend);
+            fetch<B_KMAJOR, BN, LB>(rb, B, ldb, n0, N, kbeg + (kt + 1) * BK, kend);
+        }
+        const int s = kt & 1;
+        const unsigned int base = sbase + s * STAGE_BYTES, arows = wg * 8 * SBO;  // this warpgroup's rows
+        const unsigned int ahi = base + arows, bhi = base + A_TILE;
+#if PRODUCTS == 3
+        const unsigned int alo = bhi + B_TILE + arows, blo = bhi + B_TILE + A_TILE;
+#endif
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) fence_operand(D[i]);
+        wgmma_fence();
+#pragma unroll
+        for (int k8 = 0; k8 < BK / 8; ++k8) {  // k-groups 2 k8 and 2 k8 + 1
+            const unsigned long long dah = descriptor(ahi + 2 * k8 * A_KG, A_KG, SBO);
+            const unsigned long long dbh = descriptor(bhi + 2 * k8 * B_KG, B_KG, SBO);
+#if PRODUCTS == 3
+            const unsigned long long dal = descriptor(alo + 2 * k8 * A_KG, A_KG, SBO);
+            const unsigned long long dbl = descriptor(blo + 2 * k8 * B_KG, B_KG, SBO);
+            wgmma_tf32(D, dal, dbh, SUMS && k8 == 0 ? 0 : 1);  // small products first
+            wgmma_tf32(D, dah, dbl, 1);
+            wgmma_tf32(D, dah, dbh, 1);
+#else
+            wgmma_tf32(D, dah, dbh, SUMS && k8 == 0 ? 0 : 1);
+#endif
+        }
+        wgmma_commit();
+        if (more) {  // into the other stage, whose last readers were waited for below
+            stash<A_KMAJOR, BM, LA, A_KG>(A_HI(s ^ 1), A_LO(s ^ 1), ra);
+            stash<B_KMAJOR, BN, LB, B_KG>(B_HI(s ^ 1), B_LO(s ^ 1), rb);
+        }
+        fence_proxy_async();
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) fence_operand(D[i]);
+#if SUMS
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) acc[i] += fresh[i];  // float32, round to nearest
+#endif
+        __syncthreads();
+    }
+
+    // acc[4 j + q] = C(wg 64 + 16 warp + lane / 4 + 8 (q / 2), 8 j + 2 (lane % 4) + q % 2)
+#if SPLITS > 1
+    __syncthreads();
+    float* Cs = reinterpret_cast<float*>(smem);
+#define C_LD (BN + 4)
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = wg * 64 + 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
+            *reinterpret_cast<float2*>(Cs + r * C_LD + c) = make_float2(acc[4 * j + 2 * h],
+                                                                        acc[4 * j + 2 * h + 1]);
+        }
+    cluster_sync();
+    const unsigned int rank = blockIdx.z;
+    for (int e = threadIdx.x; e < (BM / SPLITS) * (BN / 4); e += THREADS) {
+        const int r = (e / (BN / 4)) * SPLITS + rank, c = 4 * (e % (BN / 4));
+        float4 s = load_peer(Cs + r * C_LD + c, 0);
+#pragma unroll
+        for (int q = 1; q < SPLITS; ++q) {
+            const float4 v = load_peer(Cs + r * C_LD + c, q);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+        if (m0 + r < M && n0 + c < N)
+            *reinterpret_cast<float4*>(C + (long long)(m0 + r) * ldc + n0 + c) = s;
+    }
+    cluster_sync();  // peers keep their shared memory until every block has read it
+#else
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = m0 + wg * 64 + 16 * warp + lane / 4 + 8 * h;
+            const int c = n0 + 8 * j + 2 * (lane % 4);
+            if (r < M && c < N)
+                *reinterpret_cast<float2*>(C + (long long)r * ldc + c) =
+                    make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+#endif
+}
+"""
+
+#: (WG, BN): warpgroups (each 64 rows of the block's tile), the tile's columns.
+TILES = [(1, 32), (1, 64), (1, 128), (2, 64), (2, 128)]
+QUICK_TILES = [(1, 64), (1, 128), (2, 64)]
+SPLITS = (1, 2, 4)
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def wgmma_source(bn):
+    """``wgmma_tf32(d, desc_a, desc_b, accumulate)``: D (+)= A B, m64 n``bn`` k8, TF32."""
+    n = bn // 2
+    regs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    return (
+        f"__device__ __forceinline__ void wgmma_tf32(float (&d)[{n}], unsigned long long da,\n"
+        f"                                           unsigned long long db, int accumulate) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 "\n'
+        f'                 "{{{regs}}}, %{n}, %{n + 1}, p, 1, 1;\\n}}\\n"\n'
+        f'                 : {outs}\n'
+        f'                 : "l"(da), "l"(db), "r"(accumulate));\n'
+        f"}}\n")
+
+
+def kgroup_bytes(rows):
+    """Bytes between k-groups of a ``rows``-row tile: its row groups (SBO each), rounded up
+    to 8 words past a multiple of 32, so the four k of a core-matrix row and the two k-groups
+    of a warp's stores land on distinct banks."""
+    words = rows // 8 * SBO // 4
+    words += (8 - words) % 32
+    return 4 * words
+
+
+def source(wg, bn, a_kmajor, b_kmajor, splits, products, sums, swap):
+    defines = dict(WG=wg, BN=bn, BK=BK, SBO=SBO, A_KG=kgroup_bytes(64 * wg),
+                   B_KG=kgroup_bytes(bn), A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+                   SPLITS=splits, PRODUCTS=products, SUMS=sums, SWAP=swap)
+    return ("".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
+            + SRC.replace("WGMMA_SRC", wgmma_source(bn)))
+
+
+def smem_bytes(wg, bn, splits, products):
+    stage = (2 if products == 3 else 1) * BK // 4 * (kgroup_bytes(64 * wg) + kgroup_bytes(bn))
+    c = 4 * 64 * wg * (bn + 4) if splits > 1 else 0
+    return max(2 * stage, c)
+
+
+def compile_cubin(src, arch="sm_90a", verbose=False):
+    """NVRTC ``src`` to a cubin for ``arch``; (cubin bytes, log)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(src, "wgmma_probe.cu", (), ())
+    opts = [f"-arch={arch}", "--std=c++17"] + (["--ptxas-options=-v"] if verbose else [])
+    try:
+        nvrtc.compileProgram(prog, opts)
+    except Exception as e:  # noqa: BLE001 - the log says why
+        raise RuntimeError(f"{e}\n{nvrtc.getProgramLog(prog)}") from None
+    log = nvrtc.getProgramLog(prog)
+    cubin = nvrtc.getCUBIN(prog)
+    nvrtc.destroyProgram(prog)
+    return cubin, log
+
+
+@functools.cache
+def kernel(*key):
+    import cupy as cp
+
+    cubin, _ = compile_cubin(source(*key))
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    k = cp.RawModule(path=f.name).get_function("wg_gemm")
+    wg, bn, _, _, splits, products, _, _ = key
+    k.max_dynamic_shared_size_bytes = smem_bytes(wg, bn, splits, products)
+    return k
+
+
+def launch(a, b, c, m, n, k, lda, ldb, a_kmajor, b_kmajor, tile, splits, products, sums, swap):
+    """C = A B by the probe's kernel; A, B, C CuPy float32, strides as in ``SRC``."""
+    wg, bn = tile
+    chunk = _cdiv(_cdiv(k, splits), BK) * BK
+    kern = kernel(wg, bn, a_kmajor, b_kmajor, splits, products, sums, swap)
+    kern((_cdiv(n, bn), _cdiv(m, 64 * wg), splits), (128 * wg,),
+         (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb),
+          np.int64(n), np.int32(chunk)),
+         shared_mem=smem_bytes(wg, bn, splits, products))
+
+
+def fragment_check(swap, rng):
+    """On one 64 x 64 x 32 tile (k-major A, n-major B, one TF32 product): for each output,
+    the reference element it matches best, and how many sit where they should."""
+    import cupy as cp
+
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 64)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    c = cp.full((64, 64), np.nan, dtype=cp.float32)
+    launch(cp.asarray(a), cp.asarray(b), c, 64, 64, 32, 32, 64, 1, 0, (1, 64), 1, 1, 0, swap)
+    got = cp.asnumpy(c).astype(np.float64)
+    flat = ref.ravel()
+    where = np.abs(got.ravel()[:, None] - flat[None, :]).argmin(axis=1)
+    right = where == np.arange(flat.size)
+    return {"swap": swap, "errors": errors(got, ref, np.abs(a) @ np.abs(b)),
+            "in_place": int(right.sum()), "of": int(flat.size),
+            "nan": int(np.isnan(got).sum()),
+            "first_misplaced": [[int(i) // 64, int(i) % 64, int(where[i]) // 64,
+                                 int(where[i]) % 64] for i in np.flatnonzero(~right)[:16]]}
+
+
+def compile_all(tiles):
+    """Every variant the sweep can launch, compiled for sm_90a (no GPU needed)."""
+    n = 0
+    for wg, bn in tiles:
+        for akm in (0, 1):
+            for bkm in (0, 1):
+                for splits in SPLITS:
+                    for products, sums in ((1, 0), (3, 0), (3, 1)):
+                        _, log = compile_cubin(source(wg, bn, akm, bkm, splits, products,
+                                                      sums, 0), verbose=True)
+                        n += 1
+                        if "warning" in log.lower() or (akm, bkm, splits) == (1, 0, 1):
+                            print(f"wg={wg} bn={bn} akm={akm} bkm={bkm} splits={splits} "
+                                  f"products={products} sums={sums}\n{log.strip()}", flush=True)
+    print(f"compiled {n} variants", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--quick", action="store_true", help="three tiles, not five")
+    ap.add_argument("--products", type=int, choices=(1, 3), nargs="+", default=[1, 3])
+    ap.add_argument("--name", default="wgmma_probe")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile every variant with NVRTC (ptxas -v) and stop; no GPU needed")
+    args = ap.parse_args()
+    tiles = QUICK_TILES if args.quick else TILES
+    if args.compile_only:
+        return compile_all(tiles)
+    import cupy as cp
+
+    from skinny_sweep import graph_us
+
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    fp32 = CudaBackend(tf32=False, autotune=False)
+    fp32.own_gemm_max_macs = 0
+    tf32 = CudaBackend(tf32=True, autotune=False)
+    rng = np.random.default_rng(0)
+    checks = [fragment_check(swap, rng) for swap in (0, 1)]
+    for ch in checks:
+        print("fragment check", ch, flush=True)
+    good = [ch["swap"] for ch in checks if ch["in_place"] == ch["of"]]
+    swap = good[0] if good else 0
+    rows = []
+    for label, op, batch, fin, fout in LAYERS[:5]:
+        a, b, m, n, k, lda, ldb, akm, bkm, amat, bmat = operands(op, batch, fin, fout, rng)
+        ref = amat.astype(np.float64) @ bmat.astype(np.float64)
+        scale = np.abs(amat).astype(np.float64) @ np.abs(bmat).astype(np.float64)
+        A, B = cp.asarray(a), cp.asarray(b)
+
+        def product(be):
+            if op == "forward":
+                return lambda: be.linear(A, B, None, "DEFAULT")[0]
+            if op == "dgrad":
+                return lambda: be.linear_dgrad(A, B, "DEFAULT", None)[0]
+            return lambda: be.linear_wgrad(A, B, "DEFAULT")[0]
+        cublas, cublas_tf32 = product(fp32), product(tf32)
+        row = {"label": label, "op": op, "m": m, "n": n, "k": k,
+               "cublaslt_fp32_errors": errors(cp.asnumpy(cublas()), ref, scale),
+               "cublaslt_fp32_us": graph_us(cublas),
+               "cublaslt_tf32_errors": errors(cp.asnumpy(cublas_tf32()), ref, scale),
+               "cublaslt_tf32_us": graph_us(cublas_tf32), "variants": []}
+        C = cp.empty((m, n), dtype=cp.float32)
+        modes = [(p, s) for p in args.products for s in ((0,) if p == 1 else (1, 0))]
+        for products, sums in modes:
+            for tile in tiles:
+                for splits in SPLITS:
+                    if _cdiv(_cdiv(k, splits), BK) < 2 or (64 * tile[0]) % splits:
+                        continue
+                    v = {"tile": list(tile), "splits": splits, "products": products,
+                         "sums": sums, "blocks": _cdiv(n, tile[1]) * _cdiv(m, 64 * tile[0]) * splits}
+
+                    def run():
+                        launch(A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits, products,
+                               sums, swap)
+                    try:
+                        C.fill(np.nan)
+                        run()
+                        v["errors"] = errors(cp.asnumpy(C), ref, scale)
+                        if not v["errors"]["norm_rel"] <= MAX_NORM_REL[products]:
+                            v["wrong"] = True
+                        else:
+                            v["us"] = graph_us(run)
+                    except Exception as e:  # noqa: BLE001 - record and go on
+                        v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    row["variants"].append(v)
+        summary = []
+        for products, sums in modes:
+            timed = [v for v in row["variants"] if "us" in v and v["products"] == products
+                     and v["sums"] == sums]
+            if timed:
+                best = min(timed, key=lambda v: v["us"])
+                row[f"best_p{products}_s{sums}"] = best
+                summary.append(f"p{products}s{sums} {best['us']:6.2f} {best['tile']} "
+                               f"x{best['splits']} ({best['errors']['norm_rel']:.1e})")
+        bad = sum(1 for v in row["variants"] if "wrong" in v or "error" in v)
+        print(f"{label:44s} cublaslt {row['cublaslt_fp32_us']:6.2f} "
+              f"({row['cublaslt_fp32_errors']['norm_rel']:.1e}) TF32 "
+              f"{row['cublaslt_tf32_us']:6.2f} | " + " | ".join(summary)
+              + f" | wrong/failed {bad}", flush=True)
+        for v in row["variants"]:
+            if "error" in v or "wrong" in v:
+                print("   ", v, flush=True)
+        rows.append(row)
+    write_json(os.path.join(args.out, f"{args.name}.json"),
+               {"benchmark": "wgmma_probe", **metadata("cupy", "nvmath"), "layout_swap": swap,
+                "fragment_check": checks, "rows": rows,
+                "note": "median GPU time per call: 20 calls in one CUDA graph; cublaslt = "
+                        "the backend's plain float32 product, own matmul off"})
+
+
+if __name__ == "__main__":
+    main()
