@@ -75,11 +75,19 @@ SRC = r"""
 #define B_TILE (BK / 4 * B_KG)
 #define SPLIT_STAGE ((PRODUCTS == 3 ? 2 : 1) * (A_TILE + B_TILE))
 
+// x = hi + lo with hi in TF32. CHOP 0: hi and lo rounded to nearest TF32 (CUTLASS's split,
+// five instructions); CHOP 1: hi = x's top 19 bits, lo = the exact rest, whose low bits the
+// tensor cores drop (two instructions; lo keeps 11 of its up to 13 bits).
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
+#if CHOP
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+#else
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
     hi &= 0xffffe000u;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
     lo &= 0xffffe000u;
+#endif
 }
 __device__ __forceinline__ void cp16(float* dst, const float* src, bool valid) {
     const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
@@ -330,6 +338,9 @@ TILES = [(1, 1, 32, 3), (1, 1, 32, 4), (1, 1, 64, 3), (1, 1, 64, 4), (1, 2, 32, 
          (1, 1, 128, 3), (1, 2, 64, 4), (2, 1, 64, 4), (2, 2, 64, 3)]
 QUICK_TILES = [(1, 1, 64, 4), (1, 2, 32, 4), (1, 2, 64, 4)]
 SPLITS = (1, 2, 4)
+#: (products, sums, chop): one TF32 product (the kernel's ceiling); 3xTF32 with fresh
+#: per-k-tile sums, CUTLASS's split or the chopped one; 3xTF32 summed in the tensor cores.
+MODES = [(1, 0, 0), (3, 1, 0), (3, 1, 1), (3, 0, 0)]
 
 
 def _cdiv(a, b):
@@ -361,12 +372,12 @@ def kgroup_bytes(rows):
     return 4 * words
 
 
-def source(tile, a_kmajor, b_kmajor, splits, products, sums, swap):
+def source(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop=0):
     wgm, wgn, bn, stages = tile
     defines = dict(WGM=wgm, WGN=wgn, BN=bn, STAGES=stages, BK=BK, SBO=SBO,
                    A_KG=kgroup_bytes(64 * wgm), B_KG=kgroup_bytes(bn * wgn),
                    A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, SPLITS=splits, PRODUCTS=products,
-                   SUMS=sums, SWAP=swap)
+                   SUMS=sums, SWAP=swap, CHOP=chop)
     return ("".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
             + SRC.replace("WGMMA_SRC", wgmma_source(bn)))
 
@@ -409,11 +420,12 @@ def kernel(*key):
     return k
 
 
-def launch(a, b, c, m, n, k, lda, ldb, a_kmajor, b_kmajor, tile, splits, products, sums, swap):
+def launch(a, b, c, m, n, k, lda, ldb, a_kmajor, b_kmajor, tile, splits, products, sums, swap,
+           chop=0):
     """C = A B by the probe's kernel; A, B, C CuPy float32, strides as in ``SRC``."""
     wgm, wgn, bn, _ = tile
     chunk = _cdiv(_cdiv(k, splits), BK) * BK
-    kern = kernel(tile, a_kmajor, b_kmajor, splits, products, sums, swap)
+    kern = kernel(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop)
     kern((_cdiv(n, bn * wgn), _cdiv(m, 64 * wgm), splits), (128 * wgm * wgn,),
          (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb),
           np.int64(n), np.int32(chunk)),
@@ -450,13 +462,13 @@ def compile_all(tiles):
         for akm in (0, 1):
             for bkm in (0, 1):
                 for splits in SPLITS:
-                    for products, sums in ((1, 0), (3, 0), (3, 1)):
-                        _, log = compile_cubin(source(tile, akm, bkm, splits, products, sums, 0),
-                                               verbose=True)
+                    for products, sums, chop in MODES:
+                        _, log = compile_cubin(source(tile, akm, bkm, splits, products, sums, 0,
+                                                      chop), verbose=True)
                         n += 1
                         if "warning" in log.lower() or (akm, bkm, splits) == (1, 0, 1):
                             print(f"tile={tile} akm={akm} bkm={bkm} splits={splits} "
-                                  f"products={products} sums={sums} smem "
+                                  f"products={products} sums={sums} chop={chop} smem "
                                   f"{smem_bytes(tile, akm, bkm, splits, products)}\n"
                                   f"{log.strip()}", flush=True)
     print(f"compiled {n} variants", flush=True)
@@ -468,6 +480,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="three tiles, not nine")
     ap.add_argument("--products", type=int, choices=(1, 3), nargs="+", default=[1, 3])
     ap.add_argument("--name", default="wgmma_probe")
+    ap.add_argument("--cutlass-sums", action="store_true",
+                    help="also sweep 3xTF32 with every product summed in the tensor cores")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile every variant with NVRTC (ptxas -v) and stop; no GPU needed")
     args = ap.parse_args()
@@ -509,8 +523,9 @@ def main():
                "cublaslt_tf32_errors": errors(cp.asnumpy(cublas_tf32()), ref, scale),
                "cublaslt_tf32_us": graph_us(cublas_tf32), "variants": []}
         C = cp.empty((m, n), dtype=cp.float32)
-        modes = [(p, s) for p in args.products for s in ((0,) if p == 1 else (1, 0))]
-        for products, sums in modes:
+        modes = [md for md in MODES if md[0] in args.products
+                 and (args.cutlass_sums or md[1] or md[0] == 1)]
+        for products, sums, chop in modes:
             for tile in tiles:
                 for splits in SPLITS:
                     smem = smem_bytes(tile, akm, bkm, splits, products)
@@ -518,12 +533,12 @@ def main():
                             or smem > SMEM_MAX):
                         continue
                     v = {"tile": list(tile), "splits": splits, "products": products,
-                         "sums": sums, "smem": smem, "blocks": _cdiv(n, tile[1] * tile[2])
+                         "sums": sums, "chop": chop, "smem": smem, "blocks": _cdiv(n, tile[1] * tile[2])
                          * _cdiv(m, 64 * tile[0]) * splits}
 
                     def run():
                         launch(A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits, products,
-                               sums, swap)
+                               sums, swap, chop)
                     try:
                         C.fill(np.nan)
                         run()
@@ -536,13 +551,14 @@ def main():
                         v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     row["variants"].append(v)
         summary = []
-        for products, sums in modes:
+        for products, sums, chop in modes:
             timed = [v for v in row["variants"] if "us" in v and v["products"] == products
-                     and v["sums"] == sums]
+                     and v["sums"] == sums and v["chop"] == chop]
             if timed:
                 best = min(timed, key=lambda v: v["us"])
-                row[f"best_p{products}_s{sums}"] = best
-                summary.append(f"p{products}s{sums} {best['us']:6.2f} {best['tile']} "
+                tag = f"p{products}s{sums}c{chop}"
+                row[f"best_{tag}"] = best
+                summary.append(f"{tag} {best['us']:6.2f} {best['tile']} "
                                f"x{best['splits']} ({best['errors']['norm_rel']:.1e})")
         bad = sum(1 for v in row["variants"] if "wrong" in v or "error" in v)
         print(f"{label:44s} cublaslt {row['cublaslt_fp32_us']:6.2f} "
