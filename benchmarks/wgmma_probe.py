@@ -455,6 +455,33 @@ def fragment_check(swap, rng):
                                  int(where[i]) % 64] for i in np.flatnonzero(~right)[:16]]}
 
 
+#: The launches ``--ncu`` profiles (layer 2's forward): one TF32 product, 3xTF32 chopped.
+NCU_VARIANTS = [((1, 1, 64, 4), 2, 1, 0, 0), ((1, 1, 64, 4), 2, 3, 1, 1)]
+
+
+def ncu_target(tf32, rng):
+    """Layer 2's forward once by cuBLASLt in TF32 and by ``NCU_VARIANTS``, each compiled
+    and warm before the profiled range (``ncu --profile-from-start off``)."""
+    import cupy as cp
+
+    _, op, batch, fin, fout = LAYERS[1]
+    a, b, m, n, k, lda, ldb, akm, bkm, _, _ = operands(op, batch, fin, fout, rng)
+    A, B = cp.asarray(a), cp.asarray(b)
+    C = cp.empty((m, n), dtype=cp.float32)
+    runs = [lambda: tf32.linear(A, B, None, "DEFAULT")]
+    runs += [functools.partial(launch, A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits,
+                               products, sums, 0, chop)
+             for tile, splits, products, sums, chop in NCU_VARIANTS]
+    for run in runs:
+        run()
+    cp.cuda.Device().synchronize()
+    cp.cuda.runtime.profilerStart()
+    for run in runs:
+        run()
+    cp.cuda.Device().synchronize()
+    cp.cuda.runtime.profilerStop()
+
+
 def compile_all(tiles):
     """Every variant the sweep can launch, compiled for sm_90a (no GPU needed)."""
     n = 0
@@ -482,6 +509,9 @@ def main():
     ap.add_argument("--name", default="wgmma_probe")
     ap.add_argument("--cutlass-sums", action="store_true",
                     help="also sweep 3xTF32 with every product summed in the tensor cores")
+    ap.add_argument("--ncu", action="store_true",
+                    help="a target for Nsight Compute: layer 2's forward by cuBLASLt's TF32 "
+                         "and NCU_VARIANTS, once each; no JSON")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile every variant with NVRTC (ptxas -v) and stop; no GPU needed")
     args = ap.parse_args()
@@ -498,6 +528,8 @@ def main():
     fp32.own_gemm_max_macs = 0
     tf32 = CudaBackend(tf32=True, autotune=False)
     rng = np.random.default_rng(0)
+    if args.ncu:
+        return ncu_target(tf32, rng)
     checks = [fragment_check(swap, rng) for swap in (0, 1)]
     for ch in checks:
         print("fragment check", ch, flush=True)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Forty-first session: why the wgmma probe's k-tile takes about 1.3 us. Nsight Compute on
+# layer 2's forward by cuBLASLt's TF32 and two probe launches (wgmma_probe.NCU_VARIANTS),
+# the full section set into a report, then its per-instruction SASS page (with stall
+# samples) as CSV and the details page as text.
+# Results: $OUT/results-s44c.tgz.
+set -uo pipefail
+TAG=${TAG:-s44c}
+source "$(dirname "$0")/_device_lib.sh"
+TAILN=5 run ncu_wgmma 300 ncu --clock-control none --profile-from-start off --set full \
+  --import-source no -o "$res/wgmma" python3 benchmarks/wgmma_probe.py --ncu
+TAILN=3 run ncu_details 60 ncu -i "$res/wgmma.ncu-rep" --page details
+TAILN=3 run ncu_sass 60 ncu -i "$res/wgmma.ncu-rep" --page source --print-source sass --csv
