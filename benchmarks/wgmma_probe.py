@@ -161,23 +161,30 @@ __device__ __forceinline__ int tile_offset(int e, int k, int kg) {
 template <int KMAJOR, int EXT, int KG>
 __device__ __forceinline__ void convert(const float* raw, unsigned char* hi, unsigned char* lo) {
     constexpr int LD = KMAJOR ? BK + 4 : EXT + 4;
+    constexpr int L = EXT * BK / 4 / THREADS;  // quads per thread
+    static_assert(L * THREADS == EXT * BK / 4, "a tile's quads split evenly over the threads");
+    int e[L], k[L];
+    float4 q[L];
 #pragma unroll
-    for (int c = threadIdx.x; c < EXT * BK / 4; c += THREADS) {
-        int e, k;
+    for (int i = 0; i < L; ++i) {  // every read before any store: they may not alias
+        const int c = threadIdx.x + i * THREADS;
         if (KMAJOR) {  // 8 rows x 8 quads of k per 64 quads
-            e = c % 8 + 8 * (c / (8 * (BK / 4)));
-            k = 4 * ((c / 8) % (BK / 4));
+            e[i] = c % 8 + 8 * (c / (8 * (BK / 4)));
+            k[i] = 4 * ((c / 8) % (BK / 4));
         } else {       // 8 k x 4 quads of e per 32 quads, BK / 8 such groups along k
-            k = c % 8 + 8 * ((c / 32) % (BK / 8));
-            e = 4 * ((c / 8) % 4 + 4 * (c / (32 * (BK / 8))));
+            k[i] = c % 8 + 8 * ((c / 32) % (BK / 8));
+            e[i] = 4 * ((c / 8) % 4 + 4 * (c / (32 * (BK / 8))));
         }
-        const float4 q = *reinterpret_cast<const float4*>(raw + (KMAJOR ? e * LD + k : k * LD + e));
-        const float v[4] = {q.x, q.y, q.z, q.w};
+        q[i] = *reinterpret_cast<const float4*>(raw + (KMAJOR ? e[i] * LD + k[i] : k[i] * LD + e[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+        const float v[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
         unsigned int h[4], l[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) split_tf32(v[j], h[j], l[j]);
         if (KMAJOR) {
-            const int off = tile_offset(e, k, KG);
+            const int off = tile_offset(e[i], k[i], KG);
             *reinterpret_cast<uint4*>(hi + off) = make_uint4(h[0], h[1], h[2], h[3]);
 #if PRODUCTS == 3
             *reinterpret_cast<uint4*>(lo + off) = make_uint4(l[0], l[1], l[2], l[3]);
@@ -185,7 +192,7 @@ __device__ __forceinline__ void convert(const float* raw, unsigned char* hi, uns
         } else {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const int off = tile_offset(e + j, k, KG);
+                const int off = tile_offset(e[i] + j, k[i], KG);
                 *reinterpret_cast<unsigned int*>(hi + off) = h[j];
 #if PRODUCTS == 3
                 *reinterpret_cast<unsigned int*>(lo + off) = l[j];
