@@ -1,6 +1,8 @@
 """Can a Hopper ``wgmma`` 3xTF32 matmul with float32-grade sums beat cuBLASLt's float32?
 
-    python benchmarks/wgmma_probe.py --out DIR [--quick] [--products 1 3]
+    python benchmarks/wgmma_probe.py --out DIR [--quick] [--products 1 3] [--cutlass-sums]
+    python benchmarks/wgmma_probe.py --compile-only   # NVRTC, every variant, no GPU
+    ncu --profile-from-start off ... python benchmarks/wgmma_probe.py --ncu
 
 The pipelined ``mma.sync`` probe (``tf32x3_pipe_probe.py``, the fortieth session) was
 slower than cuBLASLt's float32 SIMT kernels at all five medium-model products, and even one
@@ -9,27 +11,36 @@ TF32 product took it twice cuBLASLt's TF32 time, an sm90 ``wgmma`` kernel (bench
 cores' accumulators loses float32's accuracy over 784-1024-deep sums. This probe is the
 kernel that section names next, standalone, before any of it goes into the backend:
 
-- ``wgmma.mma_async`` (m64nNk8, TF32) by one or two warpgroups, both operands from shared
-  memory in the unswizzled K-major layout (8 x 4 core matrices; the row-group and k-group
-  strides are padded so that the split's stores spread over the banks);
-- every thread loads a k-tile of float32 operands into registers while the tensor cores
-  work on the previous one, splits each value once into TF32 hi + lo, and stores both into
-  the other of two shared-memory stages (any operand layout: the store transposes);
+- ``wgmma.mma_async`` (m64nNk8, TF32) by warpgroups along M (``WGM``) and N (``WGN``), both
+  operands from shared memory in the unswizzled K-major layout (8 x 4 core matrices; the
+  row-group and k-group strides are padded so that the split's stores spread over the banks);
+- raw float32 k-tiles arrive by a ``STAGES``-deep ``cp.async`` pipeline; every thread
+  splits the next tile into TF32 hi + lo (any operand layout: the store transposes) while
+  the tensor cores work on the current one, into the other of two split stages;
 - ``SUMS=1``: each k-tile's products go to fresh accumulators (``scale-d`` 0 on the
   first), which are added to the running sums with float32 round-to-nearest adds, so no
   sum is more than a k-tile deep in the tensor cores' truncating adder; ``SUMS=0`` sums
-  everything in the tensor cores, as CUTLASS's 3xTF32 does;
+  everything in the tensor cores, as CUTLASS's 3xTF32 does (``--cutlass-sums``);
+- ``CHOP=0``: CUTLASS's split (hi and lo rounded to TF32); ``CHOP=1``: hi = x's top 19
+  bits and lo = the exact rest, two instructions a value instead of five;
 - K split over the blocks of a thread-block cluster, added through distributed shared memory.
 
 For each of the five matmuls of 784-1024-1024-10 at batch 256 (``tf32x3_pipe_probe``'s
-operands): cuBLASLt's float32 and TF32 products, and this kernel over tiles, splits,
-products (1: plain TF32, the kernel's ceiling; 3: 3xTF32) and both sum modes, each checked
-against the float64 product before it is timed (20 calls in one CUDA graph, median over
-replays). Compiled by NVRTC for ``sm_90a`` (``wgmma`` needs the architecture-specific
-target; CuPy's own compile path only targets ``sm_90``). Before the sweep the probe finds
-which of the two readings of the descriptor's byte offsets is right (``layout``) and maps,
-on one tile, which reference element each output holds (``fragment_check``), so a wrong
-layout is diagnosed from one run. JSON out (``wgmma_probe.json``).
+operands): cuBLASLt's float32 and TF32 products, and this kernel over tiles, splits and
+``MODES`` (one TF32 product, the kernel's ceiling; 3xTF32 with fresh sums, rounded and
+chopped), each checked against the float64 product before it is timed (20 calls in one
+CUDA graph, median over replays). Compiled by NVRTC for ``sm_90a`` (``wgmma`` needs the
+architecture-specific target; CuPy's own compile path only targets ``sm_90``). Before the
+sweep the probe finds which of the two readings of the descriptor's byte offsets is right
+(``layout_swap``) and maps, on one tile, which reference element each output holds
+(``fragment_check``), so a wrong layout is diagnosed from one run. JSON out.
+
+Measured (calls 191-193, benchmarks.md "What is left"): fresh sums make 3xTF32 as
+accurate as cuBLASLt's float32 (2.4-2.5e-7 against 1.6-2.9e-7); chopped (5.4e-7) it beat
+cuBLASLt's float32 at all five products on the H200 by 1-13%; one TF32 product still took
+1.7-2.6x cuBLASLt's TF32 time, instruction-bound on index arithmetic (Nsight Compute).
+``Loader`` and ``Converter``, which work those offsets out once, came after call 193 and
+have not run on a GPU.
 """
 
 from __future__ import annotations
