@@ -566,6 +566,8 @@ def main():
     ap.add_argument("--compile-only", action="store_true",
                     help="compile every variant with NVRTC (ptxas -v) and stop; no GPU needed")
     args = ap.parse_args()
+    if not (args.out or args.compile_only or args.ncu):
+        ap.error("--out DIR is needed for the sweep's JSON")
     tiles = QUICK_TILES if args.quick else TILES
     if args.compile_only:
         return compile_all(tiles)
