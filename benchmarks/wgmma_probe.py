@@ -59,7 +59,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS  # noqa: E402
-from tf32x3_pipe_probe import errors, operands  # noqa: E402
+from tf32x3_pipe_probe import CP_ASYNC_SRC, errors, operands  # noqa: E402
 
 from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
 
@@ -100,16 +100,7 @@ __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned i
     lo &= 0xffffe000u;
 #endif
 }
-__device__ __forceinline__ void cp16(float* dst, const float* src, bool valid) {
-    const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+""" + CP_ASYNC_SRC + r"""__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
