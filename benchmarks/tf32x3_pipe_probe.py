@@ -66,6 +66,33 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 }
 """
 
+#: The cluster's K-split sums: each block adds its share of the SPLITS partial tiles
+#: through distributed shared memory (also ``wgmma_probe.py``'s); needs ``CLUSTER_SRC``,
+#: SPLITS and THREADS.
+CLUSTER_SUM_SRC = r"""
+// The SPLITS partial tiles (ROWS x COLS floats at Cs, row stride LD, in each block of the
+// cluster) added in rank order, this block the rows rank, rank + SPLITS, ..., and stored
+// into C (row-major, ldc) from (m0, n0), within M x N. Deterministic, no workspace.
+template <int ROWS, int COLS, int LD>
+__device__ __forceinline__ void cluster_sum_store(const float* Cs, float* __restrict__ C,
+                                                  long long ldc, int m0, int n0, int M, int N) {
+    cluster_sync();
+    const unsigned int rank = blockIdx.z;
+    for (int e = threadIdx.x; e < (ROWS / SPLITS) * (COLS / 4); e += THREADS) {
+        const int r = (e / (COLS / 4)) * SPLITS + rank, c = 4 * (e % (COLS / 4));
+        float4 s = load_peer(Cs + r * LD + c, 0);
+#pragma unroll
+        for (int q = 1; q < SPLITS; ++q) {
+            const float4 v = load_peer(Cs + r * LD + c, q);
+            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+        }
+        if (m0 + r < M && n0 + c < N)
+            *reinterpret_cast<float4*>(C + (long long)(m0 + r) * ldc + n0 + c) = s;
+    }
+    cluster_sync();  // peers keep their shared memory until every block has read it
+}
+"""
+
 SRC = r"""
 #define THREADS (32 * WM * WN)
 #define WTM (BM / WM)
@@ -84,7 +111,7 @@ SRC = r"""
 """ + CP_ASYNC_SRC + r"""
 """ + TF32X3_SRC + r"""
 #if SPLITS > 1
-""" + CLUSTER_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
+""" + CLUSTER_SRC + CLUSTER_SUM_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
 #else
 #define CLUSTER_DIMS
 #endif
@@ -208,20 +235,7 @@ pipe_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __res
                 *reinterpret_cast<float2*>(Cs + r * C_LD + c) =
                     make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
-    cluster_sync();
-    const unsigned int rank = blockIdx.z;
-    for (int e = threadIdx.x; e < (BM / SPLITS) * (BN / 4); e += THREADS) {
-        const int r = (e / (BN / 4)) * SPLITS + rank, c = 4 * (e % (BN / 4));
-        float4 s = load_peer(Cs + r * C_LD + c, 0);
-#pragma unroll
-        for (int q = 1; q < SPLITS; ++q) {
-            const float4 v = load_peer(Cs + r * C_LD + c, q);
-            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-        }
-        if (m0 + r < M && n0 + c < N)
-            *reinterpret_cast<float4*>(C + (long long)(m0 + r) * ldc + n0 + c) = s;
-    }
-    cluster_sync();  // peers keep their shared memory until every block has read it
+    cluster_sum_store<BM, BN, C_LD>(Cs, C, ldc, m0, n0, M, N);
 #else
 #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -308,17 +322,82 @@ def errors(got, ref, scale):
             "comp_max": float((d / np.maximum(scale, 1e-300)).max())}
 
 
-def ncu_target(fp32, tf32, rng):
+def backends():
+    """cuBLASLt's plain float32 product (the backend with the own matmul off) and its TF32
+    product: the two references every probe here is timed against."""
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    fp32 = CudaBackend(tf32=False, autotune=False)
+    fp32.own_gemm_max_macs = 0
+    return fp32, CudaBackend(tf32=True, autotune=False)
+
+
+class Case:
+    """One of ``LAYERS``' products on the GPU: operands (``A``, ``B``) and layout as
+    ``operands`` gives them, the float64 product ``ref`` of the same float32 numbers, the
+    componentwise error scale ``scale`` (|A| |B|) and an output buffer ``C``."""
+
+    def __init__(self, label, op, batch, fin, fout, rng):
+        import cupy as cp
+
+        a, b, m, n, k, lda, ldb, akm, bkm, amat, bmat = operands(op, batch, fin, fout, rng)
+        self.label, self.op, self.m, self.n, self.k = label, op, m, n, k
+        self.lda, self.ldb, self.akm, self.bkm = lda, ldb, akm, bkm
+        self.ref = amat.astype(np.float64) @ bmat.astype(np.float64)
+        self.scale = np.abs(amat).astype(np.float64) @ np.abs(bmat).astype(np.float64)
+        self.A, self.B = cp.asarray(a), cp.asarray(b)
+        self.C = cp.empty((m, n), dtype=cp.float32)
+
+    def product(self, be):
+        """The product by backend ``be``'s call for this op (a function of no arguments)."""
+        A, B = self.A, self.B
+        if self.op == "forward":
+            return lambda: be.linear(A, B, None, "DEFAULT")[0]
+        if self.op == "dgrad":
+            return lambda: be.linear_dgrad(A, B, "DEFAULT", None)[0]
+        return lambda: be.linear_wgrad(A, B, "DEFAULT")[0]
+
+    def baseline(self, fp32, tf32, graph_us):
+        """The case's JSON row, with cuBLASLt's float32 and TF32 errors and times."""
+        import cupy as cp
+
+        row = {"label": self.label, "op": self.op, "m": self.m, "n": self.n, "k": self.k}
+        for name, be in (("fp32", fp32), ("tf32", tf32)):
+            run = self.product(be)
+            row[f"cublaslt_{name}_errors"] = errors(cp.asnumpy(run()), self.ref, self.scale)
+            row[f"cublaslt_{name}_us"] = graph_us(run)
+        row["variants"] = []
+        return row
+
+    def check_and_time(self, v, run, max_norm_rel, graph_us):
+        """``run()`` (which writes ``C``) checked against the float64 product, then timed if
+        within ``max_norm_rel``: its errors and ``us``, ``wrong`` or ``error`` into ``v``."""
+        import cupy as cp
+
+        try:
+            self.C.fill(np.nan)
+            run()
+            v["errors"] = errors(cp.asnumpy(self.C), self.ref, self.scale)
+            if not v["errors"]["norm_rel"] <= max_norm_rel:
+                v["wrong"] = True
+            else:
+                v["us"] = graph_us(run)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return v
+
+
+def failed(row):
+    """The variants of ``row`` that were wrong or failed."""
+    return [v for v in row["variants"] if "wrong" in v or "error" in v]
+
+
+def profile_once(runs):
+    """Each of ``runs`` once more inside the profiler's range (for ``ncu
+    --profile-from-start off``), after a first call that compiles, plans and warms it."""
     import cupy as cp
 
-    _, op, batch, fin, fout = LAYERS[1]
-    a, b, m, n, k, lda, ldb, akm, bkm, _, _ = operands(op, batch, fin, fout, rng)
-    A, B = cp.asarray(a), cp.asarray(b)
-    C = cp.empty((m, n), dtype=cp.float32)
-    runs = [lambda: tf32.linear(A, B, None, "DEFAULT"), lambda: fp32.linear(A, B, None, "DEFAULT")]
-    runs += [functools.partial(launch, A, B, C, m, n, k, lda, ldb, akm, bkm,
-                               (64, 64, 2, 2, 32, 4), 4, p) for p in (1, 3)]
-    for run in runs:  # compiled, planned and warm before the profiled range
+    for run in runs:
         run()
     cp.cuda.Device().synchronize()
     cp.cuda.runtime.profilerStart()
@@ -326,6 +405,14 @@ def ncu_target(fp32, tf32, rng):
         run()
     cp.cuda.Device().synchronize()
     cp.cuda.runtime.profilerStop()
+
+
+def ncu_target(fp32, tf32, rng):
+    c = Case(*LAYERS[1], rng)
+    runs = [c.product(tf32), c.product(fp32)]
+    runs += [functools.partial(launch, c.A, c.B, c.C, c.m, c.n, c.k, c.lda, c.ldb, c.akm, c.bkm,
+                               (64, 64, 2, 2, 32, 4), 4, p) for p in (1, 3)]
+    profile_once(runs)
 
 
 def main():
@@ -339,74 +426,42 @@ def main():
                          "forward once by cuBLASLt in TF32 and float32, and by the kernel "
                          "(64 x 64 tile, 4 splits) with one and three products; no JSON")
     args = ap.parse_args()
-    import cupy as cp
-
     from skinny_sweep import graph_us
 
-    from fuseflow.backend.cuda_backend import CudaBackend
-
-    fp32 = CudaBackend(tf32=False, autotune=False)
-    fp32.own_gemm_max_macs = 0
-    tf32 = CudaBackend(tf32=True, autotune=False)
+    fp32, tf32 = backends()
     rng = np.random.default_rng(0)
     if args.ncu:
         return ncu_target(fp32, tf32, rng)
     tiles = QUICK_TILES if args.quick else TILES
     rows = []
-    for label, op, batch, fin, fout in LAYERS[:5]:
-        a, b, m, n, k, lda, ldb, akm, bkm, amat, bmat = operands(op, batch, fin, fout, rng)
-        ref = amat.astype(np.float64) @ bmat.astype(np.float64)
-        scale = np.abs(amat).astype(np.float64) @ np.abs(bmat).astype(np.float64)
-        A, B = cp.asarray(a), cp.asarray(b)
-        def product(be):
-            if op == "forward":
-                return lambda: be.linear(A, B, None, "DEFAULT")[0]
-            if op == "dgrad":
-                return lambda: be.linear_dgrad(A, B, "DEFAULT", None)[0]
-            return lambda: be.linear_wgrad(A, B, "DEFAULT")[0]
-        cublas, cublas_tf32 = product(fp32), product(tf32)
-        row = {"label": label, "op": op, "m": m, "n": n, "k": k,
-               "cublaslt_fp32_errors": errors(cp.asnumpy(cublas()), ref, scale),
-               "cublaslt_fp32_us": graph_us(cublas),
-               "cublaslt_tf32_errors": errors(cp.asnumpy(cublas_tf32()), ref, scale),
-               "cublaslt_tf32_us": graph_us(cublas_tf32), "variants": []}
-        C = cp.empty((m, n), dtype=cp.float32)
+    for layer in LAYERS[:5]:
+        c = Case(*layer, rng)
+        row = c.baseline(fp32, tf32, graph_us)
         for products in args.products:
             for tile in tiles:
                 for splits in SPLITS:
-                    if _cdiv(_cdiv(k, splits), tile[4]) < 2 or tile[0] % splits:
+                    if _cdiv(_cdiv(c.k, splits), tile[4]) < 2 or tile[0] % splits:
                         continue
                     v = {"tile": list(tile), "splits": splits, "products": products,
-                         "blocks": _cdiv(n, tile[1]) * _cdiv(m, tile[0]) * splits}
-
-                    def run():
-                        launch(A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits, products)
-                    try:
-                        C.fill(np.nan)
-                        run()
-                        v["errors"] = errors(cp.asnumpy(C), ref, scale)
-                        if not v["errors"]["norm_rel"] <= MAX_NORM_REL[products]:
-                            v["wrong"] = True
-                        else:
-                            v["us"] = graph_us(run)
-                    except Exception as e:  # noqa: BLE001 - record and go on
-                        v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    row["variants"].append(v)
+                         "blocks": _cdiv(c.n, tile[1]) * _cdiv(c.m, tile[0]) * splits}
+                    run = functools.partial(launch, c.A, c.B, c.C, c.m, c.n, c.k, c.lda, c.ldb,
+                                            c.akm, c.bkm, tile, splits, products)
+                    row["variants"].append(c.check_and_time(v, run, MAX_NORM_REL[products],
+                                                            graph_us))
         timed = [v for v in row["variants"] if "us" in v and v["products"] == 3]
         if timed:
             best = min(timed, key=lambda v: v["us"])
             row["best_3xtf32"] = best
             row["speedup_best_vs_cublaslt"] = row["cublaslt_fp32_us"] / best["us"]
-        bad = sum(1 for v in row["variants"] if "wrong" in v or "error" in v)
-        print(f"{label:48s} cublaslt {row['cublaslt_fp32_us']:7.2f} us "
+        bad = failed(row)
+        print(f"{c.label:48s} cublaslt {row['cublaslt_fp32_us']:7.2f} us "
               f"(TF32 {row['cublaslt_tf32_us']:7.2f}) "
               f"(err {row['cublaslt_fp32_errors']['norm_rel']:.1e})"
               + (f"  best 3xTF32 {best['us']:7.2f} us {best['tile']} s={best['splits']} "
                  f"(err {best['errors']['norm_rel']:.1e})" if timed else "  no 3xTF32 timed")
-              + f"  wrong/failed {bad}", flush=True)
-        for v in row["variants"]:
-            if "error" in v or "wrong" in v:
-                print("   ", v, flush=True)
+              + f"  wrong/failed {len(bad)}", flush=True)
+        for v in bad:
+            print("   ", v, flush=True)
         rows.append(row)
     write_json(os.path.join(args.out, f"{args.name}.json"),
                {"benchmark": "tf32x3_pipe_probe", **metadata("cupy", "nvmath"), "rows": rows,

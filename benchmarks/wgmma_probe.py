@@ -59,7 +59,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS  # noqa: E402
-from tf32x3_pipe_probe import CP_ASYNC_SRC, errors, operands  # noqa: E402
+from tf32x3_pipe_probe import (  # noqa: E402
+    CLUSTER_SUM_SRC, CP_ASYNC_SRC, Case, backends, errors, failed, profile_once)
 
 from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
 
@@ -129,7 +130,7 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned int addr, unsi
 }
 """ + "WGMMA_SRC" + r"""
 #if SPLITS > 1
-""" + CLUSTER_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
+""" + CLUSTER_SRC + CLUSTER_SUM_SRC + r"""#define CLUSTER_DIMS __cluster_dims__(1, 1, SPLITS)
 #else
 #define CLUSTER_DIMS
 #endif
@@ -345,20 +346,7 @@ wg_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restr
             *reinterpret_cast<float2*>(Cs + r * C_LD + c) = make_float2(acc[4 * j + 2 * h],
                                                                         acc[4 * j + 2 * h + 1]);
         }
-    cluster_sync();
-    const unsigned int rank = blockIdx.z;
-    for (int e = threadIdx.x; e < (BM / SPLITS) * (BNB / 4); e += THREADS) {
-        const int r = (e / (BNB / 4)) * SPLITS + rank, c = 4 * (e % (BNB / 4));
-        float4 s = load_peer(Cs + r * C_LD + c, 0);
-#pragma unroll
-        for (int q = 1; q < SPLITS; ++q) {
-            const float4 v = load_peer(Cs + r * C_LD + c, q);
-            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-        }
-        if (m0 + r < M && n0 + c < N)
-            *reinterpret_cast<float4*>(C + (long long)(m0 + r) * ldc + n0 + c) = s;
-    }
-    cluster_sync();  // peers keep their shared memory until every block has read it
+    cluster_sum_store<BM, BNB, C_LD>(Cs, C, ldc, m0, n0, M, N);
 #else
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
@@ -504,24 +492,12 @@ NCU_VARIANTS = [((1, 1, 64, 4), 2, 1, 0, 0), ((1, 1, 64, 4), 2, 3, 1, 1)]
 def ncu_target(tf32, rng):
     """Layer 2's forward once by cuBLASLt in TF32 and by ``NCU_VARIANTS``, each compiled
     and warm before the profiled range (``ncu --profile-from-start off``)."""
-    import cupy as cp
-
-    _, op, batch, fin, fout = LAYERS[1]
-    a, b, m, n, k, lda, ldb, akm, bkm, _, _ = operands(op, batch, fin, fout, rng)
-    A, B = cp.asarray(a), cp.asarray(b)
-    C = cp.empty((m, n), dtype=cp.float32)
-    runs = [lambda: tf32.linear(A, B, None, "DEFAULT")]
-    runs += [functools.partial(launch, A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits,
-                               products, sums, 0, chop)
+    c = Case(*LAYERS[1], rng)
+    runs = [c.product(tf32)]
+    runs += [functools.partial(launch, c.A, c.B, c.C, c.m, c.n, c.k, c.lda, c.ldb, c.akm, c.bkm,
+                               tile, splits, products, sums, 0, chop)
              for tile, splits, products, sums, chop in NCU_VARIANTS]
-    for run in runs:
-        run()
-    cp.cuda.Device().synchronize()
-    cp.cuda.runtime.profilerStart()
-    for run in runs:
-        run()
-    cp.cuda.Device().synchronize()
-    cp.cuda.runtime.profilerStop()
+    profile_once(runs)
 
 
 def compile_all(tiles):
@@ -562,15 +538,9 @@ def main():
     tiles = QUICK_TILES if args.quick else TILES
     if args.compile_only:
         return compile_all(tiles)
-    import cupy as cp
-
     from skinny_sweep import graph_us
 
-    from fuseflow.backend.cuda_backend import CudaBackend
-
-    fp32 = CudaBackend(tf32=False, autotune=False)
-    fp32.own_gemm_max_macs = 0
-    tf32 = CudaBackend(tf32=True, autotune=False)
+    fp32, tf32 = backends()
     rng = np.random.default_rng(0)
     if args.ncu:
         return ncu_target(tf32, rng)
@@ -579,53 +549,26 @@ def main():
         print("fragment check", ch, flush=True)
     good = [ch["swap"] for ch in checks if ch["errors"]["norm_rel"] < 1e-5]
     swap = good[0] if good else 0
+    modes = [md for md in MODES if md[0] in args.products
+             and (args.cutlass_sums or md[1] or md[0] == 1)]
     rows = []
-    for label, op, batch, fin, fout in LAYERS[:5]:
-        a, b, m, n, k, lda, ldb, akm, bkm, amat, bmat = operands(op, batch, fin, fout, rng)
-        ref = amat.astype(np.float64) @ bmat.astype(np.float64)
-        scale = np.abs(amat).astype(np.float64) @ np.abs(bmat).astype(np.float64)
-        A, B = cp.asarray(a), cp.asarray(b)
-
-        def product(be):
-            if op == "forward":
-                return lambda: be.linear(A, B, None, "DEFAULT")[0]
-            if op == "dgrad":
-                return lambda: be.linear_dgrad(A, B, "DEFAULT", None)[0]
-            return lambda: be.linear_wgrad(A, B, "DEFAULT")[0]
-        cublas, cublas_tf32 = product(fp32), product(tf32)
-        row = {"label": label, "op": op, "m": m, "n": n, "k": k,
-               "cublaslt_fp32_errors": errors(cp.asnumpy(cublas()), ref, scale),
-               "cublaslt_fp32_us": graph_us(cublas),
-               "cublaslt_tf32_errors": errors(cp.asnumpy(cublas_tf32()), ref, scale),
-               "cublaslt_tf32_us": graph_us(cublas_tf32), "variants": []}
-        C = cp.empty((m, n), dtype=cp.float32)
-        modes = [md for md in MODES if md[0] in args.products
-                 and (args.cutlass_sums or md[1] or md[0] == 1)]
+    for layer in LAYERS[:5]:
+        c = Case(*layer, rng)
+        row = c.baseline(fp32, tf32, graph_us)
         for products, sums, chop in modes:
             for tile in tiles:
                 for splits in SPLITS:
-                    smem = smem_bytes(tile, akm, bkm, splits, products)
-                    if (_cdiv(_cdiv(k, splits), BK) < 2 or (64 * tile[0]) % splits
+                    smem = smem_bytes(tile, c.akm, c.bkm, splits, products)
+                    if (_cdiv(_cdiv(c.k, splits), BK) < 2 or (64 * tile[0]) % splits
                             or smem > SMEM_MAX):
                         continue
                     v = {"tile": list(tile), "splits": splits, "products": products,
-                         "sums": sums, "chop": chop, "smem": smem, "blocks": _cdiv(n, tile[1] * tile[2])
-                         * _cdiv(m, 64 * tile[0]) * splits}
-
-                    def run():
-                        launch(A, B, C, m, n, k, lda, ldb, akm, bkm, tile, splits, products,
-                               sums, swap, chop)
-                    try:
-                        C.fill(np.nan)
-                        run()
-                        v["errors"] = errors(cp.asnumpy(C), ref, scale)
-                        if not v["errors"]["norm_rel"] <= MAX_NORM_REL[products]:
-                            v["wrong"] = True
-                        else:
-                            v["us"] = graph_us(run)
-                    except Exception as e:  # noqa: BLE001 - record and go on
-                        v["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    row["variants"].append(v)
+                         "sums": sums, "chop": chop, "smem": smem,
+                         "blocks": _cdiv(c.n, tile[1] * tile[2]) * _cdiv(c.m, 64 * tile[0]) * splits}
+                    run = functools.partial(launch, c.A, c.B, c.C, c.m, c.n, c.k, c.lda, c.ldb,
+                                            c.akm, c.bkm, tile, splits, products, sums, swap, chop)
+                    row["variants"].append(c.check_and_time(v, run, MAX_NORM_REL[products],
+                                                            graph_us))
         summary = []
         for products, sums, chop in modes:
             timed = [v for v in row["variants"] if "us" in v and v["products"] == products
@@ -636,14 +579,13 @@ def main():
                 row[f"best_{tag}"] = best
                 summary.append(f"{tag} {best['us']:6.2f} {best['tile']} "
                                f"x{best['splits']} ({best['errors']['norm_rel']:.1e})")
-        bad = sum(1 for v in row["variants"] if "wrong" in v or "error" in v)
-        print(f"{label:44s} cublaslt {row['cublaslt_fp32_us']:6.2f} "
+        bad = failed(row)
+        print(f"{c.label:44s} cublaslt {row['cublaslt_fp32_us']:6.2f} "
               f"({row['cublaslt_fp32_errors']['norm_rel']:.1e}) TF32 "
               f"{row['cublaslt_tf32_us']:6.2f} | " + " | ".join(summary)
-              + f" | wrong/failed {bad}", flush=True)
-        for v in row["variants"]:
-            if "error" in v or "wrong" in v:
-                print("   ", v, flush=True)
+              + f" | wrong/failed {len(bad)}", flush=True)
+        for v in bad:
+            print("   ", v, flush=True)
         rows.append(row)
     write_json(os.path.join(args.out, f"{args.name}.json"),
                {"benchmark": "wgmma_probe", **metadata("cupy", "nvmath"), "layout_swap": swap,
