@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import os
 import sys
 import tempfile
@@ -439,13 +440,19 @@ def compile_cubin(src, arch="sm_90a", verbose=False):
 
 
 @functools.cache
+def _cubin_dir():
+    """Where the cubins go for CuPy to load: one folder a process, removed at its exit."""
+    return tempfile.TemporaryDirectory(prefix="wgmma_probe_")
+
+
+@functools.cache
 def kernel(*key):
     import cupy as cp
 
     cubin, _ = compile_cubin(source(*key))
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    k = cp.RawModule(path=f.name).get_function("wg_gemm")
+    path = Path(_cubin_dir().name) / f"{hashlib.sha256(cubin).hexdigest()}.cubin"
+    path.write_bytes(cubin)
+    k = cp.RawModule(path=str(path)).get_function("wg_gemm")
     k.max_dynamic_shared_size_bytes = smem_bytes(*key[:5])
     return k
 
