@@ -84,7 +84,7 @@ SRC = r"""
 #define B_RAW ((B_KMAJOR ? BNB : BK) * B_RAW_LD)
 #define RAW_STAGE (4 * (A_RAW + B_RAW))
 // Split k-tiles in wgmma's layout: TF32 hi (and lo) of A, then of B.
-#define A_TILE (BK / 4 * A_KG)
+#define A_TILE (AREG ? 0 : BK / 4 * A_KG)
 #define B_TILE (BK / 4 * B_KG)
 #define SPLIT_STAGE ((PRODUCTS == 3 ? 2 : 1) * (A_TILE + B_TILE))
 
@@ -282,7 +282,7 @@ wg_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restr
     cp_wait<STAGES - 2>();
     __syncthreads();
     if (ntiles > 0) {
-        convert_a.run(RAW_A(0), SPLIT(0), SPLIT(0) + A_TILE + B_TILE);
+        if (!AREG) convert_a.run(RAW_A(0), SPLIT(0), SPLIT(0) + A_TILE + B_TILE);
         convert_b.run(RAW_B(0), SPLIT(0) + A_TILE, SPLIT(0) + 2 * A_TILE + B_TILE);
     }
     fence_proxy_async();
@@ -296,13 +296,51 @@ wg_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restr
         }
         cp_commit();
         const unsigned int base = sbase + (kt & 1) * SPLIT_STAGE;
-        const unsigned int ahi = base + wm * 8 * SBO, bhi = base + A_TILE + wn * (BN / 8) * SBO;
+        const unsigned int bhi = base + A_TILE + wn * (BN / 8) * SBO;
+#if !AREG
+        const unsigned int ahi = base + wm * 8 * SBO;
+#endif
 #if PRODUCTS == 3
-        const unsigned int alo = ahi + A_TILE + B_TILE, blo = bhi + A_TILE + B_TILE;
+        const unsigned int blo = bhi + A_TILE + B_TILE;
+#if !AREG
+        const unsigned int alo = ahi + A_TILE + B_TILE;
+#endif
+#endif
+#if AREG
+        // A's fragments of tile kt, split in registers: a[v] = A(16 warp + lane / 4 + 8 (v % 2),
+        // 8 k8 + lane % 4 + 4 (v / 2)) (CUTLASS's SM90 ALayout_64x8 for 32-bit types). They
+        // stay untouched until the wgmma wait below (fence_operand there).
+        unsigned int ah[BK / 8][4], al[BK / 8][4];
+        {
+            const float* ra = RAW_A(kt);
+            const int r0 = wm * 64 + 16 * warp + lane / 4;
+#pragma unroll
+            for (int k8 = 0; k8 < BK / 8; ++k8)
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    const int r = r0 + 8 * (v % 2), k = 8 * k8 + lane % 4 + 4 * (v / 2);
+                    split_tf32(ra[A_KMAJOR ? r * A_RAW_LD + k : k * A_RAW_LD + r], ah[k8][v],
+                               al[k8][v]);
+                }
+        }
 #endif
 #pragma unroll
         for (int i = 0; i < NACC; ++i) fence_operand(D[i]);
         wgmma_fence();
+#if AREG
+#pragma unroll
+        for (int k8 = 0; k8 < BK / 8; ++k8) {  // k-groups 2 k8 and 2 k8 + 1
+            const unsigned long long dbh = descriptor(bhi + 2 * k8 * B_KG, B_KG, SBO);
+#if PRODUCTS == 3
+            const unsigned long long dbl = descriptor(blo + 2 * k8 * B_KG, B_KG, SBO);
+            wgmma_tf32_ra(D, al[k8], dbh, SUMS && k8 == 0 ? 0 : 1);  // small products first
+            wgmma_tf32_ra(D, ah[k8], dbl, 1);
+            wgmma_tf32_ra(D, ah[k8], dbh, 1);
+#else
+            wgmma_tf32_ra(D, ah[k8], dbh, SUMS && k8 == 0 ? 0 : 1);
+#endif
+        }
+#else
 #pragma unroll
         for (int k8 = 0; k8 < BK / 8; ++k8) {  // k-groups 2 k8 and 2 k8 + 1
             const unsigned long long dah = descriptor(ahi + 2 * k8 * A_KG, A_KG, SBO);
@@ -317,16 +355,26 @@ wg_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restr
             wgmma_tf32(D, dah, dbh, SUMS && k8 == 0 ? 0 : 1);
 #endif
         }
+#endif
         wgmma_commit();
         if (kt + 1 < ntiles) {  // into the split stage tile kt - 1 used, waited for below
             unsigned char* sp = SPLIT(kt + 1);
-            convert_a.run(RAW_A(kt + 1), sp, sp + A_TILE + B_TILE);
+            if (!AREG) convert_a.run(RAW_A(kt + 1), sp, sp + A_TILE + B_TILE);
             convert_b.run(RAW_B(kt + 1), sp + A_TILE, sp + 2 * A_TILE + B_TILE);
         }
         fence_proxy_async();
         wgmma_wait0();
 #pragma unroll
         for (int i = 0; i < NACC; ++i) fence_operand(D[i]);
+#if AREG
+#pragma unroll
+        for (int k8 = 0; k8 < BK / 8; ++k8)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                asm volatile("" : "+r"(ah[k8][v]) :: "memory");
+                asm volatile("" : "+r"(al[k8][v]) :: "memory");
+            }
+#endif
 #if SUMS
 #pragma unroll
         for (int i = 0; i < NACC; ++i) acc[i] += fresh[i];  // float32, round to nearest
@@ -369,9 +417,11 @@ TILES = [(1, 1, 32, 3), (1, 1, 32, 4), (1, 1, 64, 3), (1, 1, 64, 4), (1, 2, 32, 
          (1, 1, 128, 3), (1, 2, 64, 4), (2, 1, 64, 4), (2, 2, 64, 3)]
 QUICK_TILES = [(1, 1, 64, 4), (1, 2, 32, 4), (1, 2, 64, 4)]
 SPLITS = (1, 2, 4)
-#: (products, sums, chop): one TF32 product (the kernel's ceiling); 3xTF32 with fresh
-#: per-k-tile sums, CUTLASS's split or the chopped one; 3xTF32 summed in the tensor cores.
-MODES = [(1, 0, 0), (3, 1, 0), (3, 1, 1), (3, 0, 0)]
+#: (products, sums, chop, areg): one TF32 product (the kernel's ceiling); 3xTF32 with fresh
+#: per-k-tile sums, CUTLASS's split or the chopped one; 3xTF32 summed in the tensor cores;
+#: areg 1: A's fragments split in registers and fed to wgmma from there (no split stage for A).
+MODES = [(1, 0, 0, 0), (3, 1, 0, 0), (3, 1, 1, 0), (3, 0, 0, 0),
+         (1, 0, 0, 1), (3, 1, 0, 1), (3, 1, 1, 1)]
 
 
 def _cdiv(a, b):
@@ -391,6 +441,15 @@ def wgmma_source(bn):
         f'                 "{{{regs}}}, %{n}, %{n + 1}, p, 1, 1;\\n}}\\n"\n'
         f'                 : {outs}\n'
         f'                 : "l"(da), "l"(db), "r"(accumulate));\n'
+        f"}}\n"
+        f"// The same with A's fragment in registers (AREG).\n"
+        f"__device__ __forceinline__ void wgmma_tf32_ra(float (&d)[{n}], const unsigned int (&a)[4],\n"
+        f"                                              unsigned long long db, int accumulate) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 5}, 0;\\n"\n'
+        f'                 "wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 "\n'
+        f'                 "{{{regs}}}, {{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1;\\n}}\\n"\n'
+        f'                 : {outs}\n'
+        f'                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));\n'
         f"}}\n")
 
 
@@ -403,20 +462,21 @@ def kgroup_bytes(rows):
     return 4 * words
 
 
-def source(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop=0):
+def source(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop=0, areg=0):
     wgm, wgn, bn, stages = tile
     defines = dict(WGM=wgm, WGN=wgn, BN=bn, STAGES=stages, BK=BK, SBO=SBO,
                    A_KG=kgroup_bytes(64 * wgm), B_KG=kgroup_bytes(bn * wgn),
                    A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, SPLITS=splits, PRODUCTS=products,
-                   SUMS=sums, SWAP=swap, CHOP=chop)
+                   SUMS=sums, SWAP=swap, CHOP=chop, AREG=areg)
     return ("".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
             + SRC.replace("WGMMA_SRC", wgmma_source(bn)))
 
 
-def smem_bytes(tile, a_kmajor, b_kmajor, splits, products):
+def smem_bytes(tile, a_kmajor, b_kmajor, splits, products, areg=0):
     wgm, wgn, bn, stages = tile
     bm, bnb = 64 * wgm, bn * wgn
-    split = (2 if products == 3 else 1) * BK // 4 * (kgroup_bytes(bm) + kgroup_bytes(bnb))
+    split = ((2 if products == 3 else 1) * BK // 4
+             * ((0 if areg else kgroup_bytes(bm)) + kgroup_bytes(bnb)))
     raw_a = bm * (BK + 4) if a_kmajor else BK * (bm + 4)
     raw_b = bnb * (BK + 4) if b_kmajor else BK * (bnb + 4)
     c = 4 * bm * (bnb + 4) if splits > 1 else 0
@@ -453,20 +513,20 @@ def kernel(*key):
     path = Path(_cubin_dir().name) / f"{hashlib.sha256(cubin).hexdigest()}.cubin"
     path.write_bytes(cubin)
     k = cp.RawModule(path=str(path)).get_function("wg_gemm")
-    k.max_dynamic_shared_size_bytes = smem_bytes(*key[:5])
+    k.max_dynamic_shared_size_bytes = smem_bytes(*key[:5], areg=key[8])
     return k
 
 
 def launch(a, b, c, m, n, k, lda, ldb, a_kmajor, b_kmajor, tile, splits, products, sums, swap,
-           chop=0):
+           chop=0, areg=0):
     """C = A B by the probe's kernel; A, B, C CuPy float32, strides as in ``SRC``."""
     wgm, wgn, bn, _ = tile
     chunk = _cdiv(_cdiv(k, splits), BK) * BK
-    kern = kernel(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop)
+    kern = kernel(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop, areg)
     kern((_cdiv(n, bn * wgn), _cdiv(m, 64 * wgm), splits), (128 * wgm * wgn,),
          (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb),
           np.int64(n), np.int32(chunk)),
-         shared_mem=smem_bytes(tile, a_kmajor, b_kmajor, splits, products))
+         shared_mem=smem_bytes(tile, a_kmajor, b_kmajor, splits, products, areg))
 
 
 def fragment_check(swap, rng):
@@ -492,8 +552,10 @@ def fragment_check(swap, rng):
                                  int(where[i]) % 64] for i in np.flatnonzero(~right)[:16]]}
 
 
-#: The launches ``--ncu`` profiles (layer 2's forward): one TF32 product, 3xTF32 chopped.
-NCU_VARIANTS = [((1, 1, 64, 4), 2, 1, 0, 0), ((1, 1, 64, 4), 2, 3, 1, 1)]
+#: The launches ``--ncu`` profiles (layer 2's forward): one TF32 product, 3xTF32 chopped,
+#: with A split in shared memory and in registers.
+NCU_VARIANTS = [((1, 1, 64, 4), 2, 1, 0, 0, 0), ((1, 1, 64, 4), 2, 3, 1, 1, 0),
+                ((1, 1, 64, 4), 2, 3, 1, 1, 1)]
 
 
 def ncu_target(tf32, rng):
@@ -502,8 +564,8 @@ def ncu_target(tf32, rng):
     c = Case(*LAYERS[1], rng)
     runs = [c.product(tf32)]
     runs += [functools.partial(launch, c.A, c.B, c.C, c.m, c.n, c.k, c.lda, c.ldb, c.akm, c.bkm,
-                               tile, splits, products, sums, 0, chop)
-             for tile, splits, products, sums, chop in NCU_VARIANTS]
+                               tile, splits, products, sums, 0, chop, areg)
+             for tile, splits, products, sums, chop, areg in NCU_VARIANTS]
     profile_once(runs)
 
 
@@ -514,14 +576,14 @@ def compile_all(tiles):
         for akm in (0, 1):
             for bkm in (0, 1):
                 for splits in SPLITS:
-                    for products, sums, chop in MODES:
+                    for products, sums, chop, areg in MODES:
                         _, log = compile_cubin(source(tile, akm, bkm, splits, products, sums, 0,
-                                                      chop), verbose=True)
+                                                      chop, areg), verbose=True)
                         n += 1
                         if "warning" in log.lower() or (akm, bkm, splits) == (1, 0, 1):
                             print(f"tile={tile} akm={akm} bkm={bkm} splits={splits} "
-                                  f"products={products} sums={sums} chop={chop} smem "
-                                  f"{smem_bytes(tile, akm, bkm, splits, products)}\n"
+                                  f"products={products} sums={sums} chop={chop} areg={areg} "
+                                  f"smem {smem_bytes(tile, akm, bkm, splits, products, areg)}\n"
                                   f"{log.strip()}", flush=True)
     print(f"compiled {n} variants", flush=True)
 
@@ -562,27 +624,28 @@ def main():
     for layer in LAYERS[:5]:
         c = Case(*layer, rng)
         row = c.baseline(fp32, tf32, graph_us)
-        for products, sums, chop in modes:
+        for products, sums, chop, areg in modes:
             for tile in tiles:
                 for splits in SPLITS:
-                    smem = smem_bytes(tile, c.akm, c.bkm, splits, products)
+                    smem = smem_bytes(tile, c.akm, c.bkm, splits, products, areg)
                     if (_cdiv(_cdiv(c.k, splits), BK) < 2 or (64 * tile[0]) % splits
                             or smem > SMEM_MAX):
                         continue
                     v = {"tile": list(tile), "splits": splits, "products": products,
-                         "sums": sums, "chop": chop, "smem": smem,
+                         "sums": sums, "chop": chop, "areg": areg, "smem": smem,
                          "blocks": _cdiv(c.n, tile[1] * tile[2]) * _cdiv(c.m, 64 * tile[0]) * splits}
                     run = functools.partial(launch, c.A, c.B, c.C, c.m, c.n, c.k, c.lda, c.ldb,
-                                            c.akm, c.bkm, tile, splits, products, sums, swap, chop)
+                                            c.akm, c.bkm, tile, splits, products, sums, swap, chop,
+                                            areg)
                     row["variants"].append(c.check_and_time(v, run, MAX_NORM_REL[products],
                                                             graph_us))
         summary = []
-        for products, sums, chop in modes:
+        for products, sums, chop, areg in modes:
             timed = [v for v in row["variants"] if "us" in v and v["products"] == products
-                     and v["sums"] == sums and v["chop"] == chop]
+                     and v["sums"] == sums and v["chop"] == chop and v["areg"] == areg]
             if timed:
                 best = min(timed, key=lambda v: v["us"])
-                tag = f"p{products}s{sums}c{chop}"
+                tag = f"p{products}s{sums}c{chop}r{areg}"
                 row[f"best_{tag}"] = best
                 summary.append(f"{tag} {best['us']:6.2f} {best['tile']} "
                                f"x{best['splits']} ({best['errors']['norm_rel']:.1e})")
