@@ -77,8 +77,9 @@ SRC = r"""
 #define BM (64 * WGM)   // the block's rows: WGM warpgroups of 64
 #define BNB (BN * WGN)  // the block's columns: WGN warpgroups of BN
 #define NACC (BN / 2)
-// Raw float32 k-tiles as cp.async lands them, rows padded by 4 floats (conflict-free reads).
-#define A_RAW_LD (A_KMAJOR ? BK + 4 : BM + 4)
+// Raw float32 k-tiles as cp.async lands them, rows padded by 4 floats (conflict-free reads;
+// by 8 for an M-major A read as wgmma fragments, lanes (k t, row g) at banks 8 t + g).
+#define A_RAW_LD (A_KMAJOR ? BK + 4 : BM + (AREG ? 8 : 4))
 #define B_RAW_LD (B_KMAJOR ? BK + 4 : BNB + 4)
 #define A_RAW ((A_KMAJOR ? BM : BK) * A_RAW_LD)
 #define B_RAW ((B_KMAJOR ? BNB : BK) * B_RAW_LD)
@@ -147,9 +148,8 @@ __device__ __forceinline__ int tile_offset(int e, int k, int kg) {
 // chunks past elimit or kend are zero-filled. Each chunk's source, destination and row
 // check are worked out once: with one warp per scheduler, index arithmetic in the main
 // loop is time (Nsight Compute, call 193: 4.7 million instructions against cuBLASLt's 0.9).
-template <int KMAJOR, int EXT>
+template <int KMAJOR, int EXT, int LD>
 struct Loader {
-    static constexpr int LD = KMAJOR ? BK + 4 : EXT + 4;
     static constexpr int L = EXT * BK / 4 / THREADS;
     static_assert(L * THREADS == EXT * BK / 4, "a tile's chunks split evenly over the threads");
     const float* src[L];
@@ -184,9 +184,8 @@ struct Loader {
 // A raw k-tile split into TF32 hi (and lo) in wgmma's layout. Quad c (4 floats along k if
 // KMAJOR, else along e) goes to the thread that reads it so that every 8 lanes' 16-byte
 // reads and the stores hit distinct banks; each quad's offsets are worked out once.
-template <int KMAJOR, int EXT, int KG>
+template <int KMAJOR, int EXT, int KG, int LD>
 struct Converter {
-    static constexpr int LD = KMAJOR ? BK + 4 : EXT + 4;
     static constexpr int L = EXT * BK / 4 / THREADS;
     static_assert(L * THREADS == EXT * BK / 4, "a tile's quads split evenly over the threads");
     int rd[L], wr[L];
@@ -267,10 +266,10 @@ wg_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restr
 #else
 #define D acc
 #endif
-    const Loader<A_KMAJOR, BM> load_a(A, lda, m0, M, kbeg);
-    const Loader<B_KMAJOR, BNB> load_b(B, ldb, n0, N, kbeg);
-    const Converter<A_KMAJOR, BM, A_KG> convert_a;
-    const Converter<B_KMAJOR, BNB, B_KG> convert_b;
+    const Loader<A_KMAJOR, BM, A_RAW_LD> load_a(A, lda, m0, M, kbeg);
+    const Loader<B_KMAJOR, BNB, B_RAW_LD> load_b(B, ldb, n0, N, kbeg);
+    const Converter<A_KMAJOR, BM, A_KG, A_RAW_LD> convert_a;
+    const Converter<B_KMAJOR, BNB, B_KG, B_RAW_LD> convert_b;
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < ntiles) {
@@ -477,7 +476,7 @@ def smem_bytes(tile, a_kmajor, b_kmajor, splits, products, areg=0):
     bm, bnb = 64 * wgm, bn * wgn
     split = ((2 if products == 3 else 1) * BK // 4
              * ((0 if areg else kgroup_bytes(bm)) + kgroup_bytes(bnb)))
-    raw_a = bm * (BK + 4) if a_kmajor else BK * (bm + 4)
+    raw_a = bm * (BK + 4) if a_kmajor else BK * (bm + (8 if areg else 4))
     raw_b = bnb * (BK + 4) if b_kmajor else BK * (bnb + 4)
     c = 4 * bm * (bnb + 4) if splits > 1 else 0
     return max(2 * split + stages * 4 * (raw_a + raw_b), c)
