@@ -217,7 +217,8 @@ def worker_fuseflow(args):
     import fuseflow as ff
 
     be = ff.backend.get("cuda")
-    out = {"steps": [], "memory": [], "mnist": None}
+    # fp32_wgmma (FUSEFLOW_FP32_WGMMA): "off", or the full-float32 products as 3xTF32
+    out = {"steps": [], "memory": [], "mnist": None, "fp32_wgmma": be.fp32_wgmma}
 
     def sync():
         cp.cuda.Device().synchronize()

@@ -35,7 +35,7 @@ from peers import MODELS, compiled_step_us  # noqa: E402
 
 #: The backend's counters each row records (which paths the arm's compile and warm-up took).
 COUNTERS = ("overlapped_wgrad", "fused_skinny_grads", "fused_tc_xent", "split_update",
-            "split_update_overlapped", "fused_head", "own_epilog")
+            "split_update_overlapped", "fused_head", "own_epilog", "k_split", "wgmma")
 
 
 def parse_setting(text):

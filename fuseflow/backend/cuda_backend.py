@@ -73,6 +73,7 @@ from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_random
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
+from fuseflow.backend import _cuda_wgmma as W
 from fuseflow.backend import _k_split
 from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
 from fuseflow.backend.base import DLPACK_GPU_DEVICES, Backend, BackendError, from_dlpack
@@ -255,6 +256,14 @@ class CudaBackend(Backend):
         #: (the float64 tensor cores, each float32 product exact, rounded once at the end)
         #: or "tf32x3" (3xTF32 on the TF32 tensor cores, as accurate as float32 FMAs).
         self.own_gemm_mma = env_choice("FUSEFLOW_OWN_GEMM_MMA", {m: m for m in G.MMAS}, G.MMA)
+        #: Full-float32 dense matmuls (no TF32) on a Hopper GPU as 3xTF32 on the tensor cores
+        #: (``_cuda_wgmma``; FUSEFLOW_FP32_WGMMA): "off" (default: cuBLASLt's SIMT kernels),
+        #: "3xtf32" (operands split with round-to-nearest, as accurate as float32 against
+        #: float64) or "3xtf32-chop" (a cheaper split, about twice float32's error). They
+        #: replace the products of the own-epilog forwards and ReLU input gradients (their
+        #: K slices added by the epilog pass) and of the weight gradients.
+        self.fp32_wgmma = env_choice("FUSEFLOW_FP32_WGMMA",
+                                     {m: m for m in ("off", *W.SPLITS)}, "off")
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
         #: dense layers) run on a second stream beside the input-gradient chain
         #: (``_cuda_overlap``), FUSEFLOW_OVERLAP_WGRAD: "auto" (default) those in full
@@ -326,6 +335,7 @@ class CudaBackend(Backend):
             "own_epilog": self._counters["own_epilog"],
             "k_split": self._counters["k_split"],
             "own_gemm": self._counters["own_gemm"],
+            "wgmma": self._counters["wgmma"],
             "overlapped_wgrad": self._counters["overlapped_wgrad"],
             "split_update": self._counters["split_update"],
             "split_update_overlapped": self._counters["split_update_overlapped"],
@@ -746,9 +756,43 @@ class CudaBackend(Backend):
                 aux = aux[:out]  # (F, batch) view of the (round_up(F, 8), batch) buffer
         return y, aux
 
+    def _wgmma_product(self, a, b, slices=None):
+        """``a @ b`` for float32 views ``a`` (M, K), ``b`` (K, N) by the 3xTF32 wgmma kernel
+        (see ``fp32_wgmma``): the (S, M, N) partial products of its S K slices (S from
+        ``_cuda_wgmma.slices_for`` unless given), or None where it does not run."""
+        if self.fp32_wgmma == "off" or a.dtype != np.float32 or b.dtype != np.float32 or \
+                self.tf32 or not W.available():
+            return None
+        (m, k), n = a.shape, b.shape[1]
+        item = a.itemsize
+        if a.strides[1] == item:
+            a_kmajor, lda = 1, a.strides[0] // item
+        elif a.strides[0] == item:
+            a_kmajor, lda = 0, a.strides[1] // item
+        else:
+            return None
+        if b.strides[0] == item:
+            b_kmajor, ldb = 1, b.strides[1] // item
+        elif b.strides[1] == item:
+            b_kmajor, ldb = 0, b.strides[0] // item
+        else:
+            return None
+        if not W.supported(m, n, k, lda, ldb, a, b):
+            return None
+        slices = slices or W.slices_for(m, n, k)
+        out = cupy.empty((slices, m, n), dtype=np.float32)
+        W.product(a, b, out, m, n, k, lda, ldb, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
+                  slices=slices, split=self.fp32_wgmma)
+        self._counters["wgmma"] += 1
+        return out
+
     def _split_k(self, stage, a, b):
         """``a @ b`` as the (S, M, N) partial products of its K slices (one strided-batched
-        matmul; see ``k_splits``), or None where it is not split."""
+        matmul; see ``k_splits``; or the 3xTF32 wgmma kernel, see ``fp32_wgmma``), or None
+        where it is not split."""
+        part = self._wgmma_product(a, b)
+        if part is not None:
+            return part
         k = a.shape[1]
         splits = 0 if is_half(a.dtype) else \
             _k_split.k_slices(a.shape[0], b.shape[1], k, self.k_splits)
@@ -1029,6 +1073,9 @@ class CudaBackend(Backend):
                 G.wgrad_supported(dy, x, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
             return G.wgrad(dy, x, mma=self.own_gemm_mma), None
+        dw = self._wgmma_product(dy.T, x, slices=1)
+        if dw is not None:
+            return dw[0], (self._sum_rows(dy) if spec.bias else None)
         if spec.bias:
             res = self._matmul(stage, "BGRADB", x.T, dy, {})
             if res is not None:

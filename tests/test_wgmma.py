@@ -1,0 +1,185 @@
+"""The 3xTF32 ``wgmma`` matmul (``_cuda_wgmma``, ``CudaBackend.fp32_wgmma``).
+
+Without a GPU: the K-slice rule and the shared-memory budget, and (where CuPy's NVRTC is
+installed) every kernel variant compiles for ``sm_90a`` without warnings or spills. On a
+Hopper GPU: the kernel against the float64 product for every operand layout, both splits,
+ragged shapes and 1-3 K slices (as accurate as float32 FMAs with the rounded split, and a
+thousand times better than TF32); the backend's forward, input and weight gradients with
+the kernel on against cuBLASLt's float32; and a compiled step against the eager one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fuseflow.backend import _cuda_wgmma as W
+
+LAYOUTS = [(1, 1), (1, 0), (0, 0), (0, 1)]  # (a_kmajor, b_kmajor): forward, dgrad, wgrad, -
+
+
+def test_slices_fill_the_gpu_and_keep_slices_deep():
+    assert W.slices_for(256, 1024, 784) == 2      # 64 tiles of 64 x 64
+    assert W.slices_for(256, 1024, 1024) == 2
+    assert W.slices_for(1024, 1024, 256) == 1     # 256 tiles: one wave and more
+    assert W.slices_for(64, 64, 4096) == 16       # one tile: K / 256 slices
+    assert W.slices_for(64, 64, 100) == 1
+
+
+@pytest.mark.parametrize("a_kmajor,b_kmajor", LAYOUTS)
+def test_shared_memory_fits_two_blocks_an_sm(a_kmajor, b_kmajor):
+    assert W.smem_bytes(a_kmajor, b_kmajor) <= W.SMEM_MAX // 2
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+        return True
+    except Exception:  # noqa: BLE001 - no NVRTC: nothing to compile with
+        return False
+
+
+@pytest.mark.skipif(not _nvrtc(), reason="needs CuPy's NVRTC")
+@pytest.mark.parametrize("split", sorted(W.SPLITS))
+@pytest.mark.parametrize("a_kmajor,b_kmajor", LAYOUTS)
+def test_every_variant_compiles_for_sm90a(a_kmajor, b_kmajor, split):
+    cubin, log = W.compile_cubin(W.source(a_kmajor, b_kmajor, W.SPLITS[split]), verbose=True)
+    assert cubin[:4] == b"\x7fELF"
+    assert "warning" not in log.lower(), log
+    assert "0 bytes spill stores" in log, log
+
+
+def _hopper():
+    import fuseflow as ff
+
+    return ff.backend.cuda_available() and W.available()
+
+
+hopper = pytest.mark.skipif("not _hopper()", reason="needs a compute capability 9.0 GPU")
+
+
+def _rel(got, want):
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _operand(cp, rng, rows, cols, kmajor_rows):
+    """A (rows, cols) float32 matrix and its device copy laid out row-major when
+    ``kmajor_rows`` (the kernel reads it as [row * ld + col]) else column-major."""
+    host = rng.standard_normal((rows, cols)).astype(np.float32)
+    dev = cp.asarray(host)
+    return host, (dev if kmajor_rows else cp.asfortranarray(dev))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("split", sorted(W.SPLITS))
+@pytest.mark.parametrize("a_kmajor,b_kmajor", LAYOUTS)
+@pytest.mark.parametrize("m,n,k,slices", [(256, 1024, 784, 2), (100, 68, 200, 1),
+                                          (132, 196, 1000, 3), (64, 64, 32, 1)])
+def test_kernel_matches_float64(cp, rng, m, n, k, slices, a_kmajor, b_kmajor, split):
+    a, a_dev = _operand(cp, rng, m, k, a_kmajor)          # A(m, k)
+    bt, bt_dev = _operand(cp, rng, n, k, b_kmajor)        # B(k, n) = bt(n, k)
+    lda = k if a_kmajor else m
+    ldb = k if b_kmajor else n
+    out = cp.full((slices, m, n), np.nan, dtype=cp.float32)
+    W.product(a_dev, bt_dev, out, m, n, k, lda, ldb, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
+              slices=slices, split=split)
+    got = cp.asnumpy(out).astype(np.float64).sum(axis=0)
+    ref = a.astype(np.float64) @ bt.T.astype(np.float64)
+    fp32 = _rel(a @ bt.T, ref)                               # NumPy's float32 FMAs
+    tf32 = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    err = _rel(got, ref)
+    assert not np.isnan(got).any(), f"seed {rng.seed}"
+    assert err <= (3 if split == "3xtf32" else 8) * fp32 + 1e-7, (err, fp32, rng.seed)
+    assert err < _rel(tf32.astype(np.float64) @ bt.T.astype(np.float64), ref) / 100
+
+
+@pytest.fixture
+def pair(cp):
+    """A CudaBackend with the kernel on and one with it off (cuBLASLt's float32)."""
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    on = CudaBackend(tf32=False, autotune=False)
+    on.fp32_wgmma = "3xtf32"
+    off = CudaBackend(tf32=False, autotune=False)
+    off.fp32_wgmma = "off"
+    return on, off
+
+
+@pytest.mark.gpu
+@hopper
+def test_backend_routes_dense_products_and_matches_cublaslt(cp, rng, pair):
+    """The medium model's products (own-epilog forward with bias/ReLU/relu_aux, ReLU input
+    gradient with the bias gradient, weight gradients with and without BGRADB) run the
+    kernel (counted) and agree with cuBLASLt's float32 to float32 rounding."""
+    on, off = pair
+    x = cp.asarray(rng.standard_normal((256, 784)).astype(np.float32))
+    w1 = cp.asarray((rng.standard_normal((1024, 784)) / 28).astype(np.float32))
+    b1 = cp.asarray(rng.standard_normal(1024).astype(np.float32))
+    w2 = cp.asarray((rng.standard_normal((1024, 1024)) / 32).astype(np.float32))
+    dy = cp.asarray(rng.standard_normal((256, 1024)).astype(np.float32))
+    _, aux_ref = off.linear(x, w1, b1, "RELU_AUX_BIAS")
+    out = {}
+    for name, be in (("on", on), ("off", off)):
+        n0 = be.stats()["wgmma"]
+        y, aux = be.linear(x, w1, b1, "RELU_AUX_BIAS")
+        dx, db = be.linear_dgrad(dy, w2, "DRELU_BGRAD", aux_ref)
+        dw, _ = be.linear_wgrad(dx, x, "DEFAULT")
+        dw2, db2 = be.linear_wgrad(dy, y, "BGRADB")
+        out[name] = [cp.asnumpy(a) for a in (y, aux, dx, db, dw, dw2, db2)]
+        assert be.stats()["wgmma"] - n0 == (4 if name == "on" else 0)
+    for i, what in enumerate(("y", "relu_aux", "dx", "dbias", "dw", "dw2", "dbias2")):
+        got, want = out["on"][i], out["off"][i]
+        if what == "relu_aux":
+            assert (got != want).mean() < 1e-3  # sign flips only at rounding-level values
+        else:
+            assert _rel(got, want.astype(np.float64)) <= 1e-5, (what, rng.seed)
+
+
+@pytest.mark.gpu
+@hopper
+def test_other_dtypes_tf32_and_ragged_extents_stay_on_cublaslt(cp, rng, pair):
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    on, _ = pair
+    x = cp.asarray(rng.standard_normal((256, 30)).astype(np.float32))    # K = 30
+    w = cp.asarray(rng.standard_normal((1024, 30)).astype(np.float32))
+    b = cp.asarray(rng.standard_normal(1024).astype(np.float32))
+    y, _ = on.linear(x, w, b, "RELU_AUX_BIAS")
+    on.linear_wgrad(cp.asarray(rng.standard_normal((256, 1022)).astype(np.float32)),
+                    cp.asarray(rng.standard_normal((256, 784)).astype(np.float32)), "DEFAULT")
+    on.linear_wgrad(cp.asarray(rng.standard_normal((256, 1024)), dtype=cp.float64),
+                    cp.asarray(rng.standard_normal((256, 784)), dtype=cp.float64), "DEFAULT")
+    assert on.stats()["wgmma"] == 0
+    pre = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).T + cp.asnumpy(b)
+    assert _rel(cp.asnumpy(y), np.maximum(pre, 0)) < 1e-5
+    tf32 = CudaBackend(tf32=True, autotune=False)
+    tf32.fp32_wgmma = "3xtf32"
+    xs = cp.asarray(rng.standard_normal((256, 784)).astype(np.float32))
+    tf32.linear_wgrad(cp.asarray(rng.standard_normal((256, 1024)).astype(np.float32)), xs,
+                      "DEFAULT")
+    assert tf32.stats()["wgmma"] == 0
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("split", sorted(W.SPLITS))
+def test_compiled_step_with_the_kernel_matches_eager(cp, monkeypatch, split):
+    """``ff.compile`` captures the kernel (compiled in the warm-up, before the capture):
+    the same losses as the eager step over 20 steps of the medium model."""
+    import fuseflow as ff
+    from tests.test_compile import make_problem, run_side_by_side
+
+    be = ff.backend.get("cuda")
+    monkeypatch.setattr(be, "fp32_wgmma", split)
+    params, state, step, xs, ys = make_problem(sizes=(784, 1024, 1024, 10), batch=256)
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cp.asarray(xs), cp.asarray(ys)
+    n0 = be.stats()["wgmma"]
+    compiled = ff.compile(step)
+    eager, graphed, _, _ = run_side_by_side(step, compiled, params, state, xs, ys, 20)
+    assert be.stats()["wgmma"] > n0
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert compiled.compiles == 1 and eager[-1] < eager[0]
