@@ -92,7 +92,10 @@ def test_kernel_matches_float64(cp, rng, m, n, k, slices, a_kmajor, b_kmajor, sp
     tf32 = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
     err = _rel(got, ref)
     assert not np.isnan(got).any(), f"seed {rng.seed}"
-    assert err <= (3 if split == "3xtf32" else 8) * fp32 + 1e-7, (err, fp32, rng.seed)
+    # the rounded split measured 2.4-2.5e-7 at the medium shapes (float32's 1.6-2.9e-7),
+    # the chopped one 5.4-5.6e-7 whatever K (calls 193-194)
+    bound = max(3 * fp32, 4e-7) if split == "3xtf32" else max(8 * fp32, 1e-6)
+    assert err <= bound, (err, fp32, rng.seed)
     assert err < _rel(tf32.astype(np.float64) @ bt.T.astype(np.float64), ref) / 100
 
 
