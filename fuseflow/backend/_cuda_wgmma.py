@@ -62,22 +62,11 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 }
 """
 
-_SRC = r"""
-#define THREADS (128 * WGM * WGN)
-#define BM (64 * WGM)
-#define BNB (BN * WGN)
-#define NACC (BN / 2)
-// Raw float32 k-tiles as cp.async lands them: rows padded (conflict-free fragment and quad
-// reads; an M-major A by 8 floats, lanes (k t, row g) then sit at banks 8 t + g).
-#define A_RAW_LD (A_KMAJOR ? BK + 4 : BM + 8)
-#define B_RAW_LD (B_KMAJOR ? BK + 4 : BNB + 4)
-#define A_RAW ((A_KMAJOR ? BM : BK) * A_RAW_LD)
-#define B_RAW ((B_KMAJOR ? BNB : BK) * B_RAW_LD)
-#define B_TILE (BK / 4 * B_KG)     // B's split k-tile: TF32 hi, then lo
-#define SPLIT_STAGE (2 * B_TILE)
-
-// x = hi + lo with hi in TF32. CHOP 0: both rounded to nearest TF32 (CUTLASS's split);
-// CHOP 1: hi = x's top 19 bits, lo = the exact rest (the tensor cores drop its low bits).
+#: x = hi + lo with hi in TF32 (also ``benchmarks/wgmma_probe.py``'s).
+SPLIT_SRC = r"""
+// CHOP 0: hi and lo rounded to nearest TF32 (CUTLASS's split, five instructions); CHOP 1:
+// hi = x's top 19 bits, lo = the exact rest, whose low bits the tensor cores drop (two
+// instructions; lo keeps 11 of its up to 13 bits).
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
 #if CHOP
     hi = __float_as_uint(x) & 0xffffe000u;
@@ -89,7 +78,10 @@ __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned i
     lo &= 0xffffe000u;
 #endif
 }
-""" + CP_ASYNC_SRC + r"""
+"""
+
+#: wgmma's fences, commit and wait, and the proxy fence between the split stores and it.
+WGMMA_SYNC_SRC = r"""
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -103,25 +95,32 @@ __device__ __forceinline__ void wgmma_wait0() {
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-// Keeps the compiler from moving an accumulator's or an A fragment's register across a wait.
-__device__ __forceinline__ void fence_f(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
-__device__ __forceinline__ void fence_u(unsigned int& r) { asm volatile("" : "+r"(r) :: "memory"); }
+"""
 
-// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"), no swizzle: start
-// address, the byte offsets between core matrices along K (leading) and along N (stride),
-// in 16-byte units.
-__device__ __forceinline__ unsigned long long descriptor(unsigned int addr, unsigned int kgroup,
-                                                         unsigned int rgroup) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(kgroup >> 4) << 16)
-         | ((unsigned long long)(rgroup >> 4) << 32);
-}
-WGMMA_SRC
+_SRC_HEAD = r"""
+#define THREADS (128 * WGM * WGN)
+#define BM (64 * WGM)
+#define BNB (BN * WGN)
+#define NACC (BN / 2)
+// Raw float32 k-tiles as cp.async lands them: rows padded (conflict-free fragment and quad
+// reads; an M-major A by 8 floats, lanes (k t, row g) then sit at banks 8 t + g).
+#define A_RAW_LD (A_KMAJOR ? BK + 4 : BM + 8)
+#define B_RAW_LD (B_KMAJOR ? BK + 4 : BNB + 4)
+#define A_RAW ((A_KMAJOR ? BM : BK) * A_RAW_LD)
+#define B_RAW ((B_KMAJOR ? BNB : BK) * B_RAW_LD)
+#define B_TILE (BK / 4 * B_KG)     // B's split k-tile: TF32 hi, then lo
+#define SPLIT_STAGE (2 * B_TILE)
+"""
+
+#: An operand's raw k-tiles into shared memory (``Loader``) and their split into wgmma's
+#: layout (``Converter``; lo too where PRODUCTS is 3); needs BK, SBO, THREADS, cp16 and
+#: split_tf32 (also ``benchmarks/wgmma_probe.py``'s).
+OPERAND_SRC = r"""
 // Where operand element (row e, k) sits in a split tile: core matrix (e / 8, k / 4) at
 // (k / 4) KG + (e / 8) SBO, then row e % 8 at 16 bytes, k % 4 at 4.
 __device__ __forceinline__ int tile_offset(int e, int k, int kg) {
     return (k / 4) * kg + (e / 8) * SBO + (e % 8) * 16 + (k % 4) * 4;
 }
-
 // An operand's raw k-tiles (EXT rows along M or N, BK along k) into shared memory by
 // cp.async: G(e, k) = G[e * ld + k] (KMAJOR) or G[k * ld + e]; chunks past elimit or kend
 // are zero-filled. Each chunk's source, destination and row check are worked out once.
@@ -159,7 +158,7 @@ struct Loader {
     }
 };
 
-// A raw k-tile split into TF32 hi and lo in wgmma's layout. Quad c (4 floats along k if
+// A raw k-tile split into TF32 hi (and lo) in wgmma's layout. Quad c (4 floats along k if
 // KMAJOR, else along e) goes to the thread that reads it so that every 8 lanes' 16-byte
 // reads and the stores hit distinct banks; each quad's offsets are worked out once.
 template <int KMAJOR, int EXT, int KG, int LD>
@@ -197,18 +196,37 @@ struct Converter {
             for (int j = 0; j < 4; ++j) split_tf32(v[j], h[j], l[j]);
             if (KMAJOR) {
                 *reinterpret_cast<uint4*>(hi + wr[i]) = make_uint4(h[0], h[1], h[2], h[3]);
+#if PRODUCTS == 3
                 *reinterpret_cast<uint4*>(lo + wr[i]) = make_uint4(l[0], l[1], l[2], l[3]);
+#endif
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     *reinterpret_cast<unsigned int*>(hi + wr[i] + 16 * j) = h[j];
+#if PRODUCTS == 3
                     *reinterpret_cast<unsigned int*>(lo + wr[i] + 16 * j) = l[j];
+#endif
                 }
             }
         }
     }
 };
+"""
 
+_SRC_BODY = r"""
+// Keeps the compiler from moving an accumulator's or an A fragment's register across a wait.
+__device__ __forceinline__ void fence_f(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+__device__ __forceinline__ void fence_u(unsigned int& r) { asm volatile("" : "+r"(r) :: "memory"); }
+
+// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"), no swizzle: start
+// address, the byte offsets between core matrices along K (leading) and along N (stride),
+// in 16-byte units.
+__device__ __forceinline__ unsigned long long descriptor(unsigned int addr, unsigned int kgroup,
+                                                         unsigned int rgroup) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(kgroup >> 4) << 16)
+         | ((unsigned long long)(rgroup >> 4) << 32);
+}
+WGMMA_SRC
 // C(M, N) (+ z M ldc for slice z) = A(M, K) B(K, N) over slice z's k, float32 in and out.
 // A(m, k) at A[m * lda + k] (A_KMAJOR) or A[k * lda + m]; B(k, n) at B[n * ldb + k]
 // (B_KMAJOR) or B[k * ldb + n]; C row-major, ldc. Grid (N / BNB, M / BM, slices); slice z
@@ -355,9 +373,10 @@ def source(a_kmajor: int, b_kmajor: int, chop: int, tile=TILE) -> str:
     wgm, wgn, bn, stages = tile
     defines = dict(WGM=wgm, WGN=wgn, BN=bn, STAGES=stages, BK=BK, SBO=SBO,
                    B_KG=kgroup_bytes(bn * wgn), A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
-                   CHOP=chop)
-    return ("".join(f"#define {k} {int(v)}\n" for k, v in defines.items())
-            + _SRC.replace("WGMMA_SRC", wgmma_source(bn)))
+                   CHOP=chop, PRODUCTS=3)
+    return ("".join(f"#define {k} {int(v)}\n" for k, v in defines.items()) + _SRC_HEAD
+            + SPLIT_SRC + CP_ASYNC_SRC + WGMMA_SYNC_SRC + OPERAND_SRC
+            + _SRC_BODY.replace("WGMMA_SRC", wgmma_source(bn)))
 
 
 def smem_bytes(a_kmajor: int, b_kmajor: int, tile=TILE) -> int:
