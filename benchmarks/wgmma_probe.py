@@ -61,9 +61,11 @@ sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS  # noqa: E402
 from tf32x3_pipe_probe import (  # noqa: E402
-    CLUSTER_SUM_SRC, CP_ASYNC_SRC, Case, backends, errors, failed, profile_once)
+    CLUSTER_SUM_SRC, Case, backends, errors, failed, profile_once)
 
 from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
+from fuseflow.backend._cuda_wgmma import (  # noqa: E402
+    CP_ASYNC_SRC, OPERAND_SRC, SPLIT_SRC, WGMMA_SYNC_SRC, compile_cubin, kgroup_bytes)
 
 #: A variant more than this far from the float64 product (norm-relative) is wrong.
 MAX_NORM_REL = {3: 2e-6, 1: 2e-3}
@@ -89,32 +91,7 @@ SRC = r"""
 #define B_TILE (BK / 4 * B_KG)
 #define SPLIT_STAGE ((PRODUCTS == 3 ? 2 : 1) * (A_TILE + B_TILE))
 
-// x = hi + lo with hi in TF32. CHOP 0: hi and lo rounded to nearest TF32 (CUTLASS's split,
-// five instructions); CHOP 1: hi = x's top 19 bits, lo = the exact rest, whose low bits the
-// tensor cores drop (two instructions; lo keeps 11 of its up to 13 bits).
-__device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
-#if CHOP
-    hi = __float_as_uint(x) & 0xffffe000u;
-    lo = __float_as_uint(x - __uint_as_float(hi));
-#else
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    hi &= 0xffffe000u;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-    lo &= 0xffffe000u;
-#endif
-}
-""" + CP_ASYNC_SRC + r"""__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-}
-// Generic-proxy stores to shared memory become visible to wgmma's async-proxy reads.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-// Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
+""" + SPLIT_SRC + CP_ASYNC_SRC + WGMMA_SYNC_SRC + r"""// Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
 
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, the
@@ -137,103 +114,7 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned int addr, unsi
 #define CLUSTER_DIMS
 #endif
 
-// Where operand element (row e, k) sits in a split tile: core matrix (e / 8, k / 4) at
-// (k / 4) KG + (e / 8) SBO, then row e % 8 at 16 bytes, k % 4 at 4.
-__device__ __forceinline__ int tile_offset(int e, int k, int kg) {
-    return (k / 4) * kg + (e / 8) * SBO + (e % 8) * 16 + (k % 4) * 4;
-}
-
-// An operand's raw k-tiles (EXT rows along M or N, BK along k) into shared memory by
-// cp.async, as they lie in global memory: G(e, k) = G[e * ld + k] (KMAJOR) or G[k * ld + e];
-// chunks past elimit or kend are zero-filled. Each chunk's source, destination and row
-// check are worked out once: with one warp per scheduler, index arithmetic in the main
-// loop is time (Nsight Compute, call 193: 4.7 million instructions against cuBLASLt's 0.9).
-template <int KMAJOR, int EXT, int LD>
-struct Loader {
-    static constexpr int L = EXT * BK / 4 / THREADS;
-    static_assert(L * THREADS == EXT * BK / 4, "a tile's chunks split evenly over the threads");
-    const float* src[L];
-    int dst[L], kq[L];
-    bool in[L];
-    long long step;
-    __device__ __forceinline__ Loader(const float* __restrict__ G, long long ld, int e0,
-                                      int elimit, int kbeg) {
-        step = KMAJOR ? BK : (long long)BK * ld;
-#pragma unroll
-        for (int i = 0; i < L; ++i) {
-            const int c = threadIdx.x + i * THREADS;
-            const int r = KMAJOR ? c / (BK / 4) : c / (EXT / 4);
-            const int q = 4 * (KMAJOR ? c % (BK / 4) : c % (EXT / 4));
-            const int e = e0 + (KMAJOR ? r : q);
-            kq[i] = KMAJOR ? q : r;
-            in[i] = e < elimit;
-            dst[i] = r * LD + q;
-            src[i] = G + (KMAJOR ? (long long)e * ld + kbeg + kq[i] : (long long)(kbeg + kq[i]) * ld + e);
-        }
-    }
-    // Tile t (its k from k0 = kbeg + t BK) into S.
-    __device__ __forceinline__ void load(float* S, int t, int k0, int kend, const float* G) const {
-#pragma unroll
-        for (int i = 0; i < L; ++i) {
-            const bool ok = in[i] && k0 + kq[i] < kend;
-            cp16(S + dst[i], ok ? src[i] + t * step : G, ok);
-        }
-    }
-};
-
-// A raw k-tile split into TF32 hi (and lo) in wgmma's layout. Quad c (4 floats along k if
-// KMAJOR, else along e) goes to the thread that reads it so that every 8 lanes' 16-byte
-// reads and the stores hit distinct banks; each quad's offsets are worked out once.
-template <int KMAJOR, int EXT, int KG, int LD>
-struct Converter {
-    static constexpr int L = EXT * BK / 4 / THREADS;
-    static_assert(L * THREADS == EXT * BK / 4, "a tile's quads split evenly over the threads");
-    int rd[L], wr[L];
-    __device__ __forceinline__ Converter() {
-#pragma unroll
-        for (int i = 0; i < L; ++i) {
-            const int c = threadIdx.x + i * THREADS;
-            int e, k;
-            if (KMAJOR) {  // 8 rows x 8 quads of k per 64 quads
-                e = c % 8 + 8 * (c / (8 * (BK / 4)));
-                k = 4 * ((c / 8) % (BK / 4));
-            } else {       // 8 k x 4 quads of e per 32 quads, BK / 8 such groups along k
-                k = c % 8 + 8 * ((c / 32) % (BK / 8));
-                e = 4 * ((c / 8) % 4 + 4 * (c / (32 * (BK / 8))));
-            }
-            rd[i] = KMAJOR ? e * LD + k : k * LD + e;
-            wr[i] = tile_offset(e, k, KG);  // e + j (j < 4) at + 16 j: the same row group
-        }
-    }
-    __device__ __forceinline__ void run(const float* raw, unsigned char* hi, unsigned char* lo) const {
-        float4 q[L];
-#pragma unroll
-        for (int i = 0; i < L; ++i)  // every read before any store: they may not alias
-            q[i] = *reinterpret_cast<const float4*>(raw + rd[i]);
-#pragma unroll
-        for (int i = 0; i < L; ++i) {
-            const float v[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
-            unsigned int h[4], l[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) split_tf32(v[j], h[j], l[j]);
-            if (KMAJOR) {
-                *reinterpret_cast<uint4*>(hi + wr[i]) = make_uint4(h[0], h[1], h[2], h[3]);
-#if PRODUCTS == 3
-                *reinterpret_cast<uint4*>(lo + wr[i]) = make_uint4(l[0], l[1], l[2], l[3]);
-#endif
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    *reinterpret_cast<unsigned int*>(hi + wr[i] + 16 * j) = h[j];
-#if PRODUCTS == 3
-                    *reinterpret_cast<unsigned int*>(lo + wr[i] + 16 * j) = l[j];
-#endif
-                }
-            }
-        }
-    }
-};
-
+""" + OPERAND_SRC + r"""
 // C(M, N) = A(M, K) B(K, N), float32. A(m, k) at A[m * lda + k] (A_KMAJOR) or A[k * lda + m];
 // B(k, n) at B[n * ldb + k] (B_KMAJOR) or B[k * ldb + n]; C row-major, ldc. Grid
 // (N / BNB, M / BM, SPLITS); split z takes k in [z * kchunk, (z + 1) * kchunk).
@@ -452,15 +333,6 @@ def wgmma_source(bn):
         f"}}\n")
 
 
-def kgroup_bytes(rows):
-    """Bytes between k-groups of a ``rows``-row split tile: its row groups (SBO each),
-    rounded up to 8 words past a multiple of 32, so that the four k of a core-matrix row and
-    the two k-groups of a warp's stores land on distinct banks."""
-    words = rows // 8 * SBO // 4
-    words += (8 - words) % 32
-    return 4 * words
-
-
 def source(tile, a_kmajor, b_kmajor, splits, products, sums, swap, chop=0, areg=0):
     wgm, wgn, bn, stages = tile
     defines = dict(WGM=wgm, WGN=wgn, BN=bn, STAGES=stages, BK=BK, SBO=SBO,
@@ -480,22 +352,6 @@ def smem_bytes(tile, a_kmajor, b_kmajor, splits, products, areg=0):
     raw_b = bnb * (BK + 4) if b_kmajor else BK * (bnb + 4)
     c = 4 * bm * (bnb + 4) if splits > 1 else 0
     return max(2 * split + stages * 4 * (raw_a + raw_b), c)
-
-
-def compile_cubin(src, arch="sm_90a", verbose=False):
-    """NVRTC ``src`` to a cubin for ``arch``; (cubin bytes, log)."""
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(src, "wgmma_probe.cu", (), ())
-    opts = [f"-arch={arch}", "--std=c++17"] + (["--ptxas-options=-v"] if verbose else [])
-    try:
-        nvrtc.compileProgram(prog, opts)
-    except Exception as e:  # noqa: BLE001 - the log says why
-        raise RuntimeError(f"{e}\n{nvrtc.getProgramLog(prog)}") from None
-    log = nvrtc.getProgramLog(prog)
-    cubin = nvrtc.getCUBIN(prog)
-    nvrtc.destroyProgram(prog)
-    return cubin, log
 
 
 @functools.cache
