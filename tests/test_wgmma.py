@@ -31,6 +31,40 @@ def test_shared_memory_fits_two_blocks_an_sm(a_kmajor, b_kmajor):
     assert W.smem_bytes(a_kmajor, b_kmajor) <= W.SMEM_MAX // 2
 
 
+def _read(view, kmajor, ld, rows, cols, row_major_is_kmajor):
+    """The (rows, cols) matrix the kernel reads from ``view``'s first element under the
+    layout ``layout`` claims (rows x cols = A's m x k, or B's k x n)."""
+    item = view.itemsize
+    if kmajor == row_major_is_kmajor:       # unit stride along cols
+        strides = (ld * item, item)
+    else:                                   # unit stride along rows
+        strides = (item, ld * item)
+    return np.lib.stride_tricks.as_strided(view, (rows, cols), strides)
+
+
+def test_layout_reads_the_backend_stage_views(rng):
+    """The views the backend hands the kernel (forward ``x @ w.T``, input gradient
+    ``dy @ w``, weight gradient ``dy.T @ x``) are read element for element as themselves
+    under the layout ``layout`` derives from their strides; a view with no unit stride
+    is refused."""
+    batch, fin, fout = 12, 20, 8
+    x = rng.standard_normal((batch, fin)).astype(np.float32)
+    w = rng.standard_normal((fout, fin)).astype(np.float32)
+    dy = rng.standard_normal((batch, fout)).astype(np.float32)
+    w_dgrad = rng.standard_normal((fout, fin)).astype(np.float32)
+    cases = {"forward": (x, w.T, (1, fin, 1, fin)), "dgrad": (dy, w_dgrad, (1, fout, 0, fin)),
+             "wgrad": (dy.T, x, (0, fout, 0, fin))}
+    for stage, (a, b, want) in cases.items():
+        m, n, k, a_kmajor, lda, b_kmajor, ldb = W.layout(a, b)
+        assert (m, n, k) == (a.shape[0], b.shape[1], a.shape[1])
+        assert (a_kmajor, lda, b_kmajor, ldb) == want, stage
+        # A(m, k): K-major means unit stride along k; B(k, n): K-major means unit stride
+        # along k, the rows of this (k, n) matrix
+        np.testing.assert_array_equal(_read(a, a_kmajor, lda, m, k, 1), a, err_msg=stage)
+        np.testing.assert_array_equal(_read(b, b_kmajor, ldb, k, n, 0), b, err_msg=stage)
+    assert W.layout(x[:, ::2], w[:, ::2].T) is None
+
+
 def _nvrtc():
     try:
         from cupy_backends.cuda.libs import nvrtc

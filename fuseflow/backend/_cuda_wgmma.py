@@ -440,6 +440,28 @@ def slices_for(m: int, n: int, k: int, tile=TILE) -> int:
     return max(1, min(round(TARGET_BLOCKS / tiles), k // MIN_K_PER_SLICE))
 
 
+def layout(a, b):
+    """How the kernel reads the views ``a`` (M, K) and ``b`` (K, N): ``(m, n, k, a_kmajor,
+    lda, b_kmajor, ldb)`` with A(m, k) at ``a[m * lda + k]`` (a_kmajor) or ``a[k * lda + m]``
+    from a's first element, and B(k, n) at ``b[n * ldb + k]`` (b_kmajor) or ``b[k * ldb +
+    n]``; None where either has no unit stride. Strides alone (NumPy or CuPy views)."""
+    (m, k), n = a.shape, b.shape[1]
+    item = a.itemsize
+    if a.strides[1] == item:
+        a_kmajor, lda = 1, a.strides[0] // item
+    elif a.strides[0] == item:
+        a_kmajor, lda = 0, a.strides[1] // item
+    else:
+        return None
+    if b.strides[0] == item:
+        b_kmajor, ldb = 1, b.strides[1] // item
+    elif b.strides[1] == item:
+        b_kmajor, ldb = 0, b.strides[0] // item
+    else:
+        return None
+    return m, n, k, a_kmajor, lda, b_kmajor, ldb
+
+
 def supported(m: int, n: int, k: int, lda: int, ldb: int, *arrays) -> bool:
     """Whether the kernel runs this product: float32, 16-byte aligned, extents and strides
     multiples of 4 (16-byte copies), int32 sizes."""

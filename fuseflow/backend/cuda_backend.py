@@ -763,20 +763,10 @@ class CudaBackend(Backend):
         if self.fp32_wgmma == "off" or a.dtype != np.float32 or b.dtype != np.float32 or \
                 self.tf32 or not W.available():
             return None
-        (m, k), n = a.shape, b.shape[1]
-        item = a.itemsize
-        if a.strides[1] == item:
-            a_kmajor, lda = 1, a.strides[0] // item
-        elif a.strides[0] == item:
-            a_kmajor, lda = 0, a.strides[1] // item
-        else:
+        lay = W.layout(a, b)
+        if lay is None:
             return None
-        if b.strides[0] == item:
-            b_kmajor, ldb = 1, b.strides[1] // item
-        elif b.strides[1] == item:
-            b_kmajor, ldb = 0, b.strides[0] // item
-        else:
-            return None
+        m, n, k, a_kmajor, lda, b_kmajor, ldb = lay
         if not W.supported(m, n, k, lda, ldb, a, b):
             return None
         slices = slices or W.slices_for(m, n, k)
