@@ -48,23 +48,11 @@ from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS  # noqa: E402
 
 from fuseflow.backend._cuda_gemm import CLUSTER_SRC, TF32X3_SRC  # noqa: E402
+from fuseflow.backend._cuda_wgmma import CP_ASYNC_SRC  # noqa: E402
 
 #: A variant more than this far from the float64 product (norm-relative) is wrong: float32
 #: FMAs measured 1.5-5.8e-7 at these shapes, 3xTF32 1.5-2.0e-7, TF32 2.9e-4 (call 129).
 MAX_NORM_REL = {3: 2e-6, 1: 2e-3}
-
-#: 16 bytes global -> shared by cp.async (zero-filled where not ``valid``), its groups and
-#: their wait (also ``wgmma_probe.py``'s).
-CP_ASYNC_SRC = r"""__device__ __forceinline__ void cp16(float* dst, const float* src, bool valid) {
-    const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :: "r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-"""
 
 #: The cluster's K-split sums: each block adds its share of the SPLITS partial tiles
 #: through distributed shared memory (also ``wgmma_probe.py``'s); needs ``CLUSTER_SRC``,
