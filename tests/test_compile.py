@@ -39,6 +39,24 @@ def run_side_by_side(step, compiled, params, state, xs, ys, steps):
     return eager, graphed, pe, pc
 
 
+def check_compiled_matches_eager(counter, sizes=(784, 256, 128, 10), batch=64, steps=20):
+    """On the GPU: a compiled step of ``make_problem(sizes, batch)`` gives the eager step's
+    losses (rtol 1e-5) over ``steps`` steps, compiles once, learns, and the CUDA backend's
+    ``stats()[counter]`` grew (the path under test ran)."""
+    import cupy
+
+    be = ff.backend.get("cuda")
+    params, state, step, xs, ys = make_problem(sizes=sizes, batch=batch)
+    params, state = ff.device_put((params, state), "cuda")
+    xs, ys = cupy.asarray(xs), cupy.asarray(ys)
+    n0 = be.stats()[counter]
+    compiled = ff.compile(step)
+    eager, graphed, _, _ = run_side_by_side(step, compiled, params, state, xs, ys, steps)
+    assert be.stats()[counter] > n0
+    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
+    assert compiled.compiles == 1 and eager[-1] < eager[0]
+
+
 def compiled_runs_by_setting(monkeypatch, attr, opt, steps, step_fn=None, stats=()):
     """``{value: (eager losses, compiled losses, eager params, compiled params, counts)}``
     for the CUDA backend's ``attr`` False and True: a step of 784-512-512-10 at batch 256

@@ -305,17 +305,9 @@ def test_compiled_step_with_the_own_matmul_matches_eager(G, monkeypatch, mma):
     """``ff.compile`` captures the own matmul (workspaces from the step's pool, arrival
     counters made in the warm-up on the capture stream): the same losses as the eager step."""
     import fuseflow as ff
-    from tests.test_compile import make_problem, run_side_by_side
+    from tests.test_compile import check_compiled_matches_eager
 
     be = ff.backend.get("cuda")
     monkeypatch.setattr(be, "own_gemm_max_macs", 2 ** 31)
     monkeypatch.setattr(be, "own_gemm_mma", mma)
-    params, state, step, xs, ys = make_problem(sizes=(784, 256, 128, 10), batch=64)
-    params, state = ff.device_put((params, state), "cuda")
-    xs, ys = cupy.asarray(xs), cupy.asarray(ys)
-    n0 = be.stats()["own_gemm"]
-    compiled = ff.compile(step)
-    eager, graphed, _, _ = run_side_by_side(step, compiled, params, state, xs, ys, 20)
-    assert be.stats()["own_gemm"] > n0
-    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert compiled.compiles == 1 and eager[-1] < eager[0]
+    check_compiled_matches_eager("own_gemm")

@@ -207,16 +207,7 @@ def test_compiled_step_with_the_kernel_matches_eager(cp, monkeypatch, split):
     """``ff.compile`` captures the kernel (compiled in the warm-up, before the capture):
     the same losses as the eager step over 20 steps of the medium model."""
     import fuseflow as ff
-    from tests.test_compile import make_problem, run_side_by_side
+    from tests.test_compile import check_compiled_matches_eager
 
-    be = ff.backend.get("cuda")
-    monkeypatch.setattr(be, "fp32_wgmma", split)
-    params, state, step, xs, ys = make_problem(sizes=(784, 1024, 1024, 10), batch=256)
-    params, state = ff.device_put((params, state), "cuda")
-    xs, ys = cp.asarray(xs), cp.asarray(ys)
-    n0 = be.stats()["wgmma"]
-    compiled = ff.compile(step)
-    eager, graphed, _, _ = run_side_by_side(step, compiled, params, state, xs, ys, 20)
-    assert be.stats()["wgmma"] > n0
-    np.testing.assert_allclose(graphed, eager, rtol=1e-5)
-    assert compiled.compiles == 1 and eager[-1] < eager[0]
+    monkeypatch.setattr(ff.backend.get("cuda"), "fp32_wgmma", split)
+    check_compiled_matches_eager("wgmma", sizes=(784, 1024, 1024, 10), batch=256)
