@@ -24,6 +24,9 @@ def test_slices_fill_the_gpu_and_keep_slices_deep():
     assert W.slices_for(1024, 1024, 256) == 1     # 256 tiles: one wave and more
     assert W.slices_for(64, 64, 4096) == 16       # one tile: K / 256 slices
     assert W.slices_for(64, 64, 100) == 1
+    for k in (3076, 4100, 1000, 784):             # never an empty slice
+        s = W.slices_for(64, 640, k)
+        assert (s - 1) * W._chunk(k, s) < k, (k, s)
 
 
 @pytest.mark.parametrize("a_kmajor,b_kmajor", LAYOUTS)
@@ -111,7 +114,8 @@ def _operand(cp, rng, rows, cols, kmajor_rows):
 @pytest.mark.parametrize("split", sorted(W.SPLITS))
 @pytest.mark.parametrize("a_kmajor,b_kmajor", LAYOUTS)
 @pytest.mark.parametrize("m,n,k,slices", [(256, 1024, 784, 2), (100, 68, 200, 1),
-                                          (132, 196, 1000, 3), (64, 64, 32, 1)])
+                                          (132, 196, 1000, 3), (64, 64, 32, 1),
+                                          (64, 64, 40, 3)])     # slice 2 empty: zeros
 def test_kernel_matches_float64(cp, rng, m, n, k, slices, a_kmajor, b_kmajor, split):
     a, a_dev = _operand(cp, rng, m, k, a_kmajor)          # A(m, k)
     bt, bt_dev = _operand(cp, rng, n, k, b_kmajor)        # B(k, n) = bt(n, k)
@@ -138,11 +142,11 @@ def pair(cp):
     """A CudaBackend with the kernel on and one with it off (cuBLASLt's float32)."""
     from fuseflow.backend.cuda_backend import CudaBackend
 
-    on = CudaBackend(tf32=False, autotune=False)
-    on.fp32_wgmma = "3xtf32"
-    off = CudaBackend(tf32=False, autotune=False)
-    off.fp32_wgmma = "off"
-    return on, off
+    pair = CudaBackend(tf32=False, autotune=False), CudaBackend(tf32=False, autotune=False)
+    for be, setting in zip(pair, ("3xtf32", "off")):
+        be.fp32_wgmma = setting
+        be.own_epilog = "all"  # the own-epilog paths whatever FUSEFLOW_OWN_EPILOG[_MIN] say
+    return pair
 
 
 @pytest.mark.gpu

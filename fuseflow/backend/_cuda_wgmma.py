@@ -435,9 +435,15 @@ def available() -> bool:
 
 def slices_for(m: int, n: int, k: int, tile=TILE) -> int:
     """K slices for an (m, n, k) product: tiles x slices about ``TARGET_BLOCKS``, each
-    slice at least ``MIN_K_PER_SLICE`` deep (1: not split)."""
+    slice at least ``MIN_K_PER_SLICE`` deep (1: not split), none of them empty."""
     tiles = _cdiv(n, tile[1] * tile[2]) * _cdiv(m, 64 * tile[0])
-    return max(1, min(round(TARGET_BLOCKS / tiles), k // MIN_K_PER_SLICE))
+    want = max(1, min(round(TARGET_BLOCKS / tiles), k // MIN_K_PER_SLICE))
+    return _cdiv(k, _chunk(k, want))
+
+
+def _chunk(k: int, slices: int) -> int:
+    """k per slice: whole k-tiles (the last slice takes the rest, or nothing)."""
+    return _cdiv(_cdiv(k, slices), BK) * BK
 
 
 def layout(a, b):
@@ -462,12 +468,16 @@ def layout(a, b):
     return m, n, k, a_kmajor, lda, b_kmajor, ldb
 
 
-def supported(m: int, n: int, k: int, lda: int, ldb: int, *arrays) -> bool:
+def supported(m: int, n: int, k: int, a_kmajor: int, lda: int, b_kmajor: int, ldb: int,
+              *arrays, tile=TILE) -> bool:
     """Whether the kernel runs this product: float32, 16-byte aligned, extents and strides
-    multiples of 4 (16-byte copies), int32 sizes."""
-    if not (m and n and k) or max(m, n, k) >= 2 ** 30:
+    multiples of 4 (16-byte copies), strides no shorter than their rows, int32 sizes, at
+    most 65,535 row tiles (the grid's y)."""
+    if not (m and n and k) or max(m, n, k) >= 2 ** 30 or _cdiv(m, 64 * tile[0]) > 65535:
         return False
     if any(e % 4 for e in (m, n, k, lda, ldb)):
+        return False
+    if lda < (k if a_kmajor else m) or ldb < (k if b_kmajor else n):
         return False
     return all(a.dtype == np.float32 and a.data.ptr % 16 == 0 for a in arrays)
 
@@ -480,7 +490,7 @@ def product(a, b, out, m: int, n: int, k: int, lda: int, ldb: int, *, a_kmajor: 
     if split not in SPLITS:
         raise ValueError(f"3xTF32 matmul: split must be one of {sorted(SPLITS)}, got {split!r}")
     wgm, wgn, bn, _ = tile
-    chunk = _cdiv(_cdiv(k, slices), BK) * BK
+    chunk = _chunk(k, slices)
     kern = _kernel(int(a_kmajor), int(b_kmajor), SPLITS[split], tile)
     kern((_cdiv(n, bn * wgn), _cdiv(m, 64 * wgm), slices), (128 * wgm * wgn,),
          (a, b, out, np.int32(m), np.int32(n), np.int32(k), np.int64(lda), np.int64(ldb),

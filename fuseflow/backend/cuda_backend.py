@@ -261,7 +261,9 @@ class CudaBackend(Backend):
         #: "3xtf32" (operands split with round-to-nearest, as accurate as float32 against
         #: float64) or "3xtf32-chop" (a cheaper split, about twice float32's error). They
         #: replace the products of the own-epilog forwards and ReLU input gradients (their
-        #: K slices added by the epilog pass) and of the weight gradients.
+        #: K slices added by the epilog pass; how many: ``_cuda_wgmma.slices_for`` where
+        #: ``k_splits`` is "auto", else ``k_splits``) and of the weight gradients that need
+        #: no K split (the others stay on cuBLASLt, which splits K itself).
         self.fp32_wgmma = env_choice("FUSEFLOW_FP32_WGMMA",
                                      {m: m for m in ("off", *W.SPLITS)}, "off")
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
@@ -756,10 +758,12 @@ class CudaBackend(Backend):
                 aux = aux[:out]  # (F, batch) view of the (round_up(F, 8), batch) buffer
         return y, aux
 
-    def _wgmma_product(self, a, b, slices=None):
+    def _wgmma_product(self, a, b, sliced=True):
         """``a @ b`` for float32 views ``a`` (M, K), ``b`` (K, N) by the 3xTF32 wgmma kernel
-        (see ``fp32_wgmma``): the (S, M, N) partial products of its S K slices (S from
-        ``_cuda_wgmma.slices_for`` unless given), or None where it does not run."""
+        (see ``fp32_wgmma``): the (S, M, N) partial products of its S K slices, or None where
+        it does not run. S: ``_cuda_wgmma.slices_for`` where ``k_splits`` is "auto", else
+        ``k_splits`` (0 or 1: one). ``sliced=False`` (no pass adds the slices): None where
+        the product would want more than one, so that cuBLASLt splits K there instead."""
         if self.fp32_wgmma == "off" or a.dtype != np.float32 or b.dtype != np.float32 or \
                 self.tf32 or not W.available():
             return None
@@ -767,9 +771,15 @@ class CudaBackend(Backend):
         if lay is None:
             return None
         m, n, k, a_kmajor, lda, b_kmajor, ldb = lay
-        if not W.supported(m, n, k, lda, ldb, a, b):
+        if not W.supported(m, n, k, a_kmajor, lda, b_kmajor, ldb, a, b):
             return None
-        slices = slices or W.slices_for(m, n, k)
+        slices = W.slices_for(m, n, k) if self.k_splits == "auto" else \
+            max(1, int(self.k_splits))
+        if not sliced:
+            if slices > 1:
+                return None
+        elif slices > 1:
+            self._counters["k_split"] += 1
         out = cupy.empty((slices, m, n), dtype=np.float32)
         W.product(a, b, out, m, n, k, lda, ldb, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
                   slices=slices, split=self.fp32_wgmma)
@@ -1063,7 +1073,7 @@ class CudaBackend(Backend):
                 G.wgrad_supported(dy, x, self.own_gemm_max_macs):
             self._counters["own_gemm"] += 1
             return G.wgrad(dy, x, mma=self.own_gemm_mma), None
-        dw = self._wgmma_product(dy.T, x, slices=1)
+        dw = self._wgmma_product(dy.T, x, sliced=False)
         if dw is not None:
             return dw[0], (self._sum_rows(dy) if spec.bias else None)
         if spec.bias:
