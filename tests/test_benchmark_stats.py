@@ -149,6 +149,20 @@ def test_report_targets_count_a_ratio_at_its_limit_as_met():
         "peak memory <= 1.25x what must be alive"]
 
 
+def test_report_names_the_3xtf32_products_in_the_float32_verdicts():
+    """A fuseflow file written with ``fp32_wgmma`` on says so in the fp32 target's name:
+    its products ran on the TF32 tensor cores, and the verdict must show it."""
+    ff = {"steps": [{"model": "784-1024-1024-10", "batch": 256, "optimizer": "sgd",
+                     "precision": "fp32", "compiled_us": 80.0, "eager_us": 900.0}],
+          "fp32_wgmma": "3xtf32"}
+    jx = {"steps": [{"model": "784-1024-1024-10", "optimizer": "sgd", "precision": "fp32",
+                     "jit_us": 120.0}]}
+    (name, measured, met), = report.targets(ff, jx)
+    assert "3xtf32: TF32 tensor cores" in name and measured == "sgd 0.67x" and met
+    ff["fp32_wgmma"] = "off"
+    assert report.targets(ff, jx)[0][0] == "784-1024-1024-10, fp32: compiled <= 0.75x JAX jit"
+
+
 def test_shared_start_is_the_same_numbers_for_both_frameworks():
     # paired time-to-98 runs (--mnist-start shared): each worker calls shared_start itself,
     # so the draw must depend on the seed alone
