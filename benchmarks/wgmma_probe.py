@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +63,8 @@ from tf32x3_pipe_probe import (  # noqa: E402
 
 from fuseflow.backend._cuda_gemm import CLUSTER_SRC  # noqa: E402
 from fuseflow.backend._cuda_wgmma import (  # noqa: E402
-    CP_ASYNC_SRC, OPERAND_SRC, SPLIT_SRC, WGMMA_SYNC_SRC, compile_cubin, kgroup_bytes)
+    CP_ASYNC_SRC, OPERAND_SRC, SPLIT_SRC, WGMMA_SYNC_SRC, compile_cubin, kgroup_bytes,
+    load_kernel)
 
 #: A variant more than this far from the float64 product (norm-relative) is wrong.
 MAX_NORM_REL = {3: 2e-6, 1: 2e-3}
@@ -355,21 +354,9 @@ def smem_bytes(tile, a_kmajor, b_kmajor, splits, products, areg=0):
 
 
 @functools.cache
-def _cubin_dir():
-    """Where the cubins go for CuPy to load: one folder a process, removed at its exit."""
-    return tempfile.TemporaryDirectory(prefix="wgmma_probe_")
-
-
-@functools.cache
 def kernel(*key):
-    import cupy as cp
-
     cubin, _ = compile_cubin(source(*key))
-    path = Path(_cubin_dir().name) / f"{hashlib.sha256(cubin).hexdigest()}.cubin"
-    path.write_bytes(cubin)
-    k = cp.RawModule(path=str(path)).get_function("wg_gemm")
-    k.max_dynamic_shared_size_bytes = smem_bytes(*key[:5], areg=key[8])
-    return k
+    return load_kernel(cubin, "wg_gemm", smem_bytes(*key[:5], areg=key[8]))
 
 
 def launch(a, b, c, m, n, k, lda, ldb, a_kmajor, b_kmajor, tile, splits, products, sums, swap,

@@ -410,16 +410,22 @@ def _cubin_dir():
     return tempfile.TemporaryDirectory(prefix="fuseflow_wgmma_")
 
 
-@functools.cache
-def _kernel(a_kmajor: int, b_kmajor: int, chop: int, tile=TILE):
+def load_kernel(cubin: bytes, name: str, smem: int):
+    """Kernel ``name`` of ``cubin``, allowed ``smem`` bytes of dynamic shared memory (also
+    ``benchmarks/wgmma_probe.py``'s loader)."""
     import cupy
 
-    cubin, _ = compile_cubin(source(a_kmajor, b_kmajor, chop, tile))
     path = Path(_cubin_dir().name) / f"{hashlib.sha256(cubin).hexdigest()}.cubin"
     path.write_bytes(cubin)
-    kern = cupy.RawModule(path=str(path)).get_function("wgmma_3xtf32")
-    kern.max_dynamic_shared_size_bytes = smem_bytes(a_kmajor, b_kmajor, tile)
+    kern = cupy.RawModule(path=str(path)).get_function(name)
+    kern.max_dynamic_shared_size_bytes = smem
     return kern
+
+
+@functools.cache
+def _kernel(a_kmajor: int, b_kmajor: int, chop: int, tile=TILE):
+    cubin, _ = compile_cubin(source(a_kmajor, b_kmajor, chop, tile))
+    return load_kernel(cubin, "wgmma_3xtf32", smem_bytes(a_kmajor, b_kmajor, tile))
 
 
 @functools.cache

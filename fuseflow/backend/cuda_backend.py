@@ -764,21 +764,17 @@ class CudaBackend(Backend):
         it does not run. S: ``_cuda_wgmma.slices_for`` where ``k_splits`` is "auto", else
         ``k_splits`` (0 or 1: one). ``sliced=False`` (no pass adds the slices): None where
         the product would want more than one, so that cuBLASLt splits K there instead."""
-        if self.fp32_wgmma == "off" or a.dtype != np.float32 or b.dtype != np.float32 or \
-                self.tf32 or not W.available():
+        if self.fp32_wgmma == "off" or self.tf32 or not W.available():
             return None
-        lay = W.layout(a, b)
-        if lay is None:
+        lay = W.layout(a, b)  # (dtypes: ``supported`` checks them)
+        if lay is None or not W.supported(*lay, a, b):
             return None
         m, n, k, a_kmajor, lda, b_kmajor, ldb = lay
-        if not W.supported(m, n, k, a_kmajor, lda, b_kmajor, ldb, a, b):
-            return None
         slices = W.slices_for(m, n, k) if self.k_splits == "auto" else \
             max(1, int(self.k_splits))
-        if not sliced:
-            if slices > 1:
+        if slices > 1:
+            if not sliced:
                 return None
-        elif slices > 1:
             self._counters["k_split"] += 1
         out = cupy.empty((slices, m, n), dtype=np.float32)
         W.product(a, b, out, m, n, k, lda, ldb, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
