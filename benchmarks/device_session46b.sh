@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Forty-third session, one call in a tight device budget (failed starts ate most of it):
-# device_session45b.sh with the rounded split's peers run before the "off" and chopped
-# ones. The wgmma GPU tests and the compiled-step tests, the compiled medium fp32 steps with fp32_wgmma off / rounded /
-# chopped side by side (settings_ab.py, three rounds), then JAX's and fuseflow's (rounded
-# split) peers: medium model, fp32, step times and time to 98% over 10 paired seeds.
+# device_session45b.sh with the rounded split's peers before the "off" and chopped ones.
+# The wgmma GPU tests and the compiled-step tests; the compiled medium fp32 steps with
+# fp32_wgmma off / rounded / chopped side by side (settings_ab.py, three rounds); JAX's and
+# fuseflow's peers (medium model, fp32, step times and time to 98% over 10 paired seeds).
 # Results: $OUT/results-s46b.tgz.
 set -uo pipefail
 TAG=${TAG:-s46b}
