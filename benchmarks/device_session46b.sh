@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Forty-third session, one call in a tight device budget (failed starts ate most of it):
-# device_session45b.sh with the rounded split's peers before the "off" and chopped ones.
+# device_session45b.sh with the rounded split's peers only, then device_session46a.sh's tests.
 # The wgmma GPU tests and the compiled-step tests; the compiled medium fp32 steps with
 # fp32_wgmma off / rounded / chopped side by side (settings_ab.py, three rounds); JAX's and
 # fuseflow's peers (medium model, fp32, step times and time to 98% over 10 paired seeds).
@@ -17,8 +17,6 @@ TAILN=4 peers peers_jax 150 --worker jax --tag "$TAG" --models 784-1024-1024-10 
   --precisions fp32 --mnist-seeds 10
 FUSEFLOW_FP32_WGMMA=3xtf32 TAILN=4 peers peers_fuseflow_3xtf32 120 --worker fuseflow \
   --tag "${TAG}_3xtf32" --models 784-1024-1024-10 --precisions fp32 --mnist-seeds 10
-# then, as time allows, the kernel off and the chopped split
-for split in off 3xtf32-chop; do
-  FUSEFLOW_FP32_WGMMA=$split TAILN=4 peers "peers_fuseflow_$split" 90 --worker fuseflow \
-    --tag "${TAG}_$split" --models 784-1024-1024-10 --precisions fp32 --mnist-seeds 10
-done
+# then, as time allows: every GPU test but the kernel sources' with the rounded split on, to
+# see whether it can be the default on compute capability 9.0
+FUSEFLOW_FP32_WGMMA=3xtf32 gpu_groups 230 110
