@@ -133,7 +133,7 @@ def test_modelled_arithmetic_fits_the_gpu_tests_bounds(rng, m, n, k, split):
     """The error bounds ``test_kernel_matches_float64`` holds the GPU to admit a pessimistic
     model of the kernel's arithmetic (``_model``), so that a failure there is the kernel's,
     not the split's; and the three products are what makes it float32-accurate: one TF32
-    product (hi*hi) is a thousand times worse."""
+    product (hi*hi) is more than a hundred times worse."""
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
