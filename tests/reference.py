@@ -173,6 +173,17 @@ def tree_close(got, want, rtol, atol, what="", seed=None):
         close(got, want, rtol, atol, what, seed)
 
 
+def rel_err(got, ref):
+    """Norm-relative error of ``got`` against ``ref`` in float64 (a GPU result against its
+    float64 reference); the shapes must match and ``got`` be finite."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.isfinite(got).all(), "non-finite values in the GPU result"
+    den = np.linalg.norm(ref)
+    return np.linalg.norm(got - ref) / (den if den > 0 else 1.0)
+
+
 def away_from_zero(rng, shape, margin=0.05):
     """Normals with |v| >= margin: finite differences never straddle the ReLU kink."""
     v = rng.standard_normal(shape)

@@ -21,6 +21,7 @@ import fuseflow.backend as fb
 from fuseflow.backend import BackendError
 from fuseflow.backend.epilogs import DGRAD_EPILOGS, EPILOGS, WGRAD_EPILOGS, relu_aux_rows
 from fuseflow.backend.numpy_backend import NumpyBackend, pack_relu_aux, unpack_relu_aux
+from tests.reference import rel_err
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX must not take the GPU
 
@@ -91,15 +92,6 @@ def dev(a):
 
 def host(a):
     return None if a is None else cupy.asnumpy(a)
-
-
-def rel_err(got, ref):
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    assert np.isfinite(got).all(), "non-finite values in the GPU result"
-    den = np.linalg.norm(ref)
-    return np.linalg.norm(got - ref) / (den if den > 0 else 1.0)
 
 
 def check_close(what, got, ref, dtype, seed, tol=None, scale=None):

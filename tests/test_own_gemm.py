@@ -16,6 +16,7 @@ import pytest
 
 from fuseflow.backend.epilogs import relu_aux_rows
 from fuseflow.backend.numpy_backend import pack_relu_aux, unpack_relu_aux
+from tests.reference import rel_err
 
 cupy = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -51,11 +52,6 @@ def G():
     from fuseflow.backend import _cuda_gemm
 
     return _cuda_gemm
-
-
-def _rel(got, ref):
-    got = np.asarray(got, dtype=np.float64)
-    return np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
 
 
 def _twice(fn):
@@ -97,7 +93,7 @@ def test_forward(G, rng, shape, epilog, launch, poisoned_bytes):
     pre = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if b is None else b)
     ref = np.maximum(pre, 0) if relu else pre
     assert y.shape == (m, n) and y.dtype == np.float32
-    assert _rel(y, ref) <= TOL, f"{shape} {epilog} {launch}: {_rel(y, ref):.3g}"
+    assert rel_err(y, ref) <= TOL, f"{shape} {epilog} {launch}: {rel_err(y, ref):.3g}"
     if relu:
         assert aux.shape == (rows, m)
         sure = np.abs(pre) > SIGN_MARGIN
@@ -126,12 +122,13 @@ def test_dgrad(G, rng, shape, epilog, launch):
                                     **launch))
     prod = dy.astype(np.float64) @ w.astype(np.float64)
     ref = np.where(mask, prod, 0.0) if aux is not None else prod
-    assert _rel(dx, ref) <= TOL * max(1.0, np.linalg.norm(prod) / max(np.linalg.norm(ref), 1e-30))
+    assert rel_err(dx, ref) <= TOL * max(1.0, np.linalg.norm(prod)
+                                         / max(np.linalg.norm(ref), 1e-30))
     if aux is not None:
         assert not dx[~mask].any(), "masked input gradients must be exact zeros"
     if bgrad:
         # the column sums of the float32 result itself, in float64
-        assert _rel(db, dx.astype(np.float64).sum(0)) <= 1e-5
+        assert rel_err(db, dx.astype(np.float64).sum(0)) <= 1e-5
     else:
         assert db is None
 
@@ -145,7 +142,7 @@ def test_wgrad(G, rng, shape, launch):
     dy = rng.standard_normal((k, m)).astype(np.float32)
     x = rng.standard_normal((k, n)).astype(np.float32)
     (dw,) = _twice(lambda: (G.wgrad(cupy.asarray(dy), cupy.asarray(x), **launch),))
-    assert _rel(dw, dy.T.astype(np.float64) @ x.astype(np.float64)) <= TOL
+    assert rel_err(dw, dy.T.astype(np.float64) @ x.astype(np.float64)) <= TOL
 
 
 def test_cluster_launch_needs_a_tile_that_fits(G, rng):
@@ -220,9 +217,9 @@ def test_tf32x3_is_as_accurate_as_float32_fmas(G, rng, op):
                                         bgrad=False, mma=mma)[0],
            "wgrad": lambda mma: G.wgrad(cupy.asarray(a.T.copy()), cupy.asarray(b), mma=mma)}
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    errors = {mma: _rel(cupy.asnumpy(run[op](mma)), ref) for mma in ("simt", "tf32x3")}
+    errors = {mma: rel_err(cupy.asnumpy(run[op](mma)), ref) for mma in ("simt", "tf32x3")}
     tf32 = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
-    tf32_error = _rel(tf32 @ b.astype(np.float64), ref)  # a alone truncated to TF32
+    tf32_error = rel_err(tf32 @ b.astype(np.float64), ref)  # a alone truncated to TF32
     assert errors["tf32x3"] <= 3 * errors["simt"] + 1e-7, errors
     assert errors["tf32x3"] < tf32_error / 1000, (errors, tf32_error)
 
@@ -257,7 +254,7 @@ def test_backend_routes_float32_and_matches_cublaslt(G, rng, mma):
         if what == "relu_aux":
             assert (got != want).mean() < 1e-3  # sign flips only at rounding-level values
         else:
-            assert _rel(got, want.astype(np.float64)) <= 1e-5, what
+            assert rel_err(got, want.astype(np.float64)) <= 1e-5, what
     for be in (CudaBackend(tf32=True), CudaBackend(tf32=False)):
         be.own_gemm_max_macs = 0 if not be.tf32 else 2 ** 31
         n0 = be.stats()["own_gemm"]
@@ -294,10 +291,10 @@ def test_unsupported_layouts_fall_back(G, rng):
              (be.linear_wgrad(dy34, x40, "DEFAULT")[0], ref(dy34.T, x40))]
     assert be.stats()["own_gemm"] == n0
     for got, want in cases:
-        assert _rel(cupy.asnumpy(got), want) <= TOL
+        assert rel_err(cupy.asnumpy(got), want) <= TOL
     y, _ = be.linear(x40, w44, None, "DEFAULT")       # aligned: the own kernel
     assert be.stats()["own_gemm"] == n0 + 1
-    assert _rel(cupy.asnumpy(y), ref(x40, w44.T)) <= TOL
+    assert rel_err(cupy.asnumpy(y), ref(x40, w44.T)) <= TOL
 
 
 @pytest.mark.parametrize("mma", ["simt", "f64", "tf32x3"])

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fuseflow.backend import _cuda_wgmma as W
+from tests.reference import rel_err
 
 LAYOUTS = [(1, 1), (1, 0), (0, 0), (0, 1)]  # (a_kmajor, b_kmajor): forward, dgrad, wgrad, -
 
@@ -77,10 +78,6 @@ def _bound(split, fp32):
     return max(3 * fp32, 4e-7) if split == "3xtf32" else max(8 * fp32, 1e-6)
 
 
-def _rel(got, want):
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 def _tf32(bits, rounded):
     """float32 bit patterns (uint32) to TF32 ones: ``cvt.rna.tf32.f32`` (to nearest, ties
     away from zero: half a TF32 unit added to the magnitude) or the tensor cores' own read
@@ -137,10 +134,10 @@ def test_modelled_arithmetic_fits_the_gpu_tests_bounds(rng, m, n, k, split):
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    err = _rel(_model(a, b, split).astype(np.float64), ref)
-    assert err <= _bound(split, _rel(a @ b, ref)), (err, rng.seed)
+    err = rel_err(_model(a, b, split).astype(np.float64), ref)
+    assert err <= _bound(split, rel_err(a @ b, ref)), (err, rng.seed)
     hi = [_split(t, chop=False)[0].astype(np.float64) for t in (a, b)]
-    assert err < _rel(hi[0] @ hi[1], ref) / 100
+    assert err < rel_err(hi[0] @ hi[1], ref) / 100
 
 
 def _nvrtc():
@@ -197,12 +194,12 @@ def test_kernel_matches_float64(cp, rng, m, n, k, slices, a_kmajor, b_kmajor, sp
               slices=slices, split=split)
     got = cp.asnumpy(out).astype(np.float64).sum(axis=0)
     ref = a.astype(np.float64) @ bt.T.astype(np.float64)
-    fp32 = _rel(a @ bt.T, ref)                               # NumPy's float32 FMAs
-    tf32 = (a.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-    err = _rel(got, ref)
+    fp32 = rel_err(a @ bt.T, ref)                            # NumPy's float32 FMAs
+    tf32 = _tf32(a.view(np.uint32), rounded=False).view(np.float32)  # a chopped to TF32
     assert not np.isnan(got).any(), f"seed {rng.seed}"
+    err = rel_err(got, ref)
     assert err <= _bound(split, fp32), (err, fp32, rng.seed)
-    assert err < _rel(tf32.astype(np.float64) @ bt.T.astype(np.float64), ref) / 100
+    assert err < rel_err(tf32.astype(np.float64) @ bt.T.astype(np.float64), ref) / 100
 
 
 @pytest.fixture
@@ -244,7 +241,7 @@ def test_backend_routes_dense_products_and_matches_cublaslt(cp, rng, pair):
         if what == "relu_aux":
             assert (got != want).mean() < 1e-3  # sign flips only at rounding-level values
         else:
-            assert _rel(got, want.astype(np.float64)) <= 1e-5, (what, rng.seed)
+            assert rel_err(got, want.astype(np.float64)) <= 1e-5, (what, rng.seed)
 
 
 @pytest.mark.gpu
@@ -263,7 +260,7 @@ def test_other_dtypes_tf32_and_ragged_extents_stay_on_cublaslt(cp, rng, pair):
                     cp.asarray(rng.standard_normal((256, 784)), dtype=cp.float64), "DEFAULT")
     assert on.stats()["wgmma"] == 0
     pre = cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).T + cp.asnumpy(b)
-    assert _rel(cp.asnumpy(y), np.maximum(pre, 0)) < 1e-5
+    assert rel_err(cp.asnumpy(y), np.maximum(pre, 0)) < 1e-5
     tf32 = CudaBackend(tf32=True, autotune=False)
     tf32.fp32_wgmma = "3xtf32"
     xs = cp.asarray(rng.standard_normal((256, 784)).astype(np.float32))
