@@ -3,11 +3,11 @@
 Without a GPU: the K-slice rule, the shared-memory budget, the operand layouts of the
 backend's views, a NumPy model of the kernel's arithmetic against the GPU tests' error
 bounds, and (where CuPy's NVRTC is installed) every kernel variant compiles for ``sm_90a``
-without warnings or spills. On a
-Hopper GPU: the kernel against the float64 product for every operand layout, both splits,
-ragged shapes and 1-3 K slices (as accurate as float32 FMAs with the rounded split, and a
-thousand times better than TF32); the backend's forward, input and weight gradients with
-the kernel on against cuBLASLt's float32; and a compiled step against the eager one.
+without warnings or spills. On a Hopper GPU: the kernel against the float64 product for
+every operand layout, both splits, ragged shapes and 1-3 K slices (as accurate as float32
+FMAs with the rounded split, and a thousand times better than TF32); the backend's
+forward, input and weight gradients with the kernel on against cuBLASLt's float32; and a
+compiled step against the eager one.
 """
 
 from __future__ import annotations
