@@ -21,7 +21,7 @@ kernel that section names next, standalone, before any of it goes into the backe
   first), which are added to the running sums with float32 round-to-nearest adds, so no
   sum is more than a k-tile deep in the tensor cores' truncating adder; ``SUMS=0`` sums
   everything in the tensor cores, as CUTLASS's 3xTF32 does (``--cutlass-sums``);
-- ``CHOP=0``: CUTLASS's split (hi and lo rounded to TF32); ``CHOP=1``: hi = x's top 19
+- ``CHOP=0``: the rounded split (hi and lo rounded to nearest TF32); ``CHOP=1``: hi = x's top 19
   bits and lo = the exact rest, two instructions a value instead of five;
 - K split over the blocks of a thread-block cluster, added through distributed shared memory.
 
@@ -297,7 +297,7 @@ TILES = [(1, 1, 32, 3), (1, 1, 32, 4), (1, 1, 64, 3), (1, 1, 64, 4), (1, 2, 32, 
 QUICK_TILES = [(1, 1, 64, 4), (1, 2, 32, 4), (1, 2, 64, 4)]
 SPLITS = (1, 2, 4)
 #: (products, sums, chop, areg): one TF32 product (the kernel's ceiling); 3xTF32 with fresh
-#: per-k-tile sums, CUTLASS's split or the chopped one; 3xTF32 summed in the tensor cores;
+#: per-k-tile sums, the rounded split or the chopped one; 3xTF32 summed in the tensor cores;
 #: areg 1: A's fragments split in registers and fed to wgmma from there (no split stage for A).
 MODES = [(1, 0, 0, 0), (3, 1, 0, 0), (3, 1, 1, 0), (3, 0, 0, 0),
          (1, 0, 0, 1), (3, 1, 0, 1), (3, 1, 1, 1)]

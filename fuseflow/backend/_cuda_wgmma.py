@@ -36,9 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-#: The operand splits: "3xtf32" rounds hi and lo to nearest TF32 (CUTLASS's; float32-grade),
-#: "3xtf32-chop" chops (faster, about twice float32's error).
-SPLITS = {"3xtf32": 0, "3xtf32-chop": 1}
+#: The operand splits (the kernel's CHOP): "3xtf32" rounds hi and lo to nearest TF32
+#: (float32-grade, five instructions a value), "3xtf32-chop" chops both (two instructions,
+#: about twice float32's error), "3xtf32-lotrunc" rounds hi and lets the tensor cores
+#: truncate lo (three instructions; as accurate as "3xtf32" in ``tests/test_wgmma.py``'s
+#: model of the arithmetic, since lo's sign is x's or not at random; not yet run on a GPU).
+SPLITS = {"3xtf32": 0, "3xtf32-chop": 1, "3xtf32-lotrunc": 2}
 BK = 32  # k per tile: four wgmma k-groups of 8
 #: (WGM, WGN, BN, STAGES): warpgroups along M (64 rows each) and N (BN columns each), raw
 #: pipeline depth. The fastest tile at all five of the medium model's products (call 194).
@@ -64,12 +67,17 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 
 #: x = hi + lo with hi in TF32 (also ``benchmarks/wgmma_probe.py``'s).
 SPLIT_SRC = r"""
-// CHOP 0: hi and lo rounded to nearest TF32 (CUTLASS's split, five instructions); CHOP 1:
-// hi = x's top 19 bits, lo = the exact rest, whose low bits the tensor cores drop (two
-// instructions; lo keeps 11 of its up to 13 bits).
+// CHOP 0: hi and lo rounded to nearest TF32 (five instructions); CHOP 1: hi = x's top 19
+// bits, lo = the exact rest, whose low bits the tensor cores drop (two instructions; lo
+// keeps 11 of its up to 13 bits); CHOP 2: hi rounded to nearest, lo the exact rest, whose
+// low bits the tensor cores drop (three instructions).
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
-#if CHOP
+#if CHOP == 1
     hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+#elif CHOP == 2
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    hi &= 0xffffe000u;
     lo = __float_as_uint(x - __uint_as_float(hi));
 #else
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));

@@ -260,8 +260,10 @@ class CudaBackend(Backend):
         #: (``_cuda_wgmma``; FUSEFLOW_FP32_WGMMA): "3xtf32" (default; operands split with
         #: round-to-nearest, as accurate as cuBLASLt's float32 against float64: 2.4-2.5e-7
         #: against 1.6-2.9e-7 on the H100), "3xtf32-chop" (a cheaper split, about twice
-        #: float32's error) or "off" (cuBLASLt's SIMT kernels; also wherever the GPU is not
-        #: compute capability 9.0). Measured (call 195, an H100): the medium model's
+        #: float32's error), "3xtf32-lotrunc" (hi rounded, lo truncated: the rounded split's
+        #: error in a model of the arithmetic, fewer instructions; not yet run on a GPU) or
+        #: "off" (cuBLASLt's SIMT kernels; also wherever the GPU is not compute
+        #: capability 9.0). Measured (call 195, an H100): the medium model's
         #: compiled fp32 SGD / Adam steps 0.84x / 0.90x of "off"'s. They
         #: replace the products of the own-epilog forwards and ReLU input gradients (their
         #: K slices added by the epilog pass; how many: ``_cuda_wgmma.slices_for`` where
