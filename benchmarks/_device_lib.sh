@@ -3,6 +3,9 @@
 #                              $res is packed into $OUT/results-$TAG.tgz, so a call stopped
 #                              by its time limit still returns every finished step)
 #   peers NAME SECONDS ARGS... benchmarks/peers.py ARGS, its JSON in $res, real MNIST
+#   paired98 NAME SECONDS WORKER TAG  peers.py's medium fp32 steps and time to 98% over
+#                              20 seeds from the shared start (--mnist-start shared), for
+#                              WORKER (fuseflow or jax; FUSEFLOW_* settings from the caller)
 #   gpu_tests NAME SECONDS EXPR  the GPU tests of the backend, optimizers and compile
 #                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
@@ -32,6 +35,9 @@ run() { local name=$1 limit=$2; shift 2; echo "== $name"; local t0=$SECONDS
   tail -n "${TAILN:-6}" "$res/$name.log"; tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
 peers() { local name=$1 limit=$2; shift 2
   run "$name" "$limit" python3 benchmarks/peers.py --out "$res" --data-dir .devdata/mnist "$@"; }
+paired98() { local name=$1 limit=$2 worker=$3 tag=$4
+  TAILN=4 peers "$name" "$limit" --worker "$worker" --tag "$tag" --models 784-1024-1024-10 \
+    --precisions fp32 --mnist-start shared --mnist-seeds 20; }
 gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
 xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n 4 --dist $1"; }

@@ -8,9 +8,6 @@ TAG=${TAG:-s48a}
 source "$(dirname "$0")/_device_lib.sh"
 FUSEFLOW_FP32_WGMMA=3xtf32 gpu_groups 200 110
 for split in 3xtf32 3xtf32-chop; do
-  FUSEFLOW_FP32_WGMMA=$split TAILN=4 peers "peers_fuseflow_$split" 60 --worker fuseflow \
-    --tag "${TAG}_$split" --models 784-1024-1024-10 --precisions fp32 --mnist-start shared \
-    --mnist-seeds 20
+  FUSEFLOW_FP32_WGMMA=$split paired98 "peers_fuseflow_$split" 60 fuseflow "${TAG}_$split"
 done
-TAILN=4 peers peers_jax_shared 150 --worker jax --tag "${TAG}_jax" --models 784-1024-1024-10 \
-  --precisions fp32 --mnist-start shared --mnist-seeds 20
+paired98 peers_jax_shared 150 jax "${TAG}_jax"

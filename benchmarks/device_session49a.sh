@@ -19,9 +19,6 @@ TAILN=4 run ab_splits 140 python3 benchmarks/settings_ab.py --out "$res" --name 
   --setting fp32_wgmma=3xtf32-chop \
   --config 784-1024-1024-10:sgd:fp32 --config 784-1024-1024-10:adam:fp32 --rounds 3
 for split in 3xtf32-lotrunc 3xtf32; do
-  FUSEFLOW_FP32_WGMMA=$split TAILN=4 peers "peers_fuseflow_$split" 50 --worker fuseflow \
-    --tag "${TAG}_$split" --models 784-1024-1024-10 --precisions fp32 --mnist-start shared \
-    --mnist-seeds 20
+  FUSEFLOW_FP32_WGMMA=$split paired98 "peers_fuseflow_$split" 50 fuseflow "${TAG}_$split"
 done
-TAILN=4 peers peers_jax_shared 100 --worker jax --tag "${TAG}_jax" --models 784-1024-1024-10 \
-  --precisions fp32 --mnist-start shared --mnist-seeds 20
+paired98 peers_jax_shared 100 jax "${TAG}_jax"

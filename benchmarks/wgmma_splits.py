@@ -5,11 +5,12 @@
 For each of 784-1024-1024-10's five products at batch 256, laid out as the backend lays
 them (``_cuda_wgmma.layout`` of the same views), and for each split in
 ``_cuda_wgmma.SPLITS``: the norm-relative error of the product (its K slices summed in
-float64, as many slices as the backend would use) against the float64 product, over fresh
-normal operands per seed, and the time per product (median of 7 blocks of 20 launches,
-CUDA events). cuBLAS's float32 (``cupy.matmul`` without TF32) is timed and checked beside
-them. Why: the splits trade accuracy for split instructions, and whether one is both
-float32-accurate and fast decides the default. JSON out: ``wgmma_splits.json``.
+float64, as many slices as the backend would use) against the float64 product, over
+fresh normal operands per seed, and the time per product (``orientation_probe.span_us``:
+median of 7 blocks of 20 launches, CUDA events). cuBLAS's float32 (``cupy.matmul``
+without TF32) is timed and checked beside them. Why: the splits trade accuracy for split
+instructions, and whether one is both float32-accurate and fast decides the default.
+JSON out: ``wgmma_splits.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
+from orientation_probe import span_us  # noqa: E402
 
 os.environ.setdefault("CUPY_TF32", "0")
 
@@ -41,20 +43,6 @@ def products(cp, rng, batch=256, sizes=(784, 1024, 1024)):
     return [("layer 1 forward", x, w1.T), ("layer 2 forward", h, w2.T),
             ("layer 2 weight gradient", dy.T, h), ("layer 2 input gradient", dy, w2),
             ("layer 1 weight gradient", dh.T, x)]
-
-
-def time_us(cp, fn, calls=20, blocks=7):
-    fn()
-    times = []
-    for _ in range(blocks):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def rel_err(got, ref):
@@ -98,7 +86,7 @@ def main():
                 got = got if arm == "cublas_fp32" else got.sum(axis=0)
                 row = {"seed": seed, "product": name, "m": m, "n": n, "k": k,
                        "slices": slices, "arm": arm, "rel_err": rel_err(got, ref),
-                       "us": time_us(cp, run)}
+                       "us": span_us(cp, run)}
                 rows.append(row)
                 print(row, flush=True)
     summary = {}
