@@ -4,7 +4,7 @@ Without a GPU: the K-slice rule, the shared-memory budget, the operand layouts o
 backend's views, a NumPy model of the kernel's arithmetic against the GPU tests' error
 bounds, and (where CuPy's NVRTC is installed) every kernel variant compiles for ``sm_90a``
 without warnings or spills. On a Hopper GPU: the kernel against the float64 product for
-every operand layout, both splits, ragged shapes and 1-3 K slices (as accurate as float32
+every operand layout, every split, ragged shapes and 1-3 K slices (as accurate as float32
 FMAs with the rounded split, and a thousand times better than TF32); the backend's
 forward, input and weight gradients with the kernel on against cuBLASLt's float32; and a
 compiled step against the eager one.
@@ -146,8 +146,8 @@ def test_modelled_arithmetic_fits_the_gpu_tests_bounds(rng, m, n, k, split):
 def test_truncating_only_lo_costs_no_accuracy_in_the_model(rng):
     """Why "3xtf32-lotrunc" exists: with hi rounded to nearest, lo's sign is x's or not at
     random, so the tensor cores truncating lo adds no bias, and the model's error is the
-    rounded split's (3.02e-7 against 3.02e-7 at the medium forward's shape), while chopping
-    hi too makes every lo carry x's sign and doubles it (5.8e-7)."""
+    rounded split's (3.02e-7 for both at the first layer's forward, 256 x 1024 x 784),
+    while chopping hi too makes every lo carry x's sign and doubles it (5.79e-7)."""
     a = rng.standard_normal((128, 256)).astype(np.float32)
     b = rng.standard_normal((256, 256)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
