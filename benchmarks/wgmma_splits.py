@@ -2,15 +2,15 @@
 
     python benchmarks/wgmma_splits.py --out DIR [--seeds 3]
 
-For each of 784-1024-1024-10's five products at batch 256, laid out as the backend lays
-them (``_cuda_wgmma.layout`` of the same views), and for each split in
-``_cuda_wgmma.SPLITS``: the norm-relative error of the product (its K slices added in
-float32 in order, as many slices as the backend would use, as its epilog pass does) against the float64 product, over
-fresh normal operands per seed, and the time per product (``orientation_probe.span_us``:
-median of 7 blocks of 20 launches, CUDA events). cuBLAS's float32 (``cupy.matmul``
-without TF32) is timed and checked beside them. Why: the splits trade accuracy for split
-instructions, and whether one is both float32-accurate and fast decides the default.
-JSON out: ``wgmma_splits.json``.
+For each of 784-1024-1024-10's five products at batch 256 (``gemm_sweep.LAYERS[:5]``, with
+the operands, float64 product and error measures of ``tf32x3_pipe_probe.Case``, as
+``wgmma_probe.py`` has them) and for each split in ``_cuda_wgmma.SPLITS``: the error of
+the product against the float64 one (its K slices, as many as the backend would use,
+added in float32 in order, as the backend's epilog pass adds them), over fresh operands
+per seed, and the kernel's time (``skinny_sweep.graph_us``: 20 calls in one CUDA graph). cuBLASLt's
+float32 and TF32 products are checked and timed beside them (``Case.baseline``). Why: the
+splits trade accuracy for split instructions, and whether one is both float32-accurate
+and fast decides the default. JSON out: ``wgmma_splits.json``.
 """
 
 from __future__ import annotations
@@ -28,26 +28,23 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from orientation_probe import span_us  # noqa: E402
-
-os.environ.setdefault("CUPY_TF32", "0")
-
-
-def products(cp, rng, batch=256, sizes=(784, 1024, 1024)):
-    """The five products of the medium model's step as (name, a, b) device views, a @ b."""
-    x = cp.asarray(rng.standard_normal((batch, sizes[0]), dtype=np.float32))
-    h = cp.asarray(rng.standard_normal((batch, sizes[1]), dtype=np.float32))
-    w1 = cp.asarray(rng.standard_normal((sizes[1], sizes[0]), dtype=np.float32))
-    w2 = cp.asarray(rng.standard_normal((sizes[2], sizes[1]), dtype=np.float32))
-    dy = cp.asarray(rng.standard_normal((batch, sizes[2]), dtype=np.float32))
-    dh = cp.asarray(rng.standard_normal((batch, sizes[1]), dtype=np.float32))
-    return [("layer 1 forward", x, w1.T), ("layer 2 forward", h, w2.T),
-            ("layer 2 weight gradient", dy.T, h), ("layer 2 input gradient", dy, w2),
-            ("layer 1 weight gradient", dh.T, x)]
+from gemm_sweep import LAYERS  # noqa: E402
+from tf32x3_pipe_probe import Case, backends, errors  # noqa: E402
 
 
-def rel_err(got, ref):
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+def split_variant(W, c, split, graph_us):
+    """Case ``c``'s product by the kernel with ``split``: its slice count, its errors (the
+    K slices added in float32 in order) and the time of the kernel alone."""
+    import cupy as cp
+
+    slices = W.slices_for(c.m, c.n, c.k)
+    out = cp.empty((slices, c.m, c.n), dtype=np.float32)
+    run = functools.partial(W.product, c.A, c.B, out, c.m, c.n, c.k, c.lda, c.ldb,
+                            a_kmajor=c.akm, b_kmajor=c.bkm, slices=slices, split=split)
+    run()
+    got = functools.reduce(np.add, cp.asnumpy(out))
+    return {"split": split, "slices": slices, "errors": errors(got, c.ref, c.scale),
+            "us": graph_us(run)}
 
 
 def main():
@@ -55,56 +52,42 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
-    import cupy as cp
-
     from fuseflow.backend import _cuda_wgmma as W
 
     if not W.available():
         raise SystemExit("wgmma_splits: needs a GPU of compute capability 9.0 (H100, H200)")
-    arms = ["cublas_fp32", *sorted(W.SPLITS)]
+    from skinny_sweep import graph_us
+
+    fp32, tf32 = backends()
     rows = []
+    by_arm = {}  # label -> arm -> [(us, norm_rel) per seed]
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
-        for name, a, b in products(cp, rng):
-            lay = W.layout(a, b)
-            if lay is None or not W.supported(*lay, a, b):
-                raise SystemExit(f"wgmma_splits: the kernel does not take {name}")
-            m, n, k, a_kmajor, lda, b_kmajor, ldb = lay
-            slices = W.slices_for(m, n, k)
-            ref = cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
-            for arm in arms:
-                if arm == "cublas_fp32":
-                    def run():
-                        return cp.matmul(a, b)
-                else:
-                    out = cp.empty((slices, m, n), dtype=np.float32)
-
-                    def run(arm=arm, out=out):
-                        W.product(a, b, out, m, n, k, lda, ldb, a_kmajor=a_kmajor,
-                                  b_kmajor=b_kmajor, slices=slices, split=arm)
-                        return out
-                got = cp.asnumpy(run())
-                if arm != "cublas_fp32":  # the slices added in float32, in order, as the
-                    got = functools.reduce(np.add, got)  # backend's epilog pass adds them
-                got = got.astype(np.float64)
-                row = {"seed": seed, "product": name, "m": m, "n": n, "k": k,
-                       "slices": slices, "arm": arm, "rel_err": rel_err(got, ref),
-                       "us": span_us(cp, run)}
-                rows.append(row)
-                print(row, flush=True)
-    summary = {}
-    for name in dict.fromkeys(r["product"] for r in rows):
-        summary[name] = {arm: {"rel_err_max": max(r["rel_err"] for r in rows
-                                                  if r["product"] == name and r["arm"] == arm),
-                               "us_median": statistics.median(
-                                   r["us"] for r in rows
-                                   if r["product"] == name and r["arm"] == arm)}
-                         for arm in arms}
-    total = {arm: sum(s[arm]["us_median"] for s in summary.values()) for arm in arms}
+        for layer in LAYERS[:5]:
+            c = Case(*layer, rng)
+            row = {"seed": seed, **c.baseline(fp32, tf32, graph_us)}
+            row["variants"] = [split_variant(W, c, split, graph_us)
+                               for split in sorted(W.SPLITS)]
+            rows.append(row)
+            arms = {f"cublaslt_{p}": (row[f"cublaslt_{p}_us"],
+                                      row[f"cublaslt_{p}_errors"]["norm_rel"])
+                    for p in ("fp32", "tf32")}
+            arms.update((v["split"], (v["us"], v["errors"]["norm_rel"])) for v in row["variants"])
+            for arm, measured in arms.items():
+                by_arm.setdefault(c.label, {}).setdefault(arm, []).append(measured)
+            print({"seed": seed, "label": c.label, **arms}, flush=True)
+    summary = {label: {arm: {"us_median": statistics.median(us for us, _ in seeds),
+                             "norm_rel_max": max(err for _, err in seeds)}
+                       for arm, seeds in arms.items()}
+               for label, arms in by_arm.items()}
+    total = {arm: sum(s[arm]["us_median"] for s in summary.values())
+             for arm in next(iter(summary.values()))}
     print({"us_five": total}, flush=True)
     write_json(os.path.join(args.out, "wgmma_splits.json"),
-               {"benchmark": "wgmma_splits", **metadata("cupy"), "rows": rows,
-                "summary": summary, "us_five": total})
+               {"benchmark": "wgmma_splits", **metadata("cupy", "nvmath"), "rows": rows,
+                "summary": summary, "us_five": total,
+                "note": "median GPU time per call: 20 calls in one CUDA graph; cublaslt = "
+                        "the backend's plain float32 / TF32 product, own matmul off"})
 
 
 if __name__ == "__main__":
