@@ -216,13 +216,9 @@ def worker_fuseflow(args):
 
     import fuseflow as ff
 
-    from fuseflow.backend import _cuda_wgmma
-
     be = ff.backend.get("cuda")
-    # fp32_wgmma (FUSEFLOW_FP32_WGMMA): the split the full-float32 products run as 3xTF32,
-    # or "off" (also where the GPU or TF32 keeps the kernel off)
-    wgmma = be.fp32_wgmma if _cuda_wgmma.available() and not be.tf32 else "off"
-    out = {"steps": [], "memory": [], "mnist": None, "fp32_wgmma": wgmma}
+    # the split the full-float32 products run as 3xTF32 (FUSEFLOW_FP32_WGMMA), or "off"
+    out = {"steps": [], "memory": [], "mnist": None, "fp32_wgmma": be.fp32_wgmma_in_effect}
 
     def sync():
         cp.cuda.Device().synchronize()

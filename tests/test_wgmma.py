@@ -283,6 +283,7 @@ def test_other_dtypes_tf32_and_ragged_extents_stay_on_cublaslt(cp, rng, pair):
     tf32.linear_wgrad(cp.asarray(rng.standard_normal((256, 1024)).astype(np.float32)), xs,
                       "DEFAULT")
     assert tf32.stats()["wgmma"] == 0
+    assert (on.fp32_wgmma_in_effect, tf32.fp32_wgmma_in_effect) == ("3xtf32", "off")
 
 
 @pytest.mark.gpu

@@ -763,13 +763,22 @@ class CudaBackend(Backend):
                 aux = aux[:out]  # (F, batch) view of the (round_up(F, 8), batch) buffer
         return y, aux
 
+    @property
+    def fp32_wgmma_in_effect(self) -> str:
+        """The split full-float32 products run with (``fp32_wgmma``), or "off" where the
+        setting, TF32 or a GPU other than compute capability 9.0 keeps the kernel off."""
+        if self.fp32_wgmma == "off" or self.tf32 or not W.available():
+            return "off"
+        return self.fp32_wgmma
+
     def _wgmma_product(self, a, b, sliced=True):
         """``a @ b`` for float32 views ``a`` (M, K), ``b`` (K, N) by the 3xTF32 wgmma kernel
         (see ``fp32_wgmma``): the (S, M, N) partial products of its S K slices, or None where
         it does not run. S: ``_cuda_wgmma.slices_for`` where ``k_splits`` is "auto", else
         ``k_splits`` (0 or 1: one). ``sliced=False`` (no pass adds the slices): None where
         the product would want more than one, so that cuBLASLt splits K there instead."""
-        if self.fp32_wgmma == "off" or self.tf32 or not W.available():
+        split = self.fp32_wgmma_in_effect
+        if split == "off":
             return None
         lay = W.layout(a, b)  # (dtypes: ``supported`` checks them)
         if lay is None or not W.supported(*lay, a, b):
@@ -783,7 +792,7 @@ class CudaBackend(Backend):
             self._counters["k_split"] += 1
         out = cupy.empty((slices, m, n), dtype=np.float32)
         W.product(a, b, out, m, n, k, lda, ldb, a_kmajor=a_kmajor, b_kmajor=b_kmajor,
-                  slices=slices, split=self.fp32_wgmma)
+                  slices=slices, split=split)
         self._counters["wgmma"] += 1
         return out
 
