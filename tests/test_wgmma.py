@@ -79,12 +79,16 @@ def _bound(split, fp32):
     return max(8 * fp32, 1e-6) if split == "3xtf32-chop" else max(3 * fp32, 4e-7)
 
 
-def _tf32(bits, rounded):
-    """float32 bit patterns (uint32) to TF32 ones: ``cvt.rna.tf32.f32`` (to nearest, ties
-    away from zero: half a TF32 unit added to the magnitude) or the tensor cores' own read
-    of a float32 operand (the low 13 bits dropped)."""
+def _tf32(bits, rounded, guard=False):
+    """float32 bit patterns (uint32) to TF32 ones: rounded to nearest, ties away from zero
+    (half a TF32 unit added to the magnitude), or the tensor cores' own read of a float32
+    operand (the low 13 bits dropped). ``guard``: as ``cvt.rna.tf32.f32`` does on sm_90,
+    infinities and NaNs are kept as they are (the kernel rounds lo so; its hi is rounded
+    without the guard, which changes nothing but a NaN's hi)."""
     if rounded:
-        bits = bits + np.uint32(0x1000)
+        added = bits + np.uint32(0x1000)
+        bits = np.where((bits & np.uint32(0x7F800000)) == 0x7F800000, bits, added) if guard \
+            else added
     return bits & np.uint32(0xFFFFE000)
 
 
@@ -94,8 +98,53 @@ def _split(x, chop):
     cores use them."""
     bits = x.view(np.uint32)
     hi = _tf32(bits, rounded=chop != 1).view(np.float32)
-    lo = (x - hi).view(np.uint32)                    # exact: hi holds x's top bits
-    return hi, _tf32(lo, rounded=chop == 0).view(np.float32)
+    with np.errstate(invalid="ignore"):
+        lo = (x - hi).view(np.uint32)                # exact: hi holds x's top bits
+    return hi, _tf32(lo, rounded=chop == 0, guard=True).view(np.float32)
+
+
+def _rna_reference(x):
+    """float32 ``x`` rounded to TF32 (10 fraction bits), to nearest with ties away from
+    zero, in float64 arithmetic: the reference the bit trick is checked against."""
+    x64 = np.abs(x.astype(np.float64))
+    finite = np.where(np.isinf(x64) | (x64 == 0), 1.0, x64)
+    ulp = np.exp2(np.maximum(np.floor(np.log2(finite)), -126.0) - 10)
+    with np.errstate(over="ignore"):
+        r = (np.floor(x64 / ulp + 0.5) * ulp).astype(np.float32)
+    return np.copysign(r, x)
+
+
+def test_hi_rounding_bit_trick_is_round_to_nearest_ties_away(rng):
+    """The kernel rounds hi as ``(bits + 0x1000) & ~0x1fff``, without ``cvt.rna``'s guard
+    (two SASS instructions instead of four). Against float64 arithmetic, it is TF32 rounding
+    to nearest, ties away, for every float32 but a NaN: normal and subnormal values, exact
+    ties, values that round up into the next binade, past float32's largest (to
+    infinity), and infinities themselves."""
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    ties = (bits & np.uint32(0xFFFFE000)) | np.uint32(0x1000)
+    edges = np.array([0, 0x1, 0x1000, 0x00800000, 0x3F7FF000, 0x3F7FFFFF, 0x7F7FEFFF,
+                      0x7F7FF000, 0x7F7FFFFF, 0x7F800000], np.uint32)
+    bits = np.concatenate([bits, ties, edges, edges | np.uint32(0x80000000)])
+    x = bits.view(np.float32)
+    keep = ~np.isnan(x)
+    got = _tf32(bits[keep], rounded=True).view(np.float32)
+    np.testing.assert_array_equal(got, _rna_reference(x[keep]))
+    assert np.array_equal(_tf32(bits[keep], True), _tf32(bits[keep], True, guard=True))
+
+
+@pytest.mark.parametrize("split", sorted(W.SPLITS))
+def test_a_nan_operand_reaches_the_product_through_lo(split):
+    """For a NaN, the unguarded hi may be any number (0x7fffffff, CUDA's NaN, becomes -0),
+    but lo = x - hi is NaN, so each product that reads the NaN is NaN in the model."""
+    x = np.array([np.nan, -np.nan, 1.5], np.float32)
+    x.view(np.uint32)[0] = 0x7FFFFFFF
+    hi, lo = _split(x, W.SPLITS[split])
+    assert np.isnan(lo[:2]).all() and not np.isnan(lo[2])
+    a = np.ones((3, 16), np.float32)
+    a[1, 5] = x[0]
+    with np.errstate(invalid="ignore"):
+        out = _model(a, np.ones((16, 4), np.float32), split)
+    assert np.isnan(out[1]).all() and not np.isnan(out[[0, 2]]).any()
 
 
 def _toward_zero(x):
@@ -216,6 +265,27 @@ def test_kernel_matches_float64(cp, rng, m, n, k, slices, a_kmajor, b_kmajor, sp
     err = rel_err(got, ref)
     assert err <= _bound(split, fp32), (err, fp32, rng.seed)
     assert err < rel_err(tf32.astype(np.float64) @ bt.T.astype(np.float64), ref) / 100
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("split", sorted(W.SPLITS))
+@pytest.mark.parametrize("a_kmajor,b_kmajor", LAYOUTS)
+def test_kernel_carries_a_nan_operand(cp, rng, a_kmajor, b_kmajor, split):
+    """hi is rounded without cvt.rna's NaN guard: a NaN (CUDA's own, 0x7fffffff, whose hi
+    becomes -0) must still reach every output it feeds, through lo, and no other."""
+    m, n, k = 100, 68, 200
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    bt = rng.standard_normal((n, k)).astype(np.float32)
+    a.view(np.uint32)[3, 7] = bt.view(np.uint32)[5, 150] = 0x7FFFFFFF
+    a_dev = cp.asarray(a) if a_kmajor else cp.asfortranarray(cp.asarray(a))
+    bt_dev = cp.asarray(bt) if b_kmajor else cp.asfortranarray(cp.asarray(bt))
+    out = cp.zeros((1, m, n), dtype=cp.float32)
+    W.product(a_dev, bt_dev, out, m, n, k, k if a_kmajor else m, k if b_kmajor else n,
+              a_kmajor=a_kmajor, b_kmajor=b_kmajor, slices=1, split=split)
+    expect = np.zeros((m, n), bool)
+    expect[3, :] = expect[:, 5] = True
+    np.testing.assert_array_equal(np.isnan(cp.asnumpy(out[0])), expect)
 
 
 @pytest.fixture

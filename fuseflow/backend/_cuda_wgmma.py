@@ -37,10 +37,11 @@ from pathlib import Path
 import numpy as np
 
 #: The operand splits (the kernel's CHOP): "3xtf32" rounds hi and lo to nearest TF32
-#: (float32-grade, five instructions a value), "3xtf32-chop" chops both (two instructions,
-#: about twice float32's error), "3xtf32-lotrunc" rounds hi and lets the tensor cores
-#: truncate lo (three instructions; as accurate as "3xtf32" in ``tests/test_wgmma.py``'s
-#: model of the arithmetic, since lo's sign is x's or not at random; not yet run on a GPU).
+#: (float32-grade; seven SASS instructions a value), "3xtf32-chop" chops both (two, about
+#: twice float32's error), "3xtf32-lotrunc" rounds hi and lets the tensor cores truncate lo
+#: (three; as accurate as "3xtf32" in ``tests/test_wgmma.py``'s model of the arithmetic,
+#: since lo's sign is x's or not at random; not yet run on a GPU). Whole-kernel static
+#: counts per split: ``benchmarks/wgmma_sass.py``.
 SPLITS = {"3xtf32": 0, "3xtf32-chop": 1, "3xtf32-lotrunc": 2}
 BK = 32  # k per tile: four wgmma k-groups of 8
 #: (WGM, WGN, BN, STAGES): warpgroups along M (64 rows each) and N (BN columns each), raw
@@ -67,23 +68,26 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 
 #: x = hi + lo with hi in TF32 (also ``benchmarks/wgmma_probe.py``'s).
 SPLIT_SRC = r"""
-// CHOP 0: hi and lo rounded to nearest TF32 (five instructions); CHOP 1: hi = x's top 19
-// bits, lo = the exact rest, whose low bits the tensor cores drop (two instructions; lo
-// keeps 11 of its up to 13 bits); CHOP 2: hi rounded to nearest, lo the exact rest, whose
-// low bits the tensor cores drop (three instructions).
+// CHOP 0: hi and lo rounded to nearest TF32; CHOP 1: hi = x's top 19 bits, lo = the exact
+// rest, whose low bits the tensor cores drop (two instructions; lo keeps 11 of its up to 13
+// bits); CHOP 2: hi rounded to nearest, lo the exact rest, whose low bits the tensor cores
+// drop (three instructions).
+// hi's rounding is cvt.rna.tf32.f32's arithmetic without the guard sm_90 emulates it with
+// (FSETP |x| >= inf, SEL): half a TF32 unit added to the magnitude bits, the low 13 bits
+// dropped, two instructions instead of four. It is the same bits for every x but a NaN;
+// for a NaN, hi may be anything, but lo = x - hi is then NaN and carries it to the
+// product, so lo keeps cvt.rna's guard where it is rounded (CHOP 0).
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
 #if CHOP == 1
     hi = __float_as_uint(x) & 0xffffe000u;
-    lo = __float_as_uint(x - __uint_as_float(hi));
-#elif CHOP == 2
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    hi &= 0xffffe000u;
-    lo = __float_as_uint(x - __uint_as_float(hi));
 #else
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-    hi &= 0xffffe000u;
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#endif
+#if CHOP == 0
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
     lo &= 0xffffe000u;
+#else
+    lo = __float_as_uint(x - __uint_as_float(hi));
 #endif
 }
 """
