@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 #: The operand splits (the kernel's CHOP): "3xtf32" rounds hi and lo to nearest TF32
-#: (float32-grade; seven SASS instructions a value), "3xtf32-chop" chops both (two, about
+#: (float32-grade; six SASS instructions a value), "3xtf32-chop" chops both (two, about
 #: twice float32's error), "3xtf32-lotrunc" rounds hi and lets the tensor cores truncate lo
 #: (three; as accurate as "3xtf32" in ``tests/test_wgmma.py``'s model of the arithmetic,
 #: since lo's sign is x's or not at random; not yet run on a GPU). Whole-kernel static
@@ -76,7 +76,8 @@ SPLIT_SRC = r"""
 // (FSETP |x| >= inf, SEL): half a TF32 unit added to the magnitude bits, the low 13 bits
 // dropped, two instructions instead of four. It is the same bits for every x but a NaN;
 // for a NaN, hi may be anything, but lo = x - hi is then NaN and carries it to the
-// product, so lo keeps cvt.rna's guard where it is rounded (CHOP 0).
+// product, so lo keeps cvt.rna's guard where it is rounded (CHOP 0). cvt.rna's own result
+// has its low 13 bits clear (ptxas masks it), so lo needs no mask of ours.
 __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned int& lo) {
 #if CHOP == 1
     hi = __float_as_uint(x) & 0xffffe000u;
@@ -85,7 +86,6 @@ __device__ __forceinline__ void split_tf32(float x, unsigned int& hi, unsigned i
 #endif
 #if CHOP == 0
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-    lo &= 0xffffe000u;
 #else
     lo = __float_as_uint(x - __uint_as_float(hi));
 #endif
