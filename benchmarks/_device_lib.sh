@@ -6,6 +6,10 @@
 #   paired98 NAME SECONDS WORKER TAG  peers.py's medium fp32 steps and time to 98% over
 #                              20 seeds from the shared start (--mnist-start shared), for
 #                              WORKER (fuseflow or jax; FUSEFLOW_* settings from the caller)
+#   wgmma_splits_steps S1 S2 S3 S4  the wgmma kernel's GPU tests (S1 s); the compiled medium
+#                              fp32 steps off / rounded / lotrunc / chopped side by side
+#                              (settings_ab.py, three rounds, S2 s); paired98 for fuseflow
+#                              lotrunc and rounded (S3 s each) and JAX (S4 s)
 #   gpu_tests NAME SECONDS EXPR  the GPU tests of the backend, optimizers and compile
 #                              selected by the -k expression EXPR
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
@@ -38,6 +42,17 @@ peers() { local name=$1 limit=$2; shift 2
 paired98() { local name=$1 limit=$2 worker=$3 tag=$4
   TAILN=4 peers "$name" "$limit" --worker "$worker" --tag "$tag" --models 784-1024-1024-10 \
     --precisions fp32 --mnist-start shared --mnist-seeds 20; }
+wgmma_splits_steps() { local split
+  TAILN=8 run pytest_wgmma "$1" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+    tests/test_wgmma.py
+  TAILN=4 run ab_splits "$2" python3 benchmarks/settings_ab.py --out "$res" --name splits_medium \
+    --setting fp32_wgmma=off --setting fp32_wgmma=3xtf32 --setting fp32_wgmma=3xtf32-lotrunc \
+    --setting fp32_wgmma=3xtf32-chop \
+    --config 784-1024-1024-10:sgd:fp32 --config 784-1024-1024-10:adam:fp32 --rounds 3
+  for split in 3xtf32-lotrunc 3xtf32; do
+    FUSEFLOW_FP32_WGMMA=$split paired98 "peers_fuseflow_$split" "$3" fuseflow "${TAG}_$split"
+  done
+  paired98 peers_jax_shared "$4" jax "${TAG}_jax"; }
 gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
 xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n 4 --dist $1"; }

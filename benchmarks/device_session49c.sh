@@ -10,16 +10,7 @@
 set -uo pipefail
 TAG=${TAG:-s49c}
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=8 run pytest_wgmma 60 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  tests/test_wgmma.py
-TAILN=4 run ab_splits 90 python3 benchmarks/settings_ab.py --out "$res" --name splits_medium \
-  --setting fp32_wgmma=off --setting fp32_wgmma=3xtf32 --setting fp32_wgmma=3xtf32-lotrunc \
-  --setting fp32_wgmma=3xtf32-chop \
-  --config 784-1024-1024-10:sgd:fp32 --config 784-1024-1024-10:adam:fp32 --rounds 3
-for split in 3xtf32-lotrunc 3xtf32; do
-  FUSEFLOW_FP32_WGMMA=$split paired98 "peers_fuseflow_$split" 40 fuseflow "${TAG}_$split"
-done
-paired98 peers_jax_shared 80 jax "${TAG}_jax"
+wgmma_splits_steps 60 90 40 80
 export FUSEFLOW_FP32_WGMMA=3xtf32-lotrunc
 echo "gpu_groups, cli_runs: FUSEFLOW_FP32_WGMMA=$FUSEFLOW_FP32_WGMMA" >> "$res/env.txt"
 gpu_groups 200 110

@@ -30,7 +30,7 @@ from _meta import metadata, write_json  # noqa: E402
 
 from fuseflow.backend import _cuda_wgmma as W  # noqa: E402
 
-OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]+)")
+OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]+)")
 
 
 def cubin(lib, src: str) -> bytes:
@@ -49,7 +49,8 @@ def cubin(lib, src: str) -> bytes:
         size = ctypes.c_size_t()
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
         out = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, out)
+        if lib.nvrtcGetCUBIN(prog, out):
+            raise RuntimeError("nvrtcGetCUBIN failed")
         return out.raw
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))

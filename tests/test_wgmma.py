@@ -238,8 +238,13 @@ def _operand(cp, rng, rows, cols, kmajor_rows):
     """A (rows, cols) float32 matrix and its device copy laid out row-major when
     ``kmajor_rows`` (the kernel reads it as [row * ld + col]) else column-major."""
     host = rng.standard_normal((rows, cols)).astype(np.float32)
+    return host, _on_device(cp, host, kmajor_rows)
+
+
+def _on_device(cp, host, kmajor_rows):
+    """``host``'s device copy, row-major when ``kmajor_rows`` else column-major."""
     dev = cp.asarray(host)
-    return host, (dev if kmajor_rows else cp.asfortranarray(dev))
+    return dev if kmajor_rows else cp.asfortranarray(dev)
 
 
 @pytest.mark.gpu
@@ -278,8 +283,7 @@ def test_kernel_carries_a_nan_operand(cp, rng, a_kmajor, b_kmajor, split):
     a = rng.standard_normal((m, k)).astype(np.float32)
     bt = rng.standard_normal((n, k)).astype(np.float32)
     a.view(np.uint32)[3, 7] = bt.view(np.uint32)[5, 150] = 0x7FFFFFFF
-    a_dev = cp.asarray(a) if a_kmajor else cp.asfortranarray(cp.asarray(a))
-    bt_dev = cp.asarray(bt) if b_kmajor else cp.asfortranarray(cp.asarray(bt))
+    a_dev, bt_dev = _on_device(cp, a, a_kmajor), _on_device(cp, bt, b_kmajor)
     out = cp.zeros((1, m, n), dtype=cp.float32)
     W.product(a_dev, bt_dev, out, m, n, k, k if a_kmajor else m, k if b_kmajor else n,
               a_kmajor=a_kmajor, b_kmajor=b_kmajor, slices=1, split=split)
