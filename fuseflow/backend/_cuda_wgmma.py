@@ -18,13 +18,15 @@ numbers, a product = lo_a hi_b + hi_a lo_b + hi_a hi_b) on ``wgmma.mma_async`` (
   the epilog pass (``_cuda_epilogs``) adds in slice order as it applies bias/ReLU or the
   ReLU mask (``CudaBackend._split_k``).
 
-Errors against float64 (norm-relative, ``benchmarks/wgmma_probe.py``, calls 193-194): the
-rounded split 2.4-2.5e-7, cuBLASLt's float32 1.6-2.9e-7 (``SPLITS["3xtf32"]``); the
-chopped split (hi = the top 19 bits, lo = the exact rest; two instructions a value instead
-of five) 5.4-5.6e-7, about twice float32's. An operand beyond TF32's range after rounding
-(within 2^-12 of float32's largest) or infinite gives NaN, where float32 FMAs give an
-infinity (as CUTLASS's 3xTF32). NVRTC compiles the kernel for ``sm_90a`` (CuPy's own compile
-path targets ``sm_90``, without ``wgmma``); the cubin is loaded from a temporary folder.
+Errors against float64 (norm-relative, ``benchmarks/wgmma_probe.py`` and
+``wgmma_splits.py``, calls 193-194 and 200): the rounded split 2.4-2.5e-7, cuBLASLt's
+float32 1.5-2.9e-7 (``SPLITS["3xtf32"]``); hi rounded and lo truncated (the default,
+"3xtf32-lotrunc") 2.4-2.6e-7; the chopped split (hi = the top 19 bits, lo = the exact
+rest; two instructions a value) 5.4-5.6e-7, about twice float32's. An operand beyond
+TF32's range after rounding (within 2^-12 of float32's largest) or infinite gives NaN,
+where float32 FMAs give an infinity (as CUTLASS's 3xTF32). NVRTC compiles the kernel for
+``sm_90a`` (CuPy's own compile path targets ``sm_90``, without ``wgmma``); the cubin is
+loaded from a temporary folder.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ from pathlib import Path
 import numpy as np
 
 #: The operand splits (the kernel's CHOP): "3xtf32" rounds hi and lo to nearest TF32
-#: (float32-grade; six SASS instructions a value), "3xtf32-chop" chops both (two, about
-#: twice float32's error), "3xtf32-lotrunc" rounds hi and lets the tensor cores truncate lo
-#: (three; as accurate as "3xtf32" in ``tests/test_wgmma.py``'s model of the arithmetic,
-#: since lo's sign is x's or not at random; not yet run on a GPU). Whole-kernel static
-#: counts per split: ``benchmarks/wgmma_sass.py``.
+#: (float32-grade), "3xtf32-chop" chops both (about twice float32's error),
+#: "3xtf32-lotrunc" rounds hi and lets the tensor cores truncate lo (within 1-3% of
+#: "3xtf32"'s error on the H100, call 200, since lo's sign is x's or not at random, and
+#: fewer instructions). Whole-kernel static counts per split: ``benchmarks/wgmma_sass.py``.
 SPLITS = {"3xtf32": 0, "3xtf32-chop": 1, "3xtf32-lotrunc": 2}
+#: The split ``CudaBackend`` uses unless told otherwise: as accurate as cuBLASLt's float32
+#: and the fastest float32-grade one (the medium fp32 SGD step 82.0 us against the rounded
+#: split's 86.2, call 200).
+DEFAULT_SPLIT = "3xtf32-lotrunc"
 BK = 32  # k per tile: four wgmma k-groups of 8
 #: (WGM, WGN, BN, STAGES): warpgroups along M (64 rows each) and N (BN columns each), raw
 #: pipeline depth. The fastest tile at all five of the medium model's products (call 194).
@@ -501,7 +506,7 @@ def supported(m: int, n: int, k: int, a_kmajor: int, lda: int, b_kmajor: int, ld
 
 
 def product(a, b, out, m: int, n: int, k: int, lda: int, ldb: int, *, a_kmajor: int,
-            b_kmajor: int, slices: int, split: str = "3xtf32", tile=TILE):
+            b_kmajor: int, slices: int, split: str = DEFAULT_SPLIT, tile=TILE):
     """``out[z] = A B`` over K slice z (``out`` (slices, m, n) C order, or (m, n) with one
     slice). A(m, k) at ``a[m * lda + k]`` (a_kmajor) or ``a[k * lda + m]``; B(k, n) at
     ``b[n * ldb + k]`` (b_kmajor) or ``b[k * ldb + n]``. On the current CuPy stream."""

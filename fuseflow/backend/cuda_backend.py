@@ -257,20 +257,21 @@ class CudaBackend(Backend):
         #: or "tf32x3" (3xTF32 on the TF32 tensor cores, as accurate as float32 FMAs).
         self.own_gemm_mma = env_choice("FUSEFLOW_OWN_GEMM_MMA", {m: m for m in G.MMAS}, G.MMA)
         #: Full-float32 dense matmuls (no TF32) on a Hopper GPU as 3xTF32 on the tensor cores
-        #: (``_cuda_wgmma``; FUSEFLOW_FP32_WGMMA): "3xtf32" (default; operands split with
-        #: round-to-nearest, as accurate as cuBLASLt's float32 against float64: 2.4-2.5e-7
-        #: against 1.6-2.9e-7 on the H100), "3xtf32-chop" (a cheaper split, about twice
-        #: float32's error), "3xtf32-lotrunc" (hi rounded, lo truncated: the rounded split's
-        #: error in a model of the arithmetic, fewer instructions; not yet run on a GPU) or
-        #: "off" (cuBLASLt's SIMT kernels; also wherever the GPU is not compute
-        #: capability 9.0). Measured (call 195, an H100): the medium model's
-        #: compiled fp32 SGD / Adam steps 0.84x / 0.90x of "off"'s. They
+        #: (``_cuda_wgmma``; FUSEFLOW_FP32_WGMMA): "3xtf32-lotrunc" (default; hi rounded to
+        #: nearest TF32, lo left for the tensor cores to truncate: 2.40-2.61e-7 against
+        #: float64 at the medium products, cuBLASLt's float32 1.5-2.9e-7, call 200),
+        #: "3xtf32" (hi and lo rounded: 2.37-2.56e-7, a few instructions more),
+        #: "3xtf32-chop" (a cheaper split, about twice float32's error: 5.4-5.6e-7) or
+        #: "off" (cuBLASLt's SIMT kernels; also wherever the GPU is not compute capability
+        #: 9.0). Measured side by side (call 200, an H100), the medium model's compiled fp32
+        #: SGD step: off 106.2 us, "3xtf32" 86.2, "3xtf32-lotrunc" 82.0, "3xtf32-chop"
+        #: 78.2 (Adam 124.1 / 105.3 / 101.3 / 99.4). They
         #: replace the products of the own-epilog forwards and ReLU input gradients (their
         #: K slices added by the epilog pass; how many: ``_cuda_wgmma.slices_for`` where
         #: ``k_splits`` is "auto", else ``k_splits``) and of the weight gradients that need
         #: no K split (the others stay on cuBLASLt, which splits K itself).
         self.fp32_wgmma = env_choice("FUSEFLOW_FP32_WGMMA",
-                                     {m: m for m in ("off", *W.SPLITS)}, "3xtf32")
+                                     {m: m for m in ("off", *W.SPLITS)}, W.DEFAULT_SPLIT)
         #: Weight gradients that a backward pass asks to overlap (``Serial`` does, for its
         #: dense layers) run on a second stream beside the input-gradient chain
         #: (``_cuda_overlap``), FUSEFLOW_OVERLAP_WGRAD: "auto" (default) those in full
