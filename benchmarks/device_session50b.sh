@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Forty-seventh session, third call, asked of an H200 (calls 200-201 ran on an H100): with
+# "3xtf32-lotrunc" the default, the steps of all three models against JAX in full fp32 and
+# with TF32 allowed on both sides, two alternating rounds (fuseflow, JAX, fuseflow, JAX;
+# --no-mnist), then paired time to 98% (--mnist-start shared, 20 seeds) for fuseflow and
+# JAX. Results: $OUT/results-s50b.tgz.
+set -uo pipefail
+TAG=${TAG:-s50b}
+source "$(dirname "$0")/_device_lib.sh"
+for r in 1 2; do for w in fuseflow jax; do
+  TAILN=13 peers "peers_${w}_$r" 120 --worker "$w" --tag "${TAG}_$r" \
+    --models 784-30-10,784-1024-1024-10,784-4096-4096-10 --precisions fp32,tf32 --no-mnist
+done; done
+paired98 peers_fuseflow_shared 40 fuseflow "${TAG}_ff"
+paired98 peers_jax_shared 90 jax "${TAG}_jax"
