@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Forty-seventh session, third call, asked of an H200 (calls 200-201 ran on an H100): with
+# Forty-seventh session, third call (run on the H100 still held after call 201): with
 # "3xtf32-lotrunc" the default, the steps of all three models against JAX in full fp32 and
 # with TF32 allowed on both sides, two alternating rounds (fuseflow, JAX, fuseflow, JAX;
 # --no-mnist), then paired time to 98% (--mnist-start shared, 20 seeds) for fuseflow and

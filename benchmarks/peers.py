@@ -273,10 +273,10 @@ def worker_fuseflow(args):
 
 
 def memory_report(ff, compiled, sizes, batch, opt_name):
-    from fuseflow.backend.epilogs import relu_aux_rows
-
     """The compiled step's private pool (its peak: the pool never returns memory) against the
     bytes that must be alive: params, grads, optimizer state, saved inputs and masks, a batch."""
+    from fuseflow.backend.epilogs import relu_aux_rows
+
     graph = next(iter(compiled._graphs.values()))
     pool_bytes = graph.capture.pool.total_bytes()
     n_params = sum(i * o + o for i, o in zip(sizes[:-1], sizes[1:]))

@@ -298,7 +298,7 @@ def pair(cp):
     from fuseflow.backend.cuda_backend import CudaBackend
 
     pair = CudaBackend(tf32=False, autotune=False), CudaBackend(tf32=False, autotune=False)
-    for be, setting in zip(pair, ("3xtf32", "off")):
+    for be, setting in zip(pair, (W.DEFAULT_SPLIT, "off")):
         be.fp32_wgmma = setting
         be.own_epilog = "all"  # the own-epilog paths whatever FUSEFLOW_OWN_EPILOG[_MIN] say
     return pair
@@ -336,6 +336,44 @@ def test_backend_routes_dense_products_and_matches_cublaslt(cp, rng, pair):
 
 @pytest.mark.gpu
 @hopper
+def test_one_slice_products_take_their_epilog_in_place(cp, rng, pair):
+    """Where the kernel does not split K, the bias/ReLU pass and the ReLU-gradient pass
+    rewrite its product in place: a layer allocates no (M, N) plane beside its output (at
+    batch 8192 the 784-4096-4096-10 step's 134 MB), and still matches cuBLASLt's float32."""
+    on, off = pair
+    m, k, n = 2048, 512, 1024
+    assert W.slices_for(m, n, k) == W.slices_for(m, n, n) == 1  # 512 tiles: no K split
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+    w1 = cp.asarray((rng.standard_normal((n, k)) / 23).astype(np.float32))
+    b1 = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    w2 = cp.asarray((rng.standard_normal((n, n)) / 32).astype(np.float32))
+    dy = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))
+    plane = m * n * 4
+    y_ref, aux = off.linear(x, w1, b1, "RELU_AUX_BIAS")
+    dx_ref, db_ref = off.linear_dgrad(dy, w2, "DRELU_BGRAD", aux)
+    n0 = on.stats()["wgmma"]
+    for op in ("forward", "dgrad"):
+        pool = cp.cuda.MemoryPool()
+        with cp.cuda.using_allocator(pool.malloc):
+            if op == "forward":
+                got = on.linear(x, w1, b1, "RELU_AUX_BIAS")
+                want = (y_ref, aux)
+            else:
+                got = on.linear_dgrad(dy, w2, "DRELU_BGRAD", aux)
+                want = (dx_ref, db_ref)
+            cp.cuda.get_current_stream().synchronize()
+        # the output plane, the relu_aux (F/8 bytes a row) or the bias gradient: no second
+        assert plane <= pool.total_bytes() < 1.5 * plane, (op, pool.total_bytes(), plane)
+        assert rel_err(cp.asnumpy(got[0]), cp.asnumpy(want[0]).astype(np.float64)) <= 1e-5
+        if op == "forward":
+            assert (cp.asnumpy(got[1]) != cp.asnumpy(want[1])).mean() < 1e-3
+        else:
+            assert rel_err(cp.asnumpy(got[1]), cp.asnumpy(want[1]).astype(np.float64)) <= 1e-5
+    assert on.stats()["wgmma"] - n0 == 2
+
+
+@pytest.mark.gpu
+@hopper
 def test_other_dtypes_tf32_and_ragged_extents_stay_on_cublaslt(cp, rng, pair):
     from fuseflow.backend.cuda_backend import CudaBackend
 
@@ -357,7 +395,7 @@ def test_other_dtypes_tf32_and_ragged_extents_stay_on_cublaslt(cp, rng, pair):
     tf32.linear_wgrad(cp.asarray(rng.standard_normal((256, 1024)).astype(np.float32)), xs,
                       "DEFAULT")
     assert tf32.stats()["wgmma"] == 0
-    assert (on.fp32_wgmma_in_effect, tf32.fp32_wgmma_in_effect) == ("3xtf32", "off")
+    assert (on.fp32_wgmma_in_effect, tf32.fp32_wgmma_in_effect) == (W.DEFAULT_SPLIT, "off")
 
 
 @pytest.mark.gpu
