@@ -20,6 +20,7 @@
 #   gpu_groups S1 S2           every GPU test but the kernel sources' in call 158's two groups
 #                              (backend, compile, checkpoint, DRELU tail; the rest), 6 xdist workers
 #   gpu_heavy SECONDS          the first of those groups alone
+#   gpu_rest SECONDS           the second alone
 #   spread_16bit SECONDS       the 16-bit large Adam step four times and JAX's twice,
 #                              alternating (JSON tagged ${TAG}_large_N, JAX paired with
 #                              fuseflow's 2 and 4), the GPU's clocks, temperature and
@@ -90,7 +91,8 @@ HEAVY_TESTS="tests/test_gpu_backend.py tests/test_compile.py tests/test_checkpoi
 n6() { python3 -c "import xdist" 2>/dev/null && echo "-n 6 --dist load"; }
 gpu_heavy() { TAILN=12 run pytest_gpu_heavy "$1" python3 -m pytest -m gpu -q -rfE \
   -p no:cacheprovider $(n6) $HEAVY_TESTS; }
-gpu_groups() { local f; gpu_heavy "$1"
-  TAILN=12 run pytest_gpu_rest "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider $(n6) \
-    tests --ignore=tests/test_kernel_sources.py $(for f in $HEAVY_TESTS; do echo "--ignore=$f"; done); }
+gpu_rest() { local f; TAILN=12 run pytest_gpu_rest "$1" python3 -m pytest -m gpu -q -rfE \
+  -p no:cacheprovider $(n6) tests --ignore=tests/test_kernel_sources.py \
+  $(for f in $HEAVY_TESTS; do echo "--ignore=$f"; done); }
+gpu_groups() { gpu_heavy "$1"; gpu_rest "$2"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1
