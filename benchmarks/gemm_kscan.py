@@ -42,6 +42,7 @@ def main():
 
     cublas = CudaBackend(tf32=False, autotune=False)
     cublas.own_gemm_max_macs = 0
+    cublas.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
     empty = cp.RawKernel('extern "C" __global__ void empty() {}', "empty")
     rng = cp.random.default_rng(0)
     m, n = args.m, args.n

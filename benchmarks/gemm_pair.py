@@ -32,6 +32,7 @@ def main():
     b = rng.standard_normal(1024, dtype=np.float32)
     cublas = CudaBackend(tf32=False, autotune=False)
     cublas.own_gemm_max_macs = 0
+    cublas.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
     own = CudaBackend(tf32=False, autotune=False)
     own.own_gemm_max_macs = 2 ** 62
     own.own_gemm_mma = args.mma

@@ -80,6 +80,7 @@ def main():
     own.own_gemm_max_macs = 2 ** 62  # opt-in, at every size swept
     cublas = CudaBackend(tf32=False, autotune=False)
     cublas.own_gemm_max_macs = 0
+    cublas.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
     rng = cp.random.default_rng(0)
     rows = []
     for label, op, batch, fin, fout in LAYERS[:args.layers]:

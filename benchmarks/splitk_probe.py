@@ -101,6 +101,14 @@ def step_rows(cp, ff, be, splits, rounds):
     return rows
 
 
+def _cublaslt_backend(CudaBackend):
+    """A float32 backend whose products are cuBLASLt's (the 3xTF32 wgmma kernel, the
+    default on compute capability 9.0, off): this probe measures cuBLASLt's K splits."""
+    be = CudaBackend(tf32=False)
+    be.fp32_wgmma = "off"
+    return be
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -117,8 +125,8 @@ def main():
     payload = {**metadata("cupy", "nvmath", "fuseflow"), "benchmark": "splitk_probe"}
     # backends of their own: graph_us captures plans outside ff.compile's recording, and
     # those must not be re-planned (freed) by a later autotune mode
-    payload["matmuls"] = matmul_rows(cp, CudaBackend(tf32=False), False) + \
-        matmul_rows(cp, CudaBackend(tf32=False), True)
+    payload["matmuls"] = matmul_rows(cp, _cublaslt_backend(CudaBackend), False) + \
+        matmul_rows(cp, _cublaslt_backend(CudaBackend), True)
     write_json(Path(args.out) / "splitk_probe.json", payload)
     be = ff.backend.get("cuda")
     be.tf32 = False

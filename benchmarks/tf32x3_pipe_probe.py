@@ -311,12 +311,15 @@ def errors(got, ref, scale):
 
 
 def backends():
-    """cuBLASLt's plain float32 product (the backend with the own matmul off) and its TF32
+    """cuBLASLt's plain float32 product (the backend with the own matmul and the 3xTF32
+    wgmma kernel off: the kernel is the default on compute capability 9.0, and with it on
+    the weight gradients' "cuBLASLt" product was the kernel's, call 200) and its TF32
     product: the two references every probe here is timed against."""
     from fuseflow.backend.cuda_backend import CudaBackend
 
     fp32 = CudaBackend(tf32=False, autotune=False)
     fp32.own_gemm_max_macs = 0
+    fp32.fp32_wgmma = "off"
     return fp32, CudaBackend(tf32=True, autotune=False)
 
 

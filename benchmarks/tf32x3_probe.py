@@ -51,6 +51,7 @@ def main():
 
     fp32 = CudaBackend(tf32=False, autotune=False)
     fp32.own_gemm_max_macs = 0
+    fp32.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
     tf32 = CudaBackend(tf32=True, autotune=False)
     rng = np.random.default_rng(0)
     cases = []
