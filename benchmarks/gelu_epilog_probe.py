@@ -109,6 +109,7 @@ def main():
     rows = []
     for prec in args.precisions:
         be = CudaBackend(tf32=prec == "tf32", autotune=False)
+        be.fp32_wgmma = "off"  # every variant on cuBLASLt's products: the epilogs' cost
         dtype = np.float32 if prec in ("float32", "tf32") else bfloat16
         for batch, n_in, n_out in SHAPES:
             for r in shape_rows(cp, be, batch, n_in, n_out, dtype, args.repeat):

@@ -28,6 +28,7 @@ def record_matmuls(ff, cp, model, prec):
     """(stage, epilog, a, b, inputs) of every matmul one eager step issues."""
     be = ff.backend.get("cuda")
     be.tf32 = prec == "tf32"
+    be.fp32_wgmma = "off"  # else the 3xTF32 kernel takes fp32 products cuBLASLt never sees
     sizes, batch = MODELS[model]
     _, params, state, step, x, y = fuseflow_step(ff, cp, sizes, batch, "sgd", prec)
     seen = []

@@ -130,6 +130,7 @@ def main():
     write_json(Path(args.out) / "splitk_probe.json", payload)
     be = ff.backend.get("cuda")
     be.tf32 = False
+    be.fp32_wgmma = "off"  # k_splits must set cuBLASLt's K split, not the kernel's slices
     splits = [s if s == "auto" else int(s) for s in args.step_splits.split(",")]
     payload["steps"] = step_rows(cp, ff, be, splits, args.rounds)
     write_json(Path(args.out) / "splitk_probe.json", payload)

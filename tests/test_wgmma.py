@@ -301,6 +301,8 @@ def pair(cp):
     for be, setting in zip(pair, (W.DEFAULT_SPLIT, "off")):
         be.fp32_wgmma = setting
         be.own_epilog = "all"  # the own-epilog paths whatever FUSEFLOW_OWN_EPILOG[_MIN] say
+        be.k_splits = "auto"   # the kernel's own slice counts, whatever FUSEFLOW_K_SPLITS says
+        be.own_gemm_max_macs = 0  # no product to the own SIMT matmul
     return pair
 
 

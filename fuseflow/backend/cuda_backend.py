@@ -260,7 +260,7 @@ class CudaBackend(Backend):
         #: (``_cuda_wgmma``; FUSEFLOW_FP32_WGMMA): "3xtf32-lotrunc" (default; hi rounded to
         #: nearest TF32, lo left for the tensor cores to truncate: 2.40-2.61e-7 against
         #: float64 at the medium products, cuBLASLt's float32 1.5-2.9e-7, call 200),
-        #: "3xtf32" (hi and lo rounded: 2.37-2.56e-7, a few instructions more),
+        #: "3xtf32" (hi and lo rounded: 2.36-2.56e-7, a few instructions more),
         #: "3xtf32-chop" (a cheaper split, about twice float32's error: 5.4-5.6e-7) or
         #: "off" (cuBLASLt's SIMT kernels; also wherever the GPU is not compute capability
         #: 9.0). Measured side by side (call 200, an H100), the medium model's compiled fp32
