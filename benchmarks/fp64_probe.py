@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
 from gemm_sweep import LAYERS as SWEEP_LAYERS  # noqa: E402
+from gemm_sweep import cublaslt_fp32  # noqa: E402
 from skinny_sweep import graph_us  # noqa: E402
 
 #: the medium model's five matmuls, (label, op, batch, inputs, outputs), timed plain
@@ -54,11 +55,7 @@ def main():
     args = ap.parse_args()
     import cupy as cp
 
-    from fuseflow.backend.cuda_backend import CudaBackend
-
-    be = CudaBackend(tf32=False, autotune=False)
-    be.own_gemm_max_macs = 0
-    be.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
+    be = cublaslt_fp32()
     rng = cp.random.default_rng(0)
     rows = []
     for label, op, batch, fin, fout in LAYERS:

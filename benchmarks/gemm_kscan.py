@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
+from gemm_sweep import cublaslt_fp32  # noqa: E402
 from skinny_sweep import graph_us  # noqa: E402
 
 KS = (16, 32, 64, 128, 256, 512, 1024)
@@ -37,12 +38,9 @@ def main():
     import cupy as cp
 
     from fuseflow.backend import _cuda_gemm as G
-    from fuseflow.backend.cuda_backend import CudaBackend
     from fuseflow.backend.epilogs import relu_aux_rows
 
-    cublas = CudaBackend(tf32=False, autotune=False)
-    cublas.own_gemm_max_macs = 0
-    cublas.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
+    cublas = cublaslt_fp32()
     empty = cp.RawKernel('extern "C" __global__ void empty() {}', "empty")
     rng = cp.random.default_rng(0)
     m, n = args.m, args.n

@@ -18,6 +18,7 @@ import cupy as cp
 import numpy as np
 
 from fuseflow.backend.cuda_backend import CudaBackend
+from gemm_sweep import cublaslt_fp32
 
 
 def main():
@@ -30,9 +31,7 @@ def main():
     x = cp.maximum(rng.standard_normal((args.batch, 1024), dtype=np.float32), 0)
     w = rng.standard_normal((1024, 1024), dtype=np.float32) / 32.0
     b = rng.standard_normal(1024, dtype=np.float32)
-    cublas = CudaBackend(tf32=False, autotune=False)
-    cublas.own_gemm_max_macs = 0
-    cublas.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
+    cublas = cublaslt_fp32()
     own = CudaBackend(tf32=False, autotune=False)
     own.own_gemm_max_macs = 2 ** 62
     own.own_gemm_mma = args.mma

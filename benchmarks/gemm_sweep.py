@@ -46,6 +46,18 @@ def warps_list(text):
     return [tuple(int(v) for v in w.split("x")) for w in text.split(",")]
 
 
+def cublaslt_fp32():
+    """A CudaBackend whose full-float32 products are cuBLASLt's: the own matmul and the
+    3xTF32 ``wgmma`` kernel (the default on compute capability 9.0) off, no autotuning.
+    The reference the probes here check and time against."""
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    be = CudaBackend(tf32=False, autotune=False)
+    be.own_gemm_max_macs = 0
+    be.fp32_wgmma = "off"
+    return be
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -78,9 +90,7 @@ def main():
 
     own = CudaBackend(tf32=False, autotune=False)
     own.own_gemm_max_macs = 2 ** 62  # opt-in, at every size swept
-    cublas = CudaBackend(tf32=False, autotune=False)
-    cublas.own_gemm_max_macs = 0
-    cublas.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
+    cublas = cublaslt_fp32()
     rng = cp.random.default_rng(0)
     rows = []
     for label, op, batch, fin, fout in LAYERS[:args.layers]:

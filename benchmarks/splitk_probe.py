@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
+from gemm_sweep import cublaslt_fp32  # noqa: E402
 from peers import compiled_step_us  # noqa: E402
 from skinny_sweep import graph_us  # noqa: E402
 
@@ -101,14 +102,6 @@ def step_rows(cp, ff, be, splits, rounds):
     return rows
 
 
-def _cublaslt_backend(CudaBackend):
-    """A float32 backend whose products are cuBLASLt's (the 3xTF32 wgmma kernel, the
-    default on compute capability 9.0, off): this probe measures cuBLASLt's K splits."""
-    be = CudaBackend(tf32=False)
-    be.fp32_wgmma = "off"
-    return be
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -120,13 +113,12 @@ def main():
     import cupy as cp
 
     import fuseflow as ff
-    from fuseflow.backend.cuda_backend import CudaBackend
 
     payload = {**metadata("cupy", "nvmath", "fuseflow"), "benchmark": "splitk_probe"}
     # backends of their own: graph_us captures plans outside ff.compile's recording, and
     # those must not be re-planned (freed) by a later autotune mode
-    payload["matmuls"] = matmul_rows(cp, _cublaslt_backend(CudaBackend), False) + \
-        matmul_rows(cp, _cublaslt_backend(CudaBackend), True)
+    payload["matmuls"] = matmul_rows(cp, cublaslt_fp32(), False) + \
+        matmul_rows(cp, cublaslt_fp32(), True)
     write_json(Path(args.out) / "splitk_probe.json", payload)
     be = ff.backend.get("cuda")
     be.tf32 = False

@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from gemm_sweep import LAYERS  # noqa: E402
+from gemm_sweep import LAYERS, cublaslt_fp32  # noqa: E402
 
 from fuseflow.backend._cuda_gemm import CLUSTER_SRC, TF32X3_SRC  # noqa: E402
 from fuseflow.backend._cuda_wgmma import CP_ASYNC_SRC  # noqa: E402
@@ -311,16 +311,12 @@ def errors(got, ref, scale):
 
 
 def backends():
-    """cuBLASLt's plain float32 product (the backend with the own matmul and the 3xTF32
-    wgmma kernel off: the kernel is the default on compute capability 9.0, and with it on
-    the weight gradients' "cuBLASLt" product was the kernel's, call 200) and its TF32
-    product: the two references every probe here is timed against."""
+    """cuBLASLt's plain float32 product (``cublaslt_fp32``: before it turned the 3xTF32
+    wgmma kernel off, the weight gradients' "cuBLASLt" product was the kernel's, call 200)
+    and its TF32 product: the two references every probe here is timed against."""
     from fuseflow.backend.cuda_backend import CudaBackend
 
-    fp32 = CudaBackend(tf32=False, autotune=False)
-    fp32.own_gemm_max_macs = 0
-    fp32.fp32_wgmma = "off"
-    return fp32, CudaBackend(tf32=True, autotune=False)
+    return cublaslt_fp32(), CudaBackend(tf32=True, autotune=False)
 
 
 class Case:

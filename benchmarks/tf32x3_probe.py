@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-from gemm_sweep import LAYERS  # noqa: E402
+from gemm_sweep import LAYERS, cublaslt_fp32  # noqa: E402
 
 
 def errors(got, ref, scale):
@@ -49,9 +49,7 @@ def main():
     from fuseflow.backend import _cuda_gemm as G
     from fuseflow.backend.cuda_backend import CudaBackend
 
-    fp32 = CudaBackend(tf32=False, autotune=False)
-    fp32.own_gemm_max_macs = 0
-    fp32.fp32_wgmma = "off"  # cuBLASLt's float32, not the 3xTF32 kernel
+    fp32 = cublaslt_fp32()
     tf32 = CudaBackend(tf32=True, autotune=False)
     rng = np.random.default_rng(0)
     cases = []
