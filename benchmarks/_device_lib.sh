@@ -6,6 +6,9 @@
 #   paired98 NAME SECONDS WORKER TAG  peers.py's medium fp32 steps and time to 98% over
 #                              20 seeds from the shared start (--mnist-start shared), for
 #                              WORKER (fuseflow or jax; FUSEFLOW_* settings from the caller)
+#   wgmma_tests SECONDS        the wgmma kernel's GPU tests (tests/test_wgmma.py)
+#   peer_rounds SECONDS PRECS  peers.py's steps of all three models in PRECS (e.g. fp32,tf32),
+#                              fuseflow then JAX, twice (JSON tagged ${TAG}_1, ${TAG}_2; --no-mnist)
 #   wgmma_splits_steps S1 S2 S3 S4  the wgmma kernel's GPU tests (S1 s); the compiled medium
 #                              fp32 steps off / rounded / lotrunc / chopped side by side
 #                              (settings_ab.py, three rounds, S2 s); paired98 for fuseflow
@@ -25,7 +28,7 @@
 #                              alternating (JSON tagged ${TAG}_large_N, JAX paired with
 #                              fuseflow's 2 and 4), the GPU's clocks, temperature and
 #                              power sampled around each process (clocks_*.csv)
-#   xdist MODE                 "-n 4 --dist MODE" where pytest-xdist is importable (its
+#   xdist MODE [N]             "-n N --dist MODE" (N: 4) where pytest-xdist is importable (its
 #                              wheels in .whl: pip download pytest-xdist execnet --no-deps
 #                              -d .whl), else nothing: the tests then run in one process
 #   profile_f64_ab CONFIGS     profile_step.py on CONFIGS, the own matmul's float64 form off
@@ -44,9 +47,15 @@ peers() { local name=$1 limit=$2; shift 2
 paired98() { local name=$1 limit=$2 worker=$3 tag=$4
   TAILN=4 peers "$name" "$limit" --worker "$worker" --tag "$tag" --models 784-1024-1024-10 \
     --precisions fp32 --mnist-start shared --mnist-seeds 20; }
+wgmma_tests() { TAILN=8 run pytest_wgmma "$1" python3 -m pytest -m gpu -q -rfE \
+  -p no:cacheprovider tests/test_wgmma.py; }
+peer_rounds() { local limit=$1 precisions=$2 r w
+  for r in 1 2; do for w in fuseflow jax; do
+    TAILN=13 peers "peers_${w}_$r" "$limit" --worker "$w" --tag "${TAG}_$r" \
+      --models 784-30-10,784-1024-1024-10,784-4096-4096-10 --precisions "$precisions" --no-mnist
+  done; done; }
 wgmma_splits_steps() { local split
-  TAILN=8 run pytest_wgmma "$1" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-    tests/test_wgmma.py
+  wgmma_tests "$1"
   TAILN=4 run ab_splits "$2" python3 benchmarks/settings_ab.py --out "$res" --name splits_medium \
     --setting fp32_wgmma=off --setting fp32_wgmma=3xtf32 --setting fp32_wgmma=3xtf32-lotrunc \
     --setting fp32_wgmma=3xtf32-chop \
@@ -57,7 +66,7 @@ wgmma_splits_steps() { local split
   paired98 peers_jax_shared "$4" jax "${TAG}_jax"; }
 gpu_tests() { TAILN=15 run "$1" "$2" python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
   tests/test_gpu_backend.py tests/test_fused_optim.py tests/test_compile.py -k "$3"; }
-xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n 4 --dist $1"; }
+xdist() { python3 -c "import xdist" 2>/dev/null && echo "-n ${2:-4} --dist $1"; }
 ab() { local name=$1 limit=$2 rounds=$3 arm; shift 3; local arms=()
   for arm in "$@"; do arms+=(--setting "$arm"); done
   TAILN=6 run "ab_$name" "$limit" python3 benchmarks/settings_ab.py --out "$res" --name "$name" \
@@ -88,11 +97,10 @@ profile_f64_ab() { local configs=$1 r v
   done; done
   unset FUSEFLOW_OWN_GEMM_MAX_MACS FUSEFLOW_OWN_GEMM_MMA; }
 HEAVY_TESTS="tests/test_gpu_backend.py tests/test_compile.py tests/test_checkpoint.py tests/test_drelu_tail.py"
-n6() { python3 -c "import xdist" 2>/dev/null && echo "-n 6 --dist load"; }
 gpu_heavy() { TAILN=12 run pytest_gpu_heavy "$1" python3 -m pytest -m gpu -q -rfE \
-  -p no:cacheprovider $(n6) $HEAVY_TESTS; }
+  -p no:cacheprovider $(xdist load 6) $HEAVY_TESTS; }
 gpu_rest() { local f; TAILN=12 run pytest_gpu_rest "$1" python3 -m pytest -m gpu -q -rfE \
-  -p no:cacheprovider $(n6) tests --ignore=tests/test_kernel_sources.py \
+  -p no:cacheprovider $(xdist load 6) tests --ignore=tests/test_kernel_sources.py \
   $(for f in $HEAVY_TESTS; do echo "--ignore=$f"; done); }
 gpu_groups() { gpu_heavy "$1"; gpu_rest "$2"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$res/env.txt" 2>&1

@@ -8,10 +8,7 @@
 set -uo pipefail
 TAG=${TAG:-s50a}
 source "$(dirname "$0")/_device_lib.sh"
-for r in 1 2; do for w in fuseflow jax; do
-  TAILN=7 peers "peers_${w}_$r" 90 --worker "$w" --tag "${TAG}_$r" \
-    --models 784-30-10,784-1024-1024-10,784-4096-4096-10 --precisions fp32 --no-mnist
-done; done
+peer_rounds 90 fp32
 paired98 peers_fuseflow_shared 40 fuseflow "${TAG}_ff"
 paired98 peers_jax_shared 90 jax "${TAG}_jax"
 gpu_heavy 300

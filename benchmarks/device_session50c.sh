@@ -8,7 +8,7 @@
 set -uo pipefail
 TAG=${TAG:-s50c}
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=8 run pytest_wgmma 60 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests/test_wgmma.py
+wgmma_tests 60
 TAILN=7 peers peers_fuseflow 60 --worker fuseflow --tag "$TAG" \
   --models 784-30-10,784-1024-1024-10,784-4096-4096-10 --precisions fp32 --no-mnist
 gpu_heavy 260
