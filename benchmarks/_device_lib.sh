@@ -15,6 +15,10 @@
 #                              lotrunc and rounded (S3 s each) and JAX (S4 s)
 #   gpu_tests NAME SECONDS EXPR  the GPU tests of the backend, optimizers and compile
 #                              selected by the -k expression EXPR
+#   whole_matrix               every framework of the issue's matrix, one process each in
+#                              the order fuseflow, the hand-written nvmath pattern, torch,
+#                              JAX (fuseflow and JAX with time to 98%), then cli_runs 60
+#                              (call 168's device_session39c.sh, calls 205/207/210)
 #   cli_runs SECONDS           fuseflow train on the GPU in float32 and float16 (checkpoints
 #                              in /tmp/r32, /tmp/r16; their metrics.jsonl copied to $res)
 #   ab NAME SECONDS ROUNDS ARM...  settings_ab.py: the compiled 16-bit large steps under
@@ -88,6 +92,12 @@ cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress
   cp /tmp/r32/metrics.jsonl "$res/train_cuda_fp32_metrics.jsonl"; cp /tmp/r16/metrics.jsonl "$res/train_cuda_fp16_metrics.jsonl"
   tar czf "$OUT/results-$TAG.tgz" -C "$res" .; }
+whole_matrix() {
+  TAILN=6 peers peers_fuseflow 120 --worker fuseflow --tag "$TAG"
+  TAILN=4 peers peers_hand_nvmath 100 --no-mnist --worker hand_nvmath --tag "$TAG"
+  TAILN=4 peers peers_torch 200 --no-mnist --worker torch --tag "$TAG"
+  TAILN=6 peers peers_jax 200 --worker jax --tag "$TAG"
+  cli_runs 60; }
 profile_f64_ab() { local configs=$1 r v
   for r in 1 2; do for v in cublas f64; do
     if [ "$v" = f64 ]; then export FUSEFLOW_OWN_GEMM_MAX_MACS=1099511627776 FUSEFLOW_OWN_GEMM_MMA=f64

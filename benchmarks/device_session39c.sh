@@ -7,8 +7,4 @@
 set -uo pipefail
 TAG=${TAG:-s39c}
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=6 peers peers_fuseflow 120 --worker fuseflow --tag "$TAG"
-TAILN=4 peers peers_hand_nvmath 100 --no-mnist --worker hand_nvmath --tag "$TAG"
-TAILN=4 peers peers_torch 200 --no-mnist --worker torch --tag "$TAG"
-TAILN=6 peers peers_jax 200 --worker jax --tag "$TAG"
-cli_runs 60
+whole_matrix

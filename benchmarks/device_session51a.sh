@@ -9,10 +9,6 @@
 set -uo pipefail
 TAG=${TAG:-s51a}
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=6 peers peers_fuseflow 120 --worker fuseflow --tag "$TAG"
-TAILN=4 peers peers_hand_nvmath 100 --no-mnist --worker hand_nvmath --tag "$TAG"
-TAILN=4 peers peers_torch 200 --no-mnist --worker torch --tag "$TAG"
-TAILN=6 peers peers_jax 200 --worker jax --tag "$TAG"
-cli_runs 60
+whole_matrix
 spread_16bit 60
 TAILN=3 run wgmma_splits 60 python3 benchmarks/wgmma_splits.py --out "$res" --seeds 3
