@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Forty-ninth session, first call: the 16-bit step's share of the matmul rate with the
+# references in the same process (interleaved_16bit.py: fuseflow's and JAX's bf16 Adam
+# steps and the plain 8192^3 matmuls in alternating 2 s windows, clocks sampled), in two
+# processes; then peers.py's spread of the same (spread_16bit) for comparison. On the
+# H200 (not reached since call 193) the whole matrix runs instead of the second process.
+# Results: $OUT/results-$TAG.tgz.
+set -uo pipefail
+TAG=${TAG:-s52a}
+source "$(dirname "$0")/_device_lib.sh"
+interleaved() { TAILN=16 run "interleaved_$1" 240 python3 benchmarks/interleaved_16bit.py \
+  --out "$res" --tag "${TAG}_$1" --rounds 4; }
+interleaved 1
+if grep -q H200 "$res/env.txt"; then
+  whole_matrix
+else
+  interleaved 2
+fi
+spread_16bit 60
