@@ -270,3 +270,48 @@ def test_gelu_peers_are_one_model_on_both_sides(monkeypatch):
     np.testing.assert_allclose(jax_loss(), want, rtol=1e-5)
     monkeypatch.setattr(peers, "ACTIVATION", ["relu"])  # the switch is what made them agree
     assert abs(jax_loss() - want) > 1e-3
+
+
+# ---- interleaved_16bit.py: the step's share of the matmul rate, paired by round ----------
+interleaved = _load("interleaved_16bit")
+
+
+def _window(item, rnd, burst_tflops, sustained_tflops):
+    return {"item": item, "round": rnd, "burst_tflops": burst_tflops,
+            "sustained_tflops": sustained_tflops, "sm_mhz": None, "watts": None}
+
+
+def test_step_share_pairs_each_round_with_its_own_reference():
+    rows = [_window("fuseflow_step", 0, 600.0, 610.0), _window("ref", 0, 800.0, 750.0),
+            _window("fuseflow_step", 1, 620.0, 600.0), _window("ref", 1, 700.0, 760.0)]
+    share = interleaved.summarize(rows)["step_share"]["ref"]
+    # round 0: 600/800 and 610/750; round 1: 620/700 and 600/760 (never 600/700 etc.)
+    assert share["burst"]["each"] == pytest.approx([0.75, 620 / 700])
+    assert share["sustained"]["each"] == pytest.approx([610 / 750, 600 / 760])
+    assert share["burst"]["min"] == pytest.approx(0.75)
+    assert share["sustained"]["median"] == pytest.approx((610 / 750 + 600 / 760) / 2)
+
+
+def test_windows_take_turns_and_rotate_their_order():
+    calls = []
+    items = {name: (lambda name=name: calls.append(name), lambda: None, 1e6)
+             for name in ("a", "b", "c")}
+    rows = interleaved.run_windows(items, rounds=3, window=0.0, gap=0.0, settle=0.0, block=1)
+    order = [r["item"] for r in rows]
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(r["sustained_tflops"] > 0 and len(r["blocks"]) >= 2 for r in rows)
+
+
+def test_clock_samples_are_parsed_and_averaged_over_the_settled_part():
+    text = ("2026/12/07 11:30:00.000, 1980, 300.5, 40\n"
+            "2026/12/07 11:30:00.500, 1755, 690.0, 52\n"
+            "not a sample\n"
+            "2026/12/07 11:30:01.000, 1700, 700.0, 54\n")
+    samples = interleaved.parse_samples(text)
+    assert [s[1:] for s in samples] == [(1980.0, 300.5, 40.0), (1755.0, 690.0, 52.0),
+                                        (1700.0, 700.0, 54.0)]
+    t0 = samples[0][0]
+    row = {"start_unix": t0, "end_unix": t0 + 1.0}
+    interleaved.attach_clocks([row], samples, settle=0.25)  # the first sample is too early
+    assert row["samples"] == 2
+    assert row["sm_mhz"] == pytest.approx(1727.5) and row["watts"] == pytest.approx(695.0)
