@@ -2,8 +2,9 @@
 # Forty-ninth session, first call: the 16-bit step's share of the matmul rate with the
 # references in the same process (interleaved_16bit.py: fuseflow's and JAX's bf16 Adam
 # steps and the plain 8192^3 matmuls in alternating 2 s windows, clocks sampled), in two
-# processes; then peers.py's spread of the same (spread_16bit) for comparison. On the
-# H200 (not reached since call 193) the whole matrix runs instead of the second process.
+# processes; then peers.py's way, one fuseflow and one JAX process (16-bit large only), for
+# comparison. On the H200 (not reached since call 193) the whole matrix runs instead of
+# the second interleaved process and the peers pair.
 # Results: $OUT/results-$TAG.tgz.
 set -uo pipefail
 TAG=${TAG:-s52a}
@@ -15,5 +16,8 @@ if grep -q H200 "$res/env.txt"; then
   whole_matrix
 else
   interleaved 2
+  for w in fuseflow jax; do
+    TAILN=2 peers "peers_${w}_large" 90 --worker "$w" --tag "${TAG}_large" \
+      --models 784-4096-4096-10 --precisions 16bit --no-mnist
+  done
 fi
-spread_16bit 60
