@@ -16,12 +16,13 @@ window after ``--gap`` seconds idle:
   bfloat16 (the issue's reference), cuBLASLt's bfloat16 through nvmath, CuPy's float16.
 
 A window is a run of blocks of back-to-back calls, each block timed between two device
-synchronizations. It reports its first block (a burst after idle, what ``peers.py``
-times) and the median of its blocks from ``--settle`` seconds on (sustained). nvidia-smi
-samples the SM clock and the board power every 50 ms, so each window's rate can be read
-against its clock. The summary pairs the step with each reference round by round (the
-step's TFLOP/s over the reference's, both counted as ``peers.matmul_flops``) and gives
-the median, min and max over rounds. JSON out, with every block.
+synchronizations. It reports its first block (a short burst after idle; ``peers.py``
+also times only tens of milliseconds) and the median of its blocks from ``--settle``
+seconds on (sustained). nvidia-smi samples the SM clock and the board power every 50 ms,
+so each window's rate can be read against its clock. The summary pairs the step with
+each reference round by round (the step's TFLOP/s, its matmul FLOPs by
+``peers.matmul_flops``, over the reference's, 2 x 8192^3 a call) and gives the median,
+min and max over rounds. JSON out, with every block.
 """
 
 from __future__ import annotations
