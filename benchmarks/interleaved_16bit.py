@@ -101,7 +101,7 @@ class ClockSampler:
         try:
             self.proc = subprocess.Popen(
                 ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-                 f"-lms={ms}"], stdout=self.file, stderr=subprocess.DEVNULL)
+                 "-lms", str(ms)], stdout=self.file, stderr=subprocess.DEVNULL)
         except OSError:
             self.proc = None
 
