@@ -43,7 +43,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside Cu
 from _meta import metadata, write_json  # noqa: E402
 
 MODEL = "784-4096-4096-10"
-MM = 8192  # the plain matmul's m = n = k
+MM = 8192  # the plain matmul's m = n = k (peers.plain_operands, peers.jax_bf16_matmul)
 
 
 def time_window(call, sync, block, window, settle):
@@ -76,13 +76,13 @@ def run_windows(items, rounds, window, gap, settle, block):
             time.sleep(gap)
             t_start = time.time()
             blocks = time_window(call, sync, block, window, settle)
-            settled = [us for off, us in blocks if off >= settle]
+            burst_us = blocks[0][1]
+            sustained_us = statistics.median(us for off, us in blocks if off >= settle)
             rows.append({"item": name, "round": r, "start_unix": t_start,
-                         "end_unix": time.time(), "burst_us": blocks[0][1],
-                         "sustained_us": statistics.median(settled),
-                         "burst_tflops": flops / blocks[0][1] / 1e6,
-                         "sustained_tflops": flops / statistics.median(settled) / 1e6,
-                         "blocks": blocks})
+                         "end_unix": time.time(), "burst_us": burst_us,
+                         "sustained_us": sustained_us,
+                         "burst_tflops": flops / burst_us / 1e6,
+                         "sustained_tflops": flops / sustained_us / 1e6, "blocks": blocks})
             print(f"round {r} {name:24s} burst {rows[-1]['burst_tflops']:7.1f} "
                   f"sustained {rows[-1]['sustained_tflops']:7.1f} TFLOP/s", flush=True)
     return rows
@@ -199,16 +199,12 @@ def build_items(args):
     mm_flops = 2 * MM ** 3
     rng = cp.random.default_rng(0)
 
-    def operands(dist, dtype):
-        draw = rng.random if dist == "uniform" else rng.standard_normal
-        return [draw((MM, MM), dtype=cp.float32).astype(dtype) for _ in range(2)]
-
     # cuBLASLt's bfloat16 through nvmath (a planned stateful Matmul; execute is asynchronous)
     from nvmath.linalg.advanced import Matmul
 
     from fuseflow._dtypes import bfloat16
     for dist in ("uniform", "normal"):
-        a, b = operands(dist, bfloat16)
+        a, b = peers.plain_operands(cp, rng, dist, bfloat16)
         mm = Matmul(a, b)
         mm.plan()
         mm.execute()
@@ -216,7 +212,7 @@ def build_items(args):
 
     # CuPy's float16 (cuBLAS), peers.plain_matmul_rates' reference
     for dist in ("uniform", "normal"):
-        a, b = operands(dist, cp.float16)
+        a, b = peers.plain_operands(cp, rng, dist, cp.float16)
         a @ b
         items[f"cupy_fp16_{dist}"] = (lambda a=a, b=b: a @ b, dev_sync, mm_flops)
 
@@ -241,15 +237,8 @@ def build_items(args):
         jax_call()
     items["jax_step"] = (jax_call, lambda: jst["l"].block_until_ready(), step_flops)
     mmj = jax.jit(lambda a, b: a @ b)
-    for dist, draw in (("uniform", jax.random.uniform), ("normal", jax.random.normal)):
-        a, b = (draw(jax.random.PRNGKey(k), (MM, MM)).astype(jnp.bfloat16) for k in (0, 1))
-        last = {"c": mmj(a, b)}
-
-        def jax_mm(a=a, b=b, last=last):
-            last["c"] = mmj(a, b)
-
-        items[f"jax_bf16_{dist}"] = (jax_mm, lambda last=last: last["c"].block_until_ready(),
-                                     mm_flops)
+    for dist in ("uniform", "normal"):
+        items[f"jax_bf16_{dist}"] = (*peers.jax_bf16_matmul(jax, jnp, mmj, dist), mm_flops)
     return items
 
 

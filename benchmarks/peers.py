@@ -298,9 +298,7 @@ def plain_matmul_rates(cp, when):
     rng = cp.random.default_rng(0)
     out = {}
     for dist in ("uniform", "normal"):
-        a, b = ((rng.random((8192, 8192), dtype=cp.float32) if dist == "uniform" else
-                 rng.standard_normal((8192, 8192), dtype=cp.float32)).astype(cp.float16)
-                for _ in range(2))
+        a, b = plain_operands(cp, rng, dist, cp.float16)
         for _ in range(3):
             a @ b
         us = median_step_us(lambda: a @ b, cp.cuda.Device().synchronize, 20, 5)
@@ -308,6 +306,13 @@ def plain_matmul_rates(cp, when):
         a = b = None
         cp.get_default_memory_pool().free_all_blocks()
     return out
+
+
+def plain_operands(cp, rng, dist, dtype):
+    """Two 8192 x 8192 matmul operands in ``dtype``, drawn by ``rng`` in float32: uniform in
+    [0, 1) or standard normal (``dist``)."""
+    draw = rng.random if dist == "uniform" else rng.standard_normal
+    return [draw((8192, 8192), dtype=cp.float32).astype(dtype) for _ in range(2)]
 
 
 #: the JSON key of each precision's time-to-98 record ("mnist" keeps its earlier meaning)
@@ -540,17 +545,25 @@ def jax_matmul_rates(jax, jnp):
     out = {}
     mm = jax.jit(lambda a, b: a @ b)
     for dist in ("uniform", "normal"):
-        draw = jax.random.uniform if dist == "uniform" else jax.random.normal
-        a, b = (draw(jax.random.PRNGKey(k), (8192, 8192)).astype(jnp.bfloat16) for k in (0, 1))
-        last = {"c": mm(a, b)}
-
-        def one(a=a, b=b, last=last):
-            last["c"] = mm(a, b)
-
+        one, sync = jax_bf16_matmul(jax, jnp, mm, dist)
         one()
-        us = median_step_us(one, lambda last=last: last["c"].block_until_ready(), 20, 5)
+        us = median_step_us(one, sync, 20, 5)
         out[f"bf16_{dist}"] = 2 * 8192 ** 3 / us / 1e6
     return out
+
+
+def jax_bf16_matmul(jax, jnp, mm, dist):
+    """``(call, sync)``: ``mm`` (a jitted ``a @ b``) on two bfloat16 8192 x 8192 operands,
+    uniform in [0, 1) or standard normal (``dist``), compiled by a first call; ``sync`` waits
+    for the latest result."""
+    draw = jax.random.uniform if dist == "uniform" else jax.random.normal
+    a, b = (draw(jax.random.PRNGKey(k), (8192, 8192)).astype(jnp.bfloat16) for k in (0, 1))
+    last = {"c": mm(a, b)}
+
+    def call():
+        last["c"] = mm(a, b)
+
+    return call, lambda: last["c"].block_until_ready()
 
 
 def jax_time_to_98(jax, jnp, np, optax, args, prec="fp32"):
