@@ -1,6 +1,7 @@
 """The 16-bit step's share of the dense matmul rate, with the reference in the same process.
 
     python benchmarks/interleaved_16bit.py --out DIR [--rounds 5 --window 2.0 --gap 0.5]
+    python benchmarks/interleaved_16bit.py --pool DIR/interleaved_16bit_*.json   # no GPU
 
 ``peers.py`` times fuseflow's 16-bit 784-4096-4096-10 Adam step and JAX's bfloat16 8192^3
 matmul (the issue's reference) in separate processes, each for a few tens of
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import subprocess
@@ -167,6 +169,46 @@ def summarize(rows, step="fuseflow_step"):
     return out
 
 
+def pool(summaries):
+    """Several processes' summaries as one: every round's pairing of the step with each
+    reference (``each``) pooled, as median/min/max/count; and each item's TFLOP/s and SM
+    clock medians per process (a process's median is one value here, not its rounds)."""
+    shares, items = {}, {}
+    for summary in summaries:
+        for ref, share in summary["step_share"].items():
+            for kind in ("burst", "sustained"):
+                shares.setdefault(ref, {}).setdefault(kind, []).extend(share[kind]["each"])
+        for name, item in summary["items"].items():
+            for field, value in item.items():
+                items.setdefault(name, {}).setdefault(field, []).append(value)
+    return {"step_share": {ref: {kind: {"median": statistics.median(v), "min": min(v),
+                                        "max": max(v), "count": len(v)}
+                                 for kind, v in by_kind.items()}
+                           for ref, by_kind in shares.items()},
+            "items": items}
+
+
+def print_pooled(paths):
+    """``--pool``: the pooled pairings of the JSON files at ``paths``."""
+    pooled = pool([json.loads(Path(p).read_text())["summary"] for p in paths])
+    for name, item in pooled["items"].items():
+        print(f"{name:24s} burst {_span(item['burst'], '.1f')}  sustained "
+              f"{_span(item['sustained'], '.1f')} TFLOP/s  SM {_span(item['sm_mhz'], '.0f')} MHz")
+    for ref, share in pooled["step_share"].items():
+        print(f"step / {ref:22s} " + "  ".join(
+            f"{kind} {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}, {s['count']})"
+            for kind, s in share.items()))
+    return pooled
+
+
+def _span(values, spec):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return format(lo, spec) if lo == hi else f"{format(lo, spec)}-{format(hi, spec)}"
+
+
 def _median_or_none(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -251,7 +293,10 @@ def build_items(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the folder for the JSON and the clock samples")
+    ap.add_argument("--pool", nargs="+", metavar="JSON",
+                    help="no GPU: pool the round-by-round pairings of these files (several "
+                         "processes) and print them")
     ap.add_argument("--tag", default="")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--window", type=float, default=2.0, help="seconds per window")
@@ -261,6 +306,11 @@ def main():
     ap.add_argument("--block", type=int, default=10, help="calls per timed block")
     ap.add_argument("--no-jax", action="store_true")
     args = ap.parse_args()
+    if args.pool:
+        print_pooled(args.pool)
+        return
+    if not args.out:
+        ap.error("--out is required (or --pool FILES)")
 
     items = build_items(args)
     suffix = f"_{args.tag}" if args.tag else ""

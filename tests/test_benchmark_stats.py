@@ -315,3 +315,30 @@ def test_clock_samples_are_parsed_and_averaged_over_the_settled_part():
     interleaved.attach_clocks([row], samples, settle=0.25)  # the first sample is too early
     assert row["samples"] == 2
     assert row["sm_mhz"] == pytest.approx(1727.5) and row["watts"] == pytest.approx(695.0)
+
+
+def test_pooling_keeps_every_round_pairing_of_every_process():
+    rows_a = [_window("fuseflow_step", 0, 600.0, 590.0), _window("ref", 0, 800.0, 740.0),
+              _window("fuseflow_step", 1, 602.0, 588.0), _window("ref", 1, 820.0, 730.0)]
+    rows_b = [_window("fuseflow_step", 0, 598.0, 592.0), _window("ref", 0, 790.0, 720.0)]
+    pooled = interleaved.pool([interleaved.summarize(rows_a), interleaved.summarize(rows_b)])
+    sustained = pooled["step_share"]["ref"]["sustained"]
+    ratios = [590 / 740, 588 / 730, 592 / 720]
+    assert sustained["count"] == 3
+    assert sustained["median"] == pytest.approx(sorted(ratios)[1])
+    assert sustained["min"] == pytest.approx(min(ratios))
+    assert sustained["max"] == pytest.approx(max(ratios))
+    # each process's item median is one value: process a's two rounds, then process b's
+    assert pooled["items"]["ref"]["burst"] == pytest.approx([810.0, 790.0])
+
+
+def test_pooling_the_calls_212_and_213_files():
+    """The four processes of calls 212-213 (an H100): the numbers docs/benchmarks.md quotes."""
+    results = BENCH / "results"
+    paths = sorted(results.glob("session53_call21[23]/interleaved_16bit_s53*.json"))
+    assert len(paths) == 4
+    share = interleaved.print_pooled(paths)["step_share"]
+    assert share["jax_bf16_uniform"]["sustained"]["count"] == 12
+    assert share["jax_bf16_uniform"]["sustained"]["median"] == pytest.approx(0.799, abs=5e-4)
+    assert share["jax_bf16_uniform"]["burst"]["median"] == pytest.approx(0.734, abs=5e-4)
+    assert share["jax_step"]["sustained"]["min"] > 1.15
