@@ -15,6 +15,10 @@
 #                              lotrunc and rounded (S3 s each) and JAX (S4 s)
 #   gpu_tests NAME SECONDS EXPR  the GPU tests of the backend, optimizers and compile
 #                              selected by the -k expression EXPR
+#   interleaved_16bit NAME SECONDS ARGS...  benchmarks/interleaved_16bit.py ARGS, its JSON and
+#                              clock samples in $res (calls 212-213)
+#   pair_16bit SECONDS         peers.py's 16-bit large steps, one fuseflow and one JAX process
+#                              (JSON tagged ${TAG}_large; --no-mnist)
 #   whole_matrix               every framework of the matrix, one process each in
 #                              the order fuseflow, the hand-written nvmath pattern, torch,
 #                              JAX (fuseflow and JAX with time to 98%), then cli_runs 60
@@ -87,6 +91,12 @@ spread_16bit() { local limit=$1 r w
       --models 784-4096-4096-10 --precisions 16bit --no-mnist
     clocks "${w}_$r"
   done; done; }
+interleaved_16bit() { local name=$1 limit=$2; shift 2
+  TAILN=16 run "$name" "$limit" python3 benchmarks/interleaved_16bit.py --out "$res" "$@"; }
+pair_16bit() { local w; for w in fuseflow jax; do
+    TAILN=2 peers "peers_${w}_large" "$1" --worker "$w" --tag "${TAG}_large" \
+      --models 784-4096-4096-10 --precisions 16bit --no-mnist
+  done; }
 cli_runs() { local limit=$1
   TAILN=8 run train_cuda_fp32 "$limit" python3 -m fuseflow train --backend cuda --data-dir .devdata/mnist --out /tmp/r32 --no-progress
   TAILN=8 run train_cuda_fp16 "$limit" python3 -m fuseflow train --backend cuda --precision float16 --data-dir .devdata/mnist --out /tmp/r16 --no-progress

@@ -9,15 +9,11 @@
 set -uo pipefail
 TAG=${TAG:-s52a}
 source "$(dirname "$0")/_device_lib.sh"
-interleaved() { TAILN=16 run "interleaved_$1" 240 python3 benchmarks/interleaved_16bit.py \
-  --out "$res" --tag "${TAG}_$1" --rounds 3 --window 1.5; }
+interleaved() { interleaved_16bit "interleaved_$1" 240 --tag "${TAG}_$1" --rounds 3 --window 1.5; }
 interleaved 1
 if grep -q H200 "$res/env.txt"; then
   whole_matrix
 else
   interleaved 2
-  for w in fuseflow jax; do
-    TAILN=2 peers "peers_${w}_large" 90 --worker "$w" --tag "${TAG}_large" \
-      --models 784-4096-4096-10 --precisions 16bit --no-mnist
-  done
+  pair_16bit 90
 fi

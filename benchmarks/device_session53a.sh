@@ -8,7 +8,7 @@
 set -uo pipefail
 TAG=${TAG:-s53b}
 source "$(dirname "$0")/_device_lib.sh"
-long() { TAILN=16 run "interleaved_long_$1" 240 python3 benchmarks/interleaved_16bit.py \
-  --out "$res" --tag "${TAG}_$1" --rounds 3 --window 5 --settle 3 --gap 1; }
+long() { interleaved_16bit "interleaved_long_$1" 240 --tag "${TAG}_$1" --rounds 3 --window 5 \
+  --settle 3 --gap 1; }
 long 1
 if grep -q H200 "$res/env.txt"; then whole_matrix; else long 2; fi

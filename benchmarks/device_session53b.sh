@@ -6,9 +6,5 @@
 set -uo pipefail
 TAG=${TAG:-s53c}
 source "$(dirname "$0")/_device_lib.sh"
-TAILN=16 run interleaved_1 120 python3 benchmarks/interleaved_16bit.py \
-  --out "$res" --tag "${TAG}_1" --rounds 3 --window 1.5
-for w in fuseflow jax; do
-  TAILN=2 peers "peers_${w}_large" 45 --worker "$w" --tag "${TAG}_large" \
-    --models 784-4096-4096-10 --precisions 16bit --no-mnist
-done
+interleaved_16bit interleaved_1 120 --tag "${TAG}_1" --rounds 3 --window 1.5
+pair_16bit 45

@@ -163,8 +163,7 @@ def summarize(rows, step="fuseflow_step"):
         for kind in ("burst", "sustained"):
             ratios = [by[step][r][f"{kind}_tflops"] / per_round[r][f"{kind}_tflops"]
                       for r in sorted(per_round) if r in by[step]]
-            share[kind] = {"median": statistics.median(ratios), "min": min(ratios),
-                           "max": max(ratios), "each": ratios}
+            share[kind] = {**_spread(ratios), "each": ratios}
         out["step_share"][ref] = share
     return out
 
@@ -181,8 +180,7 @@ def pool(summaries):
         for name, item in summary["items"].items():
             for field, value in item.items():
                 items.setdefault(name, {}).setdefault(field, []).append(value)
-    return {"step_share": {ref: {kind: {"median": statistics.median(v), "min": min(v),
-                                        "max": max(v), "count": len(v)}
+    return {"step_share": {ref: {kind: {**_spread(v), "count": len(v)}
                                  for kind, v in by_kind.items()}
                            for ref, by_kind in shares.items()},
             "items": items}
@@ -199,6 +197,11 @@ def print_pooled(paths):
             f"{kind} {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}, {s['count']})"
             for kind, s in share.items()))
     return pooled
+
+
+def _spread(values):
+    """Median, min and max of ``values`` (a list)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def _span(values, spec):
