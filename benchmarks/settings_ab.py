@@ -35,7 +35,8 @@ from peers import MODELS, compiled_step_us  # noqa: E402
 
 #: The backend's counters each row records (which paths the arm's compile and warm-up took).
 COUNTERS = ("overlapped_wgrad", "fused_skinny_grads", "fused_tc_xent", "split_update",
-            "split_update_overlapped", "fused_head", "own_epilog", "k_split", "wgmma")
+            "split_update_overlapped", "fused_head", "own_epilog", "k_split", "wgmma",
+            "fused_tc_head")
 
 
 def parse_setting(text):

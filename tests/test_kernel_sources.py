@@ -68,14 +68,16 @@ def _generated_sources(monkeypatch):
     from fuseflow.backend import _cuda_random as R
     from fuseflow.backend import _cuda_skinny as S
     from fuseflow.backend import _cuda_skinny_tc as TC
+    from fuseflow.backend import _cuda_tc_head as HD
 
     _Recorder.sources = []
-    for mod in (E, F, G, GI, H, R, S, TC):
+    for mod in (E, F, G, GI, H, R, S, TC, HD):
         monkeypatch.setattr(mod.cupy, "RawKernel", _Recorder)
         monkeypatch.setattr(mod.cupy, "RawModule", _Recorder)
     caches = (S._kernel, TC._kernel, E._kernel, G._kernel, H._kernel, H._sum_kernel,
               F._xent_kernel, F._multi_tensor_kernel, F._cast_kernel, F._finite_kernel,
-              F._next_loss_scale_kernel, GI._copy_kernel, R._kernel, TC._xent_kernel)
+              F._next_loss_scale_kernel, GI._copy_kernel, R._kernel, TC._xent_kernel,
+              HD._kernel)
     for cache in caches:
         cache.cache_clear()
     halves = ("__half", "__nv_bfloat16")
@@ -160,6 +162,13 @@ def _generated_sources(monkeypatch):
                                                  (16, 48, TC.MAX_ROWS_PER_CHUNK)):
             TC._kernel("tc_grads", n, u, dt, BGRADB=bw, DRELU=d, BGRAD=bx,
                        WARPS=TC.GRAD_WARPS, RPC=rows)
+    # the one-pass output layer (a cluster of 1, 2 or 8 blocks; bias, both bias
+    # gradients, mask)
+    for n, dt, cl in itertools.product((1, 10, 16), (np.dtype(np.float16), bfloat16),
+                                       (1, 2, 8)):
+        for hb, d, bx in itertools.product((False, True), repeat=3):
+            HD._kernel(n, cl, hb, hb, d, bx, np.dtype(np.int64), dt)
+        HD._kernel(n, cl, True, True, True, True, np.dtype(np.uint8), dt)
     # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
         TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,

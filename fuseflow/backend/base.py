@@ -71,6 +71,9 @@ class Backend:
     #: Whether ``linear_xent`` may have a fused form here at all (else it returns None at
     #: once, and the caller's ``linear`` and ``softmax_cross_entropy`` check the operands).
     fuses_xent = False
+    #: Whether ``linear_xent_grads`` may have a fused form here at all (else it returns None
+    #: at once, and the caller's other calls check the operands).
+    fuses_xent_grads = False
 
     def __init__(self):
         self.calls = Counter()
@@ -288,6 +291,36 @@ class Backend:
         return out
 
     def _linear_xent(self, x, w, bias, labels, grad_scale, grad_dtype):
+        return None
+
+    def linear_xent_grads(self, x, w, bias, labels, dgrad_epilog="DEFAULT", aux=None,
+                          grad_scale=None, grad_dtype=None, *, overlap=False):
+        """A classifier's output layer, its loss and both its gradients as one operation,
+        where this backend has a fused form for these operands; None where it has not (the
+        caller then runs ``linear_softmax_xent``, ``linear_xent`` or the separate calls).
+
+        Returns ``(loss, y, dw, db, dx, dbias)``: ``(loss, y, dy) = linear_xent(x, w, bias,
+        labels, grad_scale, grad_dtype)``, ``(dw, db) = linear_wgrad(dy, x, "BGRADB" with a
+        bias)`` and ``(dx, dbias) = linear_dgrad(dy, w, dgrad_epilog, aux)``; dy itself is
+        not kept. On the GPU (``fused_tc_head``) a 16-bit layer with at most 16 classes at
+        long batches reads x once for all of it (``_cuda_tc_head``). ``overlap``: as
+        ``linear_grads``'. Labels are assumed valid (``fuseflow.losses`` checks them).
+        """
+        if not self.fuses_xent_grads:
+            return None
+        spec = lookup(EPILOGS, "BIAS" if bias is not None else "DEFAULT", "forward")
+        self._check_linear("linear_xent_grads", spec, x, w, bias)
+        dspec = lookup(DGRAD_EPILOGS, dgrad_epilog, "input-gradient")
+        if dspec.aux:
+            self._check_aux(dspec.activation, aux, w.shape[1], x.shape[0], x.dtype)
+        out = self._linear_xent_grads(x, w, bias, labels, dspec, aux, grad_scale, grad_dtype,
+                                      overlap)
+        if out is not None:
+            self.calls["linear_xent_grads"] += 1
+        return out
+
+    def _linear_xent_grads(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype,
+                           overlap):
         return None
 
     # ---- random numbers (counter-based: the same bits on every backend) ---------------------

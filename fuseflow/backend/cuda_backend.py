@@ -73,6 +73,7 @@ from fuseflow.backend import _cuda_overlap
 from fuseflow.backend import _cuda_random
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
+from fuseflow.backend import _cuda_tc_head as HD
 from fuseflow.backend import _cuda_wgmma as W
 from fuseflow.backend import _k_split
 from fuseflow.backend._env import AUTOTUNE_MODES, env_auto_int, env_choice, env_int, env_subset
@@ -212,6 +213,14 @@ class CudaBackend(Backend):
         #: batches), its softmax cross-entropy runs in the same kernel (``linear_xent``:
         #: two launches fewer); FUSEFLOW_FUSED_TC_XENT=0 runs the forward and the loss apart.
         self.fused_tc_xent = env_choice("FUSEFLOW_FUSED_TC_XENT", {"1": True, "0": False}, True)
+        #: Where a classifier's output layer would take ``linear_xent`` and both gradients
+        #: would be ``linear_grads``' tensor-core pass (16-bit, at most 16 classes, long
+        #: batches), one cluster launch takes the logits, the loss and both gradients,
+        #: reading the layer's input once instead of twice (``_cuda_tc_head``; compute
+        #: capability 9.0); FUSEFLOW_FUSED_TC_HEAD=1 turns it on (off by default until it
+        #: is measured faster in the step).
+        self.fused_tc_head = env_choice("FUSEFLOW_FUSED_TC_HEAD", {"1": True, "0": False},
+                                        False)
         #: Bias/ReLU and bias/GELU epilogs (forward, DRELU[_BGRAD], DGELU[_BGRAD]; the GELU
         #: forward not with TF32 nor in 16 bits: cuBLASLt's fused GELU forward is the faster
         #: one there, calls 174-175 and 182) run as a plain matmul plus fuseflow's in-place
@@ -340,6 +349,7 @@ class CudaBackend(Backend):
             "fused_head": self._counters["fused_head"],
             "fused_skinny_grads": self._counters["fused_skinny_grads"],
             "fused_tc_xent": self._counters["fused_tc_xent"],
+            "fused_tc_head": self._counters["fused_tc_head"],
             "own_epilog": self._counters["own_epilog"],
             "k_split": self._counters["k_split"],
             "own_gemm": self._counters["own_gemm"],
@@ -1216,6 +1226,47 @@ class CudaBackend(Backend):
                                    labels, grad_scale)
 
         return self._guard(op, run, {"x": x, "w": w, "bias": bias}, outputs)
+
+    @property
+    def fuses_xent_grads(self) -> bool:
+        """``linear_xent_grads`` may take the one cluster pass (``fused_tc_head``)."""
+        return self.fused_tc_head and self.skinny_tc
+
+    def _linear_xent_grads(self, x, w, bias, labels, dspec, aux, grad_scale, grad_dtype,
+                           overlap):
+        """The output layer's logits, loss and both gradients from one ``_cuda_tc_head``
+        launch where its forward, weight and input gradients would each be a tensor-core
+        skinny kernel and no side stream takes the weight gradient; else None (see base),
+        having copied and counted nothing."""
+        op = "linear_xent_grads"
+        self._check_device(op, x=x, w=w, bias=bias, labels=labels, aux=aux)
+        self._check_dtype(op, x.dtype)
+        n, dtype = w.shape[0], np.dtype(x.dtype)
+        if not (dspec.activation in (None, "relu")
+                and _grad_in_logits_dtype(dtype, grad_scale, grad_dtype)
+                and HD.supported(x, w, labels)
+                and not self._takes_skinny_forward(x, n, None)  # as linear would
+                and all(self._takes_skinny_tc(o, n) for o in ("forward", "wgrad", "dgrad"))
+                and not (overlap and self._overlap_scope(dtype, 2 * x.nbytes) is not None)):
+            return None
+        labels = self._contig("labels", labels)
+        batch, features = x.shape
+
+        def outputs():
+            return [("y", (batch, n), dtype), ("dx", (batch, features), dtype),
+                    ("dw", (n, features), dtype)]
+
+        def run():
+            aux_k, ld = self._aux_for_kernels(aux, batch, dspec.activation)
+            self._counters["skinny_tc"] += 3  # the three kernels' work, in one launch
+            self._counters["fused_tc_head"] += 1
+            return HD.forward_grads(x, w, self._prep_bias(bias) if bias is not None else None,
+                                    labels, grad_scale, aux_k, ld, bgrad_w=bias is not None,
+                                    bgrad_x=dspec.bias)
+
+        out = self._guard(op, run, {"x": x, "w": w, "bias": bias}, outputs)
+        self.params_read()  # the last read of w, as in _linear_dgrad
+        return out
 
     def _sum_rows(self, a):
         self._check_device("bias_grad", a=a)

@@ -16,7 +16,8 @@ GPU, a skinny 16-bit output layer at long batches, by default), they are one cal
 
 An output layer with its softmax cross-entropy (``dense_softmax_xent``) goes one step
 further: forward, loss and input gradient are one backend call where the backend fuses
-them (``linear_softmax_xent``).
+them (``linear_softmax_xent``), or forward, loss and both gradients
+(``linear_xent_grads``).
 """
 
 from __future__ import annotations
@@ -140,6 +141,12 @@ def dense_softmax_xent(params, residuals, labels, *, input_activation=None, inpu
     be = backend.of(x, w, b, labels, where="Dense")
     check_softmax_labels((x.shape[0], w.shape[0]), labels, check=check)
     epilog = dgrad_epilog(input_activation, bgrad=input_has_bias) if need_input_grad else None
+    if epilog is not None:  # everything from one call, where the backend has that form
+        whole = be.linear_xent_grads(x, w, b, labels, epilog, input_aux, grad_scale,
+                                     grad_dtype, overlap=overlap_wgrad)
+        if whole is not None:
+            loss, y, dw, db, dx, input_db = whole
+            return loss, y, _layer_grads(dw, db, b is not None, None), dx, input_db
     fused = be.linear_softmax_xent(x, w, b, labels, epilog, input_aux, grad_scale, grad_dtype)
     if fused is not None:
         loss, y, dy, dx, input_db = fused

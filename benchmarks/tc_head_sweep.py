@@ -1,0 +1,102 @@
+"""The one-pass output layer (``_cuda_tc_head``) against its two kernels, alone on the GPU.
+
+    python benchmarks/tc_head_sweep.py --out DIR [--clusters 8,12,14,16,20,24,32]
+
+At 784-4096-4096-10's output layer (batch 8192, 4096 features, 10 classes, bfloat16, with
+the ReLU mask and both bias gradients): ``_cuda_skinny_tc.forward_xent`` followed by
+``grads`` (today's path, two launches plus the partials' sums) and ``_cuda_tc_head.
+forward_grads`` at each cluster count (the grid's row chunks). Each variant is captured
+in a CUDA graph of 20 calls and replayed; the median over 7 replays, in us per call, with
+the bandwidth that x read once and dx written once would need. JSON out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from _meta import metadata, write_json  # noqa: E402
+
+
+def graph_us(cp, fn, calls=20, replays=7):
+    """Median us per call of ``fn`` captured ``calls`` times in one CUDA graph."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()  # allocations and kernel compiles before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(calls):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        times = []
+        for _ in range(replays):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--clusters", default="8,12,14,16,20,24,32")
+    ap.add_argument("--batch", type=int, default=8192)
+    ap.add_argument("--features", type=int, default=4096)
+    ap.add_argument("--classes", type=int, default=10)
+    args = ap.parse_args()
+
+    import cupy as cp
+    import ml_dtypes
+    import numpy as np
+
+    from fuseflow.backend import _cuda_skinny_tc as TC
+    from fuseflow.backend import _cuda_tc_head as HD
+    from fuseflow.backend.cuda_backend import CudaBackend
+
+    rng = np.random.default_rng(0)
+    b16 = ml_dtypes.bfloat16
+    batch, features, n = args.batch, args.features, args.classes
+    pre = cp.asarray(rng.standard_normal((batch, features)).astype(b16))
+    h, aux = CudaBackend(tf32=False).activation(pre, "relu")
+    aux = cp.asfortranarray(aux)
+    w = cp.asarray((rng.standard_normal((n, features)) / np.sqrt(features)).astype(b16))
+    b = cp.asarray(rng.standard_normal(n).astype(b16))
+    labels = cp.asarray(rng.integers(0, n, batch))
+    ld = aux.shape[0]
+
+    def two():
+        _, _, dy = TC.forward_xent(h, w, b, labels, None)
+        TC.grads(dy, h, w, aux, ld, bgrad_w=True, bgrad_x=True)
+
+    rows = [{"variant": "forward_xent + grads", "us": graph_us(cp, two)}]
+    for c in [int(v) for v in args.clusters.split(",")]:
+        def one(c=c):
+            HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True,
+                             n_clusters=c)
+        rows.append({"variant": f"tc_head, {c} clusters", "clusters": c,
+                     "us": graph_us(cp, one)})
+    moved = 2 * batch * features * h.itemsize + aux.nbytes  # x once, dx once, the mask
+    for r in rows:
+        r["tb_per_s_at_one_pass"] = moved / r["us"] / 1e6
+        print(f"{r['variant']:>24}: {r['us']:8.2f} us  "
+              f"({r['tb_per_s_at_one_pass']:.2f} TB/s for x and dx once)", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"tc_head_sweep{'_' + args.tag if args.tag else ''}.json",
+               {"benchmark": "tc_head_sweep", **metadata("cupy"), "batch": batch,
+                "features": features, "classes": n, "dtype": "bfloat16", "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

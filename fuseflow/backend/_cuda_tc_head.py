@@ -1,0 +1,398 @@
+"""A 16-bit output layer at long batches in one pass: logits, loss and both gradients.
+
+At 784-4096-4096-10's batch 8192 the output layer is memory-bound on its 67 MB input
+``x`` (the last hidden activation): ``_cuda_skinny_tc`` runs the forward with the loss
+(``tc_forward_xent``, reads x) and then both gradients (``tc_grads``, reads x again and
+writes dx), about 96 us of a 1,506 us bfloat16 Adam step on an H100 (call 206). A row's
+loss gradient needs the row's logits, a sum over all features, while the weight
+gradient's sums run over rows: so one pass needs blocks that own feature slices (for
+the weight gradient's accumulators) to see whole rows' logits. Here a thread-block
+cluster of ``CL`` blocks spans the features, ``64 * WARPS`` per block, 64 per warp, and
+walks a chunk of rows in tiles of ``TR``:
+
+1. each warp copies its 64 features of the tile's rows into shared memory (``cp.async``,
+   ``STAGES`` tiles in flight, warp-private and swizzled so that both fragment reads below
+   are free of bank conflicts);
+2. its partial logits (``mma.sync.m16n8k16``: w's 16 padded classes x the tile's rows,
+   over its 64 features); the block adds its warps' partials, the cluster's blocks read
+   one another's through distributed shared memory and add them in rank order, so every
+   block holds the same logits;
+3. warp v takes rows v, v + WARPS, ...: ``_cuda_head``'s row of the loss (the xent
+   kernel's arithmetic) gives the row's loss gradient dy, rounded to 16 bits;
+4. ``tc_grads``' step on the tile: the weight gradient ``dy.T @ x`` into registers held
+   across the chunk (x read from shared memory, not again from DRAM), and the input
+   gradient ``(dy @ w) * relu'(aux)`` with its column sums.
+
+So x is read once and dx written once: 134 MB at that shape instead of 201. The chunks'
+weight-gradient and column-sum partials go through ``_cuda_skinny.sum_chunks``; the
+chunks' losses are added by the last lead block (``_cuda_tickets``). Logits add in
+another fixed order than ``tc_forward_xent``'s (per warp, per block, per rank), so y, dy
+and what follows agree with the two-kernel path to rounding, not bit for bit; all sums
+run in a fixed order (deterministic). Compute capability 9.0 (clusters).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy
+import numpy as np
+
+from fuseflow._dtypes import is_half
+from fuseflow.backend import _cuda_head as H
+from fuseflow.backend import _cuda_skinny as S
+from fuseflow.backend import _cuda_skinny_tc as TC
+from fuseflow.backend import _cuda_tickets as tickets
+from fuseflow.backend._cuda_fused import _LABEL_CTYPES, MUL_RN_SRC
+from fuseflow.backend._cuda_gemm import CLUSTER_SRC, MAX_CLUSTER
+from fuseflow.backend._env import env_int
+
+WARPS = 8            # warps per block, 64 features each
+FEATURES_PER_BLOCK = 64 * WARPS
+TR = 32              # rows per tile (a multiple of 16)
+STAGES = 3           # tiles of x in flight per warp
+DP = TR + 16         # dy's shared-memory pitch (halves): conflict-free fragment reads
+#: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
+#: once, or a second wave doubles the time. 16 clusters of 8 blocks fill 128 of an H100's
+#: or H200's 132 SMs (one block an SM: the tiles take most of the shared memory).
+CLUSTERS = 16
+
+_SRC = CLUSTER_SRC + r"""
+#define HSW (TR * 64)  // halves of one warp's slice of one tile
+// the swizzled 16-byte chunk of a row: ldmatrix's 8 consecutive rows and the weight
+// gradient's rows 4t + i (t = 0..3) x chunks g, g^1 land in distinct bank groups
+__device__ __forceinline__ int swz(int r) { return (r & 7) ^ ((r >> 2) & 2); }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_wait_stages() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
+}
+__device__ __forceinline__ void ldsm4(unsigned* r, const T* p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s) : "memory");
+}
+__device__ __forceinline__ void lds16(unsigned* r, const T* p) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+}
+// the float at p (this block's shared memory) in the shared memory of cluster block rank
+__device__ __forceinline__ float peer_float(const float* p, unsigned rank) {
+    const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(WARPS * 32, 1)
+tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+        const L* __restrict__ labels, const float* __restrict__ gscale,
+        const unsigned char* __restrict__ aux, long long ld, T* __restrict__ y,
+        float* __restrict__ wpart, T* __restrict__ dw, T* __restrict__ db,
+        T* __restrict__ dx, float* __restrict__ xpart, T* __restrict__ dxb,
+        A* __restrict__ losspart, A* __restrict__ loss, unsigned int* __restrict__ ticket,
+        long long B, long long F, long long RPC) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    T* hs = reinterpret_cast<T*>(smem);                        // [STAGES][WARPS][TR][64]
+    float* red = reinterpret_cast<float*>(hs + STAGES * WARPS * HSW);  // [WARPS][16][TR]
+    float* part = red + WARPS * 16 * TR;                       // [2][16][TR]: the block's sums
+    T* dyT = reinterpret_cast<T*>(part + 2 * 16 * TR);         // [16][DP]: dy transposed
+    unsigned char* msb = reinterpret_cast<unsigned char*>(dyT + 16 * DP);  // [2][TR][WARPS * 8]
+    __shared__ A rowloss[TR];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const bool lead = blockIdx.x == 0;  // the cluster spans x: its rank is blockIdx.x
+    const long long c0 = (long long)blockIdx.y * RPC;
+    const long long crows = (B - c0 < RPC) ? B - c0 : RPC;
+    const int tiles = crows > 0 ? (int)((crows + TR - 1) / TR) : 0;
+    const long long FC = F + (BGRADB ? 1 : 0);
+    const long long fb0 = (long long)blockIdx.x * WARPS * 64;
+    const long long fb = fb0 + (long long)warp * 64;
+    T* hw = hs + warp * HSW;
+
+    // tile i's rows of this warp's features into stage i % STAGES (zeros past the chunk)
+    auto load_tile = [&](int i) {
+        if (i < tiles) {
+            const long long r0 = c0 + (long long)i * TR;
+            T* dst = hw + (i % STAGES) * (WARPS * HSW);
+            #pragma unroll
+            for (int q = 0; q < TR * 8 / 32; ++q) {
+                const int e = q * 32 + lane, r = e >> 3, c = e & 7;
+                const bool ok = r0 + r < c0 + crows;
+                cp_async16(dst + r * 64 + ((c ^ swz(r)) << 3),
+                           x + (ok ? (r0 + r) * F + fb + 8 * c : 0), ok);
+            }
+        }
+        cp_commit();  // empty past the last tile: the group count stays uniform
+    };
+    // tile i's relu_aux bytes of the block's features, 8 a warp (ld % 8 == 0)
+    auto stage_mask = [&](int i) {
+        if (!DRELU || i >= tiles) return;
+        const long long r0 = c0 + (long long)i * TR;
+        unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
+        for (int e = threadIdx.x; e < TR * WARPS; e += WARPS * 32) {
+            const int r = e / WARPS, k = e - r * WARPS;
+            uint2 v = make_uint2(0u, 0u);
+            if (r0 + r < c0 + crows)
+                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * k);
+            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * k) = v;
+        }
+    };
+
+    for (int e = threadIdx.x; e < 16 * DP; e += WARPS * 32) dyT[e] = __float2half(0.f);
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
+    stage_mask(0);
+    // the logits' A words: w at classes g, g + 8 and features fb + 16s + (2t, 2t+1 | +8)
+    unsigned wa[4][4];
+    const T* w0 = w + (long long)g * F + fb + 2 * t;
+    const T* w1 = w0 + 8 * F;
+    #pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        wa[s][0] = g < N ? *reinterpret_cast<const unsigned*>(w0 + 16 * s) : 0u;
+        wa[s][1] = g + 8 < N ? *reinterpret_cast<const unsigned*>(w1 + 16 * s) : 0u;
+        wa[s][2] = g < N ? *reinterpret_cast<const unsigned*>(w0 + 16 * s + 8) : 0u;
+        wa[s][3] = g + 8 < N ? *reinterpret_cast<const unsigned*>(w1 + 16 * s + 8) : 0u;
+    }
+    // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
+@B_WORDS@
+    float acc[8][4], colsum[16];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    #pragma unroll
+    for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
+    A chunk_loss = (A)0;   // lead block, thread 0: the chunk's rows' losses, in order
+    float class_sum = 0.f; // lead block, warp 1, lane c < N: dy's column c over the chunk
+    const int mbyte = warp * 8 + t;
+
+    #pragma unroll 1
+    for (int i = 0; i < tiles; ++i) {
+        const long long r0 = c0 + (long long)i * TR;
+        const long long nrows = (c0 + crows - r0 < TR) ? c0 + crows - r0 : TR;
+        const T* ht = hw + (i % STAGES) * (WARPS * HSW);
+        const unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
+        float* pw = part + (i & 1) * 16 * TR;
+        cp_wait_stages();  // this thread's copies of tile i are done
+        __syncwarp();      // and the warp's (the slice is warp-private)
+        load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
+
+        // 2. the warp's partial logits, transposed: lg[n] = D(classes, rows 8n..8n+7)
+        float lg[TR / 8][4];
+        #pragma unroll
+        for (int n = 0; n < TR / 8; ++n) {
+            lg[n][0] = lg[n][1] = lg[n][2] = lg[n][3] = 0.f;
+            const int r = 8 * n + (lane & 7);
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {  // chunks 4h..4h+3: k16 steps 2h and 2h + 1
+                const int c = 4 * h + (lane >> 3);
+                unsigned m[4];
+                ldsm4(m, ht + r * 64 + ((c ^ swz(r)) << 3));
+                mma16816(lg[n], wa[2 * h], m[0], m[1]);
+                mma16816(lg[n], wa[2 * h + 1], m[2], m[3]);
+            }
+        }
+        float* rw = red + warp * 16 * TR;
+        #pragma unroll
+        for (int n = 0; n < TR / 8; ++n) {
+            rw[g * TR + 8 * n + 2 * t] = lg[n][0];
+            rw[g * TR + 8 * n + 2 * t + 1] = lg[n][1];
+            rw[(g + 8) * TR + 8 * n + 2 * t] = lg[n][2];
+            rw[(g + 8) * TR + 8 * n + 2 * t + 1] = lg[n][3];
+        }
+        __syncthreads();   // every warp is past tile i - 1 too: its mask buffer is free
+        stage_mask(i + 1);
+        for (int e = threadIdx.x; e < 16 * TR; e += WARPS * 32) {
+            float s = 0.f;
+            #pragma unroll
+            for (int v = 0; v < WARPS; ++v) s += red[v * 16 * TR + e];
+            pw[e] = s;
+        }
+        cluster_sync();    // the blocks' sums are visible cluster-wide
+
+        // 3. warp v: rows v, v + WARPS, ...: logits in lanes 0..N-1, the row's loss and dy
+        for (int rw_ = warp; rw_ < TR; rw_ += WARPS) {
+            const long long row = r0 + rw_;
+            A rl = (A)0;
+            if (rw_ < nrows) {  // whole warps
+                const bool active = lane < N;
+                A v = (A)0;
+                if (active) {
+                    #pragma unroll
+                    for (int q = 0; q < CL; ++q) v += peer_float(pw + lane * TR + rw_, q);
+                    if (HAS_BIAS) v += __half2float(bias[lane]);
+                }
+@ROW_XENT@
+                if (lane < 16) dyT[lane * DP + rw_] = active ? gt : __float2half(0.f);
+            } else if (lane < 16) {
+                dyT[lane * DP + rw_] = __float2half(0.f);
+            }
+            if (lane == 0) rowloss[rw_] = rl;
+        }
+        __syncthreads();
+        if (lead && threadIdx.x == 0) {
+            A s = (A)0;
+            for (int r = 0; r < TR; ++r) s += rowloss[r];
+            chunk_loss += s;
+        }
+        if (BGRADB && lead && warp == 1 && lane < N) {
+            float s = 0.f;
+            for (int r = 0; r < TR; ++r) s += __half2float(dyT[lane * DP + r]);
+            class_sum += s;
+        }
+
+        // 4. both gradients on the tile (tc_grads' step, x from shared memory)
+        #pragma unroll
+        for (int kb = 0; kb < TR; kb += 16) {
+            {   // the weight gradient: rows kb + 4t .. + 3 (logical columns 2t, 2t+1, +8)
+                const int r = kb + 4 * t;
+                unsigned v0[4], v1[4], v2[4], v3[4];
+                lds16(v0, ht + r * 64 + ((g ^ swz(r)) << 3));
+                lds16(v1, ht + (r + 1) * 64 + ((g ^ swz(r + 1)) << 3));
+                lds16(v2, ht + (r + 2) * 64 + ((g ^ swz(r + 2)) << 3));
+                lds16(v3, ht + (r + 3) * 64 + ((g ^ swz(r + 3)) << 3));
+                const uint2 lo = *reinterpret_cast<const uint2*>(dyT + g * DP + r);
+                const uint2 hi = *reinterpret_cast<const uint2*>(dyT + (g + 8) * DP + r);
+                const unsigned a[4] = {lo.x, hi.x, lo.y, hi.y};
+                #pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
+            }
+            // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
+            const T* dc = dyT + kb + 2 * g;
+            const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * DP);
+            const unsigned q1 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 1) * DP);
+            const unsigned q2 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 8) * DP);
+            const unsigned q3 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 9) * DP);
+            const unsigned ad[4] = {__byte_perm(q0, q1, 0x5410), __byte_perm(q0, q1, 0x7632),
+                                    __byte_perm(q2, q3, 0x5410), __byte_perm(q2, q3, 0x7632)};
+            float d[8][4];
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+                mma16816(d[j], ad, b[j][0], b[j][1]);
+            }
+@DX_STORE@
+        }
+    }
+    cluster_sync();  // no block leaves while another may still read its sums
+    // the weight gradient's results (tc_wgrad's), the input gradient's column sums
+@WGRAD_STORE@
+@COLSUMS@
+    if (lead) {
+        if (BGRADB && warp == 1 && lane < N) {
+            if (gridDim.y == 1) db[lane] = __float2half_rn(class_sum);
+            else wpart[((long long)blockIdx.y * N + lane) * FC + F] = class_sum;
+        }
+        if (threadIdx.x == 0) losspart[blockIdx.y] = chunk_loss;
+        if (last_arrival(ticket, gridDim.y) && warp == 0) {  // the lead blocks, in order
+            A s = (A)0;
+            for (long long c = lane; c < gridDim.y; c += 32) s += __ldcg(losspart + c);
+            #pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+            if (lane == 0) loss[0] = s / (A)B;
+        }
+    }
+}
+"""
+
+# the loss row of _cuda_head, its logits stored by the lead block only
+_ROW_XENT = H.ROW_XENT_SRC.replace("if (active) y[row * N + lane] = yt;",
+                                   "if (active && lead) y[row * N + lane] = yt;")
+if _ROW_XENT == H.ROW_XENT_SRC:
+    raise ValueError("kernel text: _cuda_head.ROW_XENT_SRC no longer stores y as expected")
+
+
+def cluster_size(features: int) -> int:
+    """Blocks of a cluster: the features over 64 per warp, ``WARPS`` warps a block."""
+    return features // FEATURES_PER_BLOCK
+
+
+def shared_bytes() -> int:
+    """The kernel's dynamic shared memory: tiles, warp sums, block sums, dy, mask bytes."""
+    return (STAGES * WARPS * TR * 64 * 2 + WARPS * 16 * TR * 4 + 2 * 16 * TR * 4
+            + 16 * DP * 2 + 2 * TR * WARPS * 8)
+
+
+@functools.cache
+def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16):
+    src = TC._fill(_SRC.replace("@ROW_XENT@\n", _ROW_XENT), WPART="wpart", DB="dxb",
+                   XPART="xpart", DACC="d", DROW="2 * g + h")
+    head = TC._COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
+    head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
+    defines = {"CL": cl, "WARPS": WARPS, "TR": TR, "STAGES": STAGES, "DP": DP,
+               "HAS_BIAS": int(has_bias), "BGRADB": int(bgradb), "DRELU": int(drelu),
+               "BGRAD": int(bgrad)}
+    head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    return cupy.RawKernel(TC._source(head + src, dtype), "tc_head")
+
+
+def supported(x, w, labels) -> bool:
+    """float16 or bfloat16 x (B, F) and w (N, F), C-contiguous and 16-byte aligned, at most
+    16 classes, F a multiple of ``FEATURES_PER_BLOCK`` in at most ``MAX_CLUSTER`` blocks,
+    at least ``_cuda_skinny_tc.MIN_ELEMENTS`` batch x features, labels one per row of a
+    dtype the kernel reads, on a GPU of compute capability 9.0 or later (clusters)."""
+    batch, features = x.shape
+    return (is_half(x.dtype) and w.dtype == x.dtype and 0 < w.shape[0] <= TC.MAX_N
+            and w.shape[1] == features and features % FEATURES_PER_BLOCK == 0
+            and 0 < cluster_size(features) <= MAX_CLUSTER
+            and batch * features >= TC.MIN_ELEMENTS
+            and x.flags.c_contiguous and w.flags.c_contiguous and TC._aligned(x, w)
+            and TC.xent_supported(x, labels)
+            and int(cupy.cuda.Device().compute_capability) >= 90)
+
+
+def clusters() -> int:
+    """``CLUSTERS``, or ``FUSEFLOW_TC_HEAD_CLUSTERS`` (benchmarks sweep it)."""
+    return max(1, env_int("FUSEFLOW_TC_HEAD_CLUSTERS", CLUSTERS))
+
+
+def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgrad_x: bool,
+                  n_clusters=None):
+    """``(loss, y, dw, db, dx, dbx)`` for a ``supported`` output layer: ``(loss, y, dy) =
+    _cuda_skinny_tc.forward_xent(x, w, bias, labels, grad_scale)`` followed by
+    ``_cuda_skinny_tc.grads(dy, x, w, aux, ld, bgrad_w=..., bgrad_x=...)``, in one launch
+    (plus the partials' sums). ``n_clusters``: the grid's clusters (default ``clusters()``)."""
+    batch, features = x.shape
+    n = w.shape[0]
+    cl = cluster_size(features)
+    y = cupy.empty((batch, n), dtype=x.dtype)
+    dx = cupy.empty((batch, features), dtype=x.dtype)
+    dw = cupy.empty((n, features), dtype=x.dtype)
+    db = cupy.empty(n, dtype=x.dtype) if bgrad_w else None
+    dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
+    aux, ld = TC._aux_aligned(aux, ld, batch)
+    tiles = -(-batch // TR)
+    per_chunk = -(-tiles // (n_clusters or clusters())) * TR
+    chunks = -(-batch // per_chunk)
+    fc = features + (1 if bgrad_w else 0)
+    wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
+    xpart = cupy.empty((chunks, features), dtype=np.float32) if bgrad_x and chunks > 1 \
+        else None
+    losspart = cupy.empty(chunks, dtype=cupy.float32)
+    loss = cupy.empty((), dtype=cupy.float32)
+    kern = _kernel(n, cl, bias is not None, bgrad_w, aux is not None, bgrad_x,
+                   np.dtype(labels.dtype), x.dtype)
+    smem = shared_bytes()
+    if kern.max_dynamic_shared_size_bytes < smem:
+        kern.max_dynamic_shared_size_bytes = smem
+    null = np.uintp(0)
+    kern((cl, chunks), (32 * WARPS,),
+         (x, w, bias if bias is not None else null, labels,
+          grad_scale if grad_scale is not None else null, aux if aux is not None else null,
+          np.int64(ld), y, wpart if wpart is not None else null, dw,
+          db if bgrad_w else null, dx, xpart if xpart is not None else null,
+          dbx if bgrad_x else null, losspart, loss, tickets.counters(1), np.int64(batch),
+          np.int64(features), np.int64(per_chunk)),
+         shared_mem=smem)
+    if wpart is not None:
+        S.sum_chunks(wpart, dw, db, n, features, fc)
+    if xpart is not None:
+        S.sum_chunks(xpart, dbx, None, 1, features, features)
+    return loss, y, dw, db, dx, dbx
