@@ -1,11 +1,12 @@
 """The one-pass output layer (``_cuda_tc_head``) against its two kernels, alone on the GPU.
 
-    python benchmarks/tc_head_sweep.py --out DIR [--clusters 8,12,14,16,20,24,32]
+    python benchmarks/tc_head_sweep.py --out DIR [--clusters 8,12,16,24] [--tiles 32x3,48x3]
 
 At 784-4096-4096-10's output layer (batch 8192, 4096 features, 10 classes, bfloat16, with
 the ReLU mask and both bias gradients): ``_cuda_skinny_tc.forward_xent`` followed by
 ``grads`` (today's path, two launches plus the partials' sums) and ``_cuda_tc_head.
-forward_grads`` at each cluster count (the grid's row chunks). Each variant is captured
+forward_grads`` at each cluster count (the grid's row chunks) and each tile shape (rows
+per tile x tiles in flight, ``TR`` x ``STAGES``). Each variant is captured
 in a CUDA graph of 20 calls and replayed; the median over 7 replays, in us per call, with
 the bandwidth that x read once and dx written once would need. JSON out.
 """
@@ -50,7 +51,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tag", default="")
-    ap.add_argument("--clusters", default="8,12,14,16,20,24,32")
+    ap.add_argument("--clusters", default="7,12,13,14,15,16,28")
+    ap.add_argument("--tiles", default="32x3,32x4,16x3",
+                    help="rows per tile x stages, each timed at the default cluster count")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--features", type=int, default=4096)
     ap.add_argument("--classes", type=int, default=10)
@@ -80,12 +83,20 @@ def main():
         TC.grads(dy, h, w, aux, ld, bgrad_w=True, bgrad_x=True)
 
     rows = [{"variant": "forward_xent + grads", "us": graph_us(cp, two)}]
+    def one(c=None):
+        HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True,
+                         n_clusters=c)
+
+    default = (HD.TR, HD.STAGES)
     for c in [int(v) for v in args.clusters.split(",")]:
-        def one(c=c):
-            HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True,
-                             n_clusters=c)
-        rows.append({"variant": f"tc_head, {c} clusters", "clusters": c,
+        rows.append({"variant": f"tc_head, {c} clusters", "clusters": c, "tr": HD.TR,
+                     "stages": HD.STAGES, "us": graph_us(cp, lambda c=c: one(c))})
+    for tile in args.tiles.split(","):
+        HD.TR, HD.STAGES = (int(v) for v in tile.split("x"))
+        rows.append({"variant": f"tc_head, {HD.TR} rows x {HD.STAGES} stages",
+                     "clusters": HD.clusters(), "tr": HD.TR, "stages": HD.STAGES,
                      "us": graph_us(cp, one)})
+    HD.TR, HD.STAGES = default
     moved = 2 * batch * features * h.itemsize + aux.nbytes  # x once, dx once, the mask
     for r in rows:
         r["tb_per_s_at_one_pass"] = moved / r["us"] / 1e6

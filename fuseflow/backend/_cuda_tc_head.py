@@ -39,7 +39,6 @@ import cupy
 import numpy as np
 
 from fuseflow._dtypes import is_half
-from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend import _cuda_tickets as tickets
@@ -49,13 +48,16 @@ from fuseflow.backend._env import env_int
 
 WARPS = 8            # warps per block, 64 features each
 FEATURES_PER_BLOCK = 64 * WARPS
-TR = 32              # rows per tile (a multiple of 16)
-STAGES = 3           # tiles of x in flight per warp
-DP = TR + 16         # dy's shared-memory pitch (halves): conflict-free fragment reads
+#: Rows per tile (a multiple of 16) and tiles of x in flight per warp; read at each call
+#: (benchmarks set them), the kernel built per value.
+TR = 32
+STAGES = 3
+MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on compute capability 9.0
 #: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
-#: once, or a second wave doubles the time. 16 clusters of 8 blocks fill 128 of an H100's
-#: or H200's 132 SMs (one block an SM: the tiles take most of the shared memory).
-CLUSTERS = 16
+#: once, or a second wave doubles the time. One block an SM (the tiles take most of the
+#: shared memory); an H100 ran 14 clusters of 8 blocks at once (call 214: 15-32 clusters
+#: took two or three waves' time), 112 of its 132 SMs.
+CLUSTERS = 14
 
 _SRC = CLUSTER_SRC + r"""
 #define HSW (TR * 64)  // halves of one warp's slice of one tile
@@ -70,7 +72,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
 __device__ __forceinline__ void cp_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
-__device__ __forceinline__ void cp_wait_stages() {
+__device__ __forceinline__ void cp_wait_stages() {  // all but the newest STAGES - 2 groups
     asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
 }
 __device__ __forceinline__ void ldsm4(unsigned* r, const T* p) {
@@ -82,14 +84,14 @@ __device__ __forceinline__ void lds16(unsigned* r, const T* p) {
     const uint4 v = *reinterpret_cast<const uint4*>(p);
     r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
 }
-// the float at p (this block's shared memory) in the shared memory of cluster block rank
-__device__ __forceinline__ float peer_float(const float* p, unsigned rank) {
+// two floats into the shared memory of cluster block rank, where p is in this block's
+// (a store: nothing waits for it; the next cluster barrier makes it visible)
+__device__ __forceinline__ void push2(float* p, unsigned rank, float a, float b) {
     const unsigned local = (unsigned)__cvta_generic_to_shared(p);
     unsigned remote;
-    float v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};"
+                 :: "r"(remote), "f"(a), "f"(b) : "memory");
 }
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(WARPS * 32, 1)
@@ -100,15 +102,16 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         T* __restrict__ dx, float* __restrict__ xpart, T* __restrict__ dxb,
         A* __restrict__ losspart, A* __restrict__ loss, unsigned int* __restrict__ ticket,
         long long B, long long F, long long RPC) {
+    static_assert(TR <= 32, "one thread of warp 0 per row of a tile");
     extern __shared__ __align__(128) unsigned char smem[];
     T* hs = reinterpret_cast<T*>(smem);                        // [STAGES][WARPS][TR][64]
     float* red = reinterpret_cast<float*>(hs + STAGES * WARPS * HSW);  // [WARPS][16][TR]
-    float* part = red + WARPS * 16 * TR;                       // [2][16][TR]: the block's sums
-    T* dyT = reinterpret_cast<T*>(part + 2 * 16 * TR);         // [16][DP]: dy transposed
+    float* gat = red + WARPS * 16 * TR;             // [2][CL][16][TR]: every block's sums
+    T* dyT = reinterpret_cast<T*>(gat + 2 * CL * 16 * TR);     // [16][DP]: dy transposed
     unsigned char* msb = reinterpret_cast<unsigned char*>(dyT + 16 * DP);  // [2][TR][WARPS * 8]
-    __shared__ A rowloss[TR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const bool lead = blockIdx.x == 0;  // the cluster spans x: its rank is blockIdx.x
+    const unsigned rank = blockIdx.x;  // the cluster spans x
+    const bool lead = rank == 0;
     const long long c0 = (long long)blockIdx.y * RPC;
     const long long crows = (B - c0 < RPC) ? B - c0 : RPC;
     const int tiles = crows > 0 ? (int)((crows + TR - 1) / TR) : 0;
@@ -146,10 +149,6 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         }
     };
 
-    for (int e = threadIdx.x; e < 16 * DP; e += WARPS * 32) dyT[e] = __float2half(0.f);
-    #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
-    stage_mask(0);
     // the logits' A words: w at classes g, g + 8 and features fb + 16s + (2t, 2t+1 | +8)
     unsigned wa[4][4];
     const T* w0 = w + (long long)g * F + fb + 2 * t;
@@ -161,6 +160,55 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         wa[s][2] = g < N ? *reinterpret_cast<const unsigned*>(w0 + 16 * s + 8) : 0u;
         wa[s][3] = g + 8 < N ? *reinterpret_cast<const unsigned*>(w1 + 16 * s + 8) : 0u;
     }
+    // tile i's partial logits of this warp's features, transposed: D(classes, rows) into
+    // red[warp] (tile i's x must be in shared memory)
+    auto warp_logits = [&](int i) {
+        const T* ht = hw + (i % STAGES) * (WARPS * HSW);
+        float* rw = red + warp * 16 * TR;
+        #pragma unroll
+        for (int n = 0; n < TR / 8; ++n) {
+            float lg[4] = {0.f, 0.f, 0.f, 0.f};
+            const int r = 8 * n + (lane & 7);
+            #pragma unroll
+            for (int h = 0; h < 2; ++h) {  // chunks 4h..4h+3: k16 steps 2h and 2h + 1
+                const int c = 4 * h + (lane >> 3);
+                unsigned m[4];
+                ldsm4(m, ht + r * 64 + ((c ^ swz(r)) << 3));
+                mma16816(lg, wa[2 * h], m[0], m[1]);
+                mma16816(lg, wa[2 * h + 1], m[2], m[3]);
+            }
+            rw[g * TR + 8 * n + 2 * t] = lg[0];
+            rw[g * TR + 8 * n + 2 * t + 1] = lg[1];
+            rw[(g + 8) * TR + 8 * n + 2 * t] = lg[2];
+            rw[(g + 8) * TR + 8 * n + 2 * t + 1] = lg[3];
+        }
+    };
+    // after a barrier: the block's sums of tile i's partials (warps in order), pushed to
+    // slot [rank] of every block of the cluster (this one too)
+    auto push_logits = [&](int i) {
+        float* slot = gat + ((i & 1) * CL + rank) * 16 * TR;
+        for (int e = 2 * threadIdx.x; e < 16 * TR; e += 2 * WARPS * 32) {
+            float s0 = 0.f, s1 = 0.f;
+            #pragma unroll
+            for (int v = 0; v < WARPS; ++v) {
+                s0 += red[v * 16 * TR + e];
+                s1 += red[v * 16 * TR + e + 1];
+            }
+            #pragma unroll
+            for (int q = 0; q < CL; ++q) push2(slot + e, q, s0, s1);
+        }
+    };
+
+    for (int e = threadIdx.x; e < 16 * DP; e += WARPS * 32) dyT[e] = __float2half(0.f);
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
+    stage_mask(0);
+    cp_wait_stages();  // tile 0
+    __syncwarp();
+    if (tiles > 0) warp_logits(0);
+    __syncthreads();
+    if (tiles > 0) push_logits(0);
+
     // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
 @B_WORDS@
     float acc[8][4], colsum[16];
@@ -168,86 +216,82 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     #pragma unroll
     for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
-    A chunk_loss = (A)0;   // lead block, thread 0: the chunk's rows' losses, in order
-    float class_sum = 0.f; // lead block, warp 1, lane c < N: dy's column c over the chunk
+    // warp 0, lane r: the losses of the chunk's rows r, r + TR, ... and (lead block, with
+    // BGRADB) their loss gradients' sums per class; added over lanes at the end
+    A lane_loss = (A)0;
+    float class_sum[N];
+    #pragma unroll
+    for (int j = 0; j < N; ++j) class_sum[j] = 0.f;
     const int mbyte = warp * 8 + t;
 
+    // Tile i: its logits' partials were pushed in the step before; the next tile's are
+    // made and pushed before this tile's gradients, so the cluster barrier that waits
+    // for them finds them there.
     #pragma unroll 1
     for (int i = 0; i < tiles; ++i) {
         const long long r0 = c0 + (long long)i * TR;
         const long long nrows = (c0 + crows - r0 < TR) ? c0 + crows - r0 : TR;
         const T* ht = hw + (i % STAGES) * (WARPS * HSW);
         const unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
-        float* pw = part + (i & 1) * 16 * TR;
-        cp_wait_stages();  // this thread's copies of tile i are done
-        __syncwarp();      // and the warp's (the slice is warp-private)
-        load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
-
-        // 2. the warp's partial logits, transposed: lg[n] = D(classes, rows 8n..8n+7)
-        float lg[TR / 8][4];
-        #pragma unroll
-        for (int n = 0; n < TR / 8; ++n) {
-            lg[n][0] = lg[n][1] = lg[n][2] = lg[n][3] = 0.f;
-            const int r = 8 * n + (lane & 7);
-            #pragma unroll
-            for (int h = 0; h < 2; ++h) {  // chunks 4h..4h+3: k16 steps 2h and 2h + 1
-                const int c = 4 * h + (lane >> 3);
-                unsigned m[4];
-                ldsm4(m, ht + r * 64 + ((c ^ swz(r)) << 3));
-                mma16816(lg[n], wa[2 * h], m[0], m[1]);
-                mma16816(lg[n], wa[2 * h + 1], m[2], m[3]);
-            }
-        }
-        float* rw = red + warp * 16 * TR;
-        #pragma unroll
-        for (int n = 0; n < TR / 8; ++n) {
-            rw[g * TR + 8 * n + 2 * t] = lg[n][0];
-            rw[g * TR + 8 * n + 2 * t + 1] = lg[n][1];
-            rw[(g + 8) * TR + 8 * n + 2 * t] = lg[n][2];
-            rw[(g + 8) * TR + 8 * n + 2 * t + 1] = lg[n][3];
-        }
-        __syncthreads();   // every warp is past tile i - 1 too: its mask buffer is free
+        cluster_sync();   // tile i's sums are in every block; all are past tile i - 1
         stage_mask(i + 1);
-        for (int e = threadIdx.x; e < 16 * TR; e += WARPS * 32) {
-            float s = 0.f;
-            #pragma unroll
-            for (int v = 0; v < WARPS; ++v) s += red[v * 16 * TR + e];
-            pw[e] = s;
-        }
-        cluster_sync();    // the blocks' sums are visible cluster-wide
+        load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
+        cp_wait_stages();  // tile i + 1's copies are done (this thread's, then the warp's)
+        __syncwarp();
 
-        // 3. warp v: rows v, v + WARPS, ...: logits in lanes 0..N-1, the row's loss and dy
-        for (int rw_ = warp; rw_ < TR; rw_ += WARPS) {
-            const long long row = r0 + rw_;
-            A rl = (A)0;
-            if (rw_ < nrows) {  // whole warps
-                const bool active = lane < N;
-                A v = (A)0;
-                if (active) {
+        // the rows' loss and dy: thread r of warp 0 takes row r (the xent kernel's
+        // arithmetic, as _cuda_head's row of the loss)
+        if (warp == 0) {
+            const int r = lane;
+            const float* gi = gat + (i & 1) * CL * 16 * TR;
+            if (r < TR && r < nrows) {
+                const long long row = r0 + r;
+                A e[N];
+                T yt[N];
+                #pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    A v = (A)0;
                     #pragma unroll
-                    for (int q = 0; q < CL; ++q) v += peer_float(pw + lane * TR + rw_, q);
-                    if (HAS_BIAS) v += __half2float(bias[lane]);
+                    for (int q = 0; q < CL; ++q) v += gi[(q * 16 + j) * TR + r];
+                    if (HAS_BIAS) v += __half2float(bias[j]);
+                    yt[j] = (T)v;
+                    e[j] = (A)yt[j];  // what the loss kernel reads back
                 }
-@ROW_XENT@
-                if (lane < 16) dyT[lane * DP + rw_] = active ? gt : __float2half(0.f);
-            } else if (lane < 16) {
-                dyT[lane * DP + rw_] = __float2half(0.f);
+                if (lead) {
+                    #pragma unroll
+                    for (int j = 0; j < N; ++j) y[row * N + j] = yt[j];
+                }
+                const int label = (int)labels[row];
+                A m = e[0];
+                #pragma unroll
+                for (int j = 1; j < N; ++j) m = max(m, e[j]);
+                A s = 0, zy = 0;
+                #pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    if (j == label) zy = e[j];
+                    e[j] = exp(e[j] - m);
+                    s += e[j];
+                }
+                lane_loss += log(s) - (zy - m);
+                const A rs = (A)1 / s;
+                const A inv_n = (A)1 / (A)B;
+                #pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const A gj = (e[j] * rs - (j == label ? (A)1 : (A)0)) * inv_n;
+                    const T gt = (T)(gscale ? mul_rn(gj, (A)gscale[0]) : gj);
+                    dyT[j * DP + r] = gt;
+                    if (BGRADB && lead) class_sum[j] += __half2float(gt);
+                }
+            } else if (r < TR) {
+                #pragma unroll
+                for (int j = 0; j < N; ++j) dyT[j * DP + r] = __float2half(0.f);
             }
-            if (lane == 0) rowloss[rw_] = rl;
         }
-        __syncthreads();
-        if (lead && threadIdx.x == 0) {
-            A s = (A)0;
-            for (int r = 0; r < TR; ++r) s += rowloss[r];
-            chunk_loss += s;
-        }
-        if (BGRADB && lead && warp == 1 && lane < N) {
-            float s = 0.f;
-            for (int r = 0; r < TR; ++r) s += __half2float(dyT[lane * DP + r]);
-            class_sum += s;
-        }
+        if (i + 1 < tiles) warp_logits(i + 1);
+        __syncthreads();  // dy of tile i, and the warps' partials of tile i + 1
+        if (i + 1 < tiles) push_logits(i + 1);
 
-        // 4. both gradients on the tile (tc_grads' step, x from shared memory)
+        // both gradients on tile i (tc_grads' step, x from shared memory)
         #pragma unroll
         for (int kb = 0; kb < TR; kb += 16) {
             {   // the weight gradient: rows kb + 4t .. + 3 (logical columns 2t, 2t+1, +8)
@@ -281,52 +325,58 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
 @DX_STORE@
         }
     }
-    cluster_sync();  // no block leaves while another may still read its sums
+    cluster_sync();  // no block leaves while a peer may still write into it
     // the weight gradient's results (tc_wgrad's), the input gradient's column sums
 @WGRAD_STORE@
 @COLSUMS@
-    if (lead) {
-        if (BGRADB && warp == 1 && lane < N) {
-            if (gridDim.y == 1) db[lane] = __float2half_rn(class_sum);
-            else wpart[((long long)blockIdx.y * N + lane) * FC + F] = class_sum;
-        }
-        if (threadIdx.x == 0) losspart[blockIdx.y] = chunk_loss;
-        if (last_arrival(ticket, gridDim.y) && warp == 0) {  // the lead blocks, in order
-            A s = (A)0;
-            for (long long c = lane; c < gridDim.y; c += 32) s += __ldcg(losspart + c);
+    if (lead && warp == 0) {  // the lanes' sums in a fixed tree, then the chunks in order
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) lane_loss += __shfl_xor_sync(FULL, lane_loss, o);
+        #pragma unroll
+        for (int j = 0; j < N; ++j) {
+            float v = class_sum[j];
             #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
-            if (lane == 0) loss[0] = s / (A)B;
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if (BGRADB && lane == 0) {
+                if (gridDim.y == 1) db[j] = __float2half_rn(v);
+                else wpart[((long long)blockIdx.y * N + j) * FC + F] = v;
+            }
         }
+        if (lane == 0) losspart[blockIdx.y] = lane_loss;
+    }
+    if (lead && last_arrival(ticket, gridDim.y) && warp == 0) {  // the lead blocks
+        A s = (A)0;
+        for (long long c = lane; c < gridDim.y; c += 32) s += __ldcg(losspart + c);
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL, s, o);
+        if (lane == 0) loss[0] = s / (A)B;
     }
 }
 """
-
-# the loss row of _cuda_head, its logits stored by the lead block only
-_ROW_XENT = H.ROW_XENT_SRC.replace("if (active) y[row * N + lane] = yt;",
-                                   "if (active && lead) y[row * N + lane] = yt;")
-if _ROW_XENT == H.ROW_XENT_SRC:
-    raise ValueError("kernel text: _cuda_head.ROW_XENT_SRC no longer stores y as expected")
-
 
 def cluster_size(features: int) -> int:
     """Blocks of a cluster: the features over 64 per warp, ``WARPS`` warps a block."""
     return features // FEATURES_PER_BLOCK
 
 
-def shared_bytes() -> int:
-    """The kernel's dynamic shared memory: tiles, warp sums, block sums, dy, mask bytes."""
-    return (STAGES * WARPS * TR * 64 * 2 + WARPS * 16 * TR * 4 + 2 * 16 * TR * 4
-            + 16 * DP * 2 + 2 * TR * WARPS * 8)
+def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER) -> int:
+    """The kernel's dynamic shared memory: tiles, warp sums, the cluster's block sums, dy
+    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes."""
+    return (stages * WARPS * tr * 64 * 2 + WARPS * 16 * tr * 4 + 2 * cl * 16 * tr * 4
+            + 16 * (tr + 16) * 2 + 2 * tr * WARPS * 8)
 
 
 @functools.cache
-def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16):
-    src = TC._fill(_SRC.replace("@ROW_XENT@\n", _ROW_XENT), WPART="wpart", DB="dxb",
-                   XPART="xpart", DACC="d", DROW="2 * g + h")
+def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16, tr=32,
+            stages=3):
+    src = TC._fill(_SRC, WPART="wpart", DB="dxb", XPART="xpart", DACC="d", DROW="2 * g + h")
     head = TC._COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
     head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
-    defines = {"CL": cl, "WARPS": WARPS, "TR": TR, "STAGES": STAGES, "DP": DP,
+    if tr not in (16, 32) or stages not in (3, 4) or shared_bytes(tr, stages, cl) > MAX_SHARED:
+        raise ValueError(f"_cuda_tc_head: rows per tile must be 16 or 32 and stages 3 or 4, "
+                         f"in at most {MAX_SHARED} bytes of shared memory, got TR={tr}, "
+                         f"STAGES={stages} ({shared_bytes(tr, stages, cl)} bytes)")
+    defines = {"CL": cl, "WARPS": WARPS, "TR": tr, "STAGES": stages, "DP": tr + 16,
                "HAS_BIAS": int(has_bias), "BGRADB": int(bgradb), "DRELU": int(drelu),
                "BGRAD": int(bgrad)}
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
@@ -368,8 +418,9 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     db = cupy.empty(n, dtype=x.dtype) if bgrad_w else None
     dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
     aux, ld = TC._aux_aligned(aux, ld, batch)
-    tiles = -(-batch // TR)
-    per_chunk = -(-tiles // (n_clusters or clusters())) * TR
+    tr, stages = TR, STAGES
+    tiles = -(-batch // tr)
+    per_chunk = -(-tiles // (n_clusters or clusters())) * tr
     chunks = -(-batch // per_chunk)
     fc = features + (1 if bgrad_w else 0)
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
@@ -378,8 +429,8 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     losspart = cupy.empty(chunks, dtype=cupy.float32)
     loss = cupy.empty((), dtype=cupy.float32)
     kern = _kernel(n, cl, bias is not None, bgrad_w, aux is not None, bgrad_x,
-                   np.dtype(labels.dtype), x.dtype)
-    smem = shared_bytes()
+                   np.dtype(labels.dtype), x.dtype, tr, stages)
+    smem = shared_bytes(tr, stages, cl)
     if kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem
     null = np.uintp(0)
