@@ -69,6 +69,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool ok) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n"
+                 :: "r"(s), "l"(src), "r"(ok ? 8 : 0) : "memory");
+}
 __device__ __forceinline__ void cp_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -135,17 +140,17 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         }
         cp_commit();  // empty past the last tile: the group count stays uniform
     };
-    // tile i's relu_aux bytes of the block's features, 8 a warp (ld % 8 == 0)
+    // tile i's relu_aux bytes of the block's features, 8 a warp (ld % 8 == 0), copied
+    // asynchronously: they join the next committed group of tile copies
     auto stage_mask = [&](int i) {
         if (!DRELU || i >= tiles) return;
         const long long r0 = c0 + (long long)i * TR;
         unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
         for (int e = threadIdx.x; e < TR * WARPS; e += WARPS * 32) {
             const int r = e / WARPS, k = e - r * WARPS;
-            uint2 v = make_uint2(0u, 0u);
-            if (r0 + r < c0 + crows)
-                v = *reinterpret_cast<const uint2*>(aux + (r0 + r) * ld + fb0 / 8 + 8 * k);
-            *reinterpret_cast<uint2*>(ms + r * (WARPS * 8) + 8 * k) = v;
+            const bool ok = r0 + r < c0 + crows;
+            cp_async8(ms + r * (WARPS * 8) + 8 * k,
+                      aux + (ok ? (r0 + r) * ld + fb0 / 8 + 8 * k : 0), ok);
         }
     };
 
@@ -200,9 +205,9 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     };
 
     for (int e = threadIdx.x; e < 16 * DP; e += WARPS * 32) dyT[e] = __float2half(0.f);
+    stage_mask(0);  // in tile 0's group
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
-    stage_mask(0);
     cp_wait_stages();  // tile 0
     __syncwarp();
     if (tiles > 0) warp_logits(0);
@@ -223,6 +228,13 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     #pragma unroll
     for (int j = 0; j < N; ++j) class_sum[j] = 0.f;
     const int mbyte = warp * 8 + t;
+    // warp 0 (the loss): the bias and the loss scale once, each tile's labels a step ahead
+    A bias_v[N];
+    #pragma unroll
+    for (int j = 0; j < N; ++j)
+        bias_v[j] = HAS_BIAS && warp == 0 ? (A)__half2float(bias[j]) : (A)0;
+    const A scale_v = gscale && warp == 0 ? (A)gscale[0] : (A)1;
+    int label_next = warp == 0 && lane < TR && lane < crows ? (int)labels[c0 + lane] : 0;
 
     // Tile i: its logits' partials were pushed in the step before; the next tile's are
     // made and pushed before this tile's gradients, so the cluster barrier that waits
@@ -234,16 +246,19 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         const T* ht = hw + (i % STAGES) * (WARPS * HSW);
         const unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
         cluster_sync();   // tile i's sums are in every block; all are past tile i - 1
-        stage_mask(i + 1);
+        stage_mask(i + 1);          // (read after the barrier of the next step)
         load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
-        cp_wait_stages();  // tile i + 1's copies are done (this thread's, then the warp's)
-        __syncwarp();
+        cp_wait_stages();  // tile i + 1's copies (and its mask bytes) are done, this
+        __syncwarp();      // thread's, then the warp's
 
         // the rows' loss and dy: thread r of warp 0 takes row r (the xent kernel's
         // arithmetic, as _cuda_head's row of the loss)
         if (warp == 0) {
             const int r = lane;
             const float* gi = gat + (i & 1) * CL * 16 * TR;
+            const int label = label_next;
+            if (r < TR && (i + 1) * TR + r < crows)
+                label_next = (int)labels[c0 + (i + 1) * TR + r];
             if (r < TR && r < nrows) {
                 const long long row = r0 + r;
                 A e[N];
@@ -253,7 +268,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
                     A v = (A)0;
                     #pragma unroll
                     for (int q = 0; q < CL; ++q) v += gi[(q * 16 + j) * TR + r];
-                    if (HAS_BIAS) v += __half2float(bias[j]);
+                    if (HAS_BIAS) v += bias_v[j];
                     yt[j] = (T)v;
                     e[j] = (A)yt[j];  // what the loss kernel reads back
                 }
@@ -261,7 +276,6 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
                     #pragma unroll
                     for (int j = 0; j < N; ++j) y[row * N + j] = yt[j];
                 }
-                const int label = (int)labels[row];
                 A m = e[0];
                 #pragma unroll
                 for (int j = 1; j < N; ++j) m = max(m, e[j]);
@@ -278,7 +292,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
                 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     const A gj = (e[j] * rs - (j == label ? (A)1 : (A)0)) * inv_n;
-                    const T gt = (T)(gscale ? mul_rn(gj, (A)gscale[0]) : gj);
+                    const T gt = (T)(gscale ? mul_rn(gj, scale_v) : gj);
                     dyT[j * DP + r] = gt;
                     if (BGRADB && lead) class_sum[j] += __half2float(gt);
                 }
