@@ -163,6 +163,8 @@ def test_linear_xent_grads_takes_the_kernel_only_where_switched_on(cp, head, mon
     """The backend call: None with ``fused_tc_head`` off (the default) or where the
     operands are not the kernel's (short, too many classes, float32, not contiguous, an odd
     feature count), having counted nothing; with it on, the kernel, counted."""
+    from fuseflow.backend.epilogs import relu_aux_rows
+
     be = ff.backend.get("cuda")
     rng = np.random.default_rng(5)
     h, aux, w, b, labels = _layer(cp, rng, 2070, 2048, 10, np.float16, exact=False)
@@ -184,7 +186,7 @@ def test_linear_xent_grads_takes_the_kernel_only_where_switched_on(cp, head, mon
         args = list(args)
         if args[1].shape[1] == 1984:
             args[0], args[1] = cp.ascontiguousarray(args[0]), cp.ascontiguousarray(args[1])
-            args[5] = cp.asfortranarray(aux[:248])
+            args[5] = cp.asfortranarray(aux[:relu_aux_rows(1984)])
         assert be.linear_xent_grads(*args) is None
     assert be.stats() == stats
 
@@ -196,16 +198,16 @@ def test_step_with_the_one_pass_head_gives_the_same_training(cp, head, monkeypat
     """A mixed-precision step whose output layer qualifies (hidden 2048, batch 2048): with
     ``fused_tc_head`` on, eager and compiled give the same losses to 1e-5, and they follow
     the run with it off to rounding (the logits and bias gradients add in another order);
-    with SGD, whose update is linear in the gradients, so do the params (Adam's divides
-    near-zero gradients by their own size: a last-bit change moves those by up to the
-    learning rate). The kernel ran."""
+    with SGD, whose update is linear in the gradients, so do the params, to a 16-bit step of
+    a gradient times the learning rate per step (Adam's divides near-zero gradients by their
+    own size: a last-bit change moves those by up to the learning rate). The kernel ran."""
     be = ff.backend.get("cuda")
     model = nn.Serial(nn.Dense(2048, "relu"), nn.Dense(10))
     _, params = model.init(ff.random.key(3), (256,))
     rng = np.random.default_rng(3)
     xs = cp.asarray(rng.standard_normal((4, 2048, 256)).astype(np.float32))
     ys = cp.asarray(rng.integers(0, 10, (4, 2048)))
-    lr = {"sgd": 0.05, "adam": 1e-3}[opt_name]
+    lr = {"sgd": 0.01, "adam": 1e-3}[opt_name]
     runs = {}
     for fused, compiled in itertools.product((True, False), (False, True)):
         monkeypatch.setattr(be, "fused_tc_head", fused)
@@ -226,8 +228,8 @@ def test_step_with_the_one_pass_head_gives_the_same_training(cp, head, monkeypat
         assert (be.stats()["fused_tc_head"] > 0) == fused, (fused, compiled)
     np.testing.assert_allclose(runs[True, True][0], runs[True, False][0], rtol=1e-5)
     np.testing.assert_allclose(runs[True, False][0], runs[False, False][0], rtol=1e-3)
-    if opt_name == "sgd":
+    if opt_name == "sgd":  # a 16-bit bias gradient may round one step apart: lr x that
         for a, c in zip(ff.tree.leaves(runs[True, False][1]),
                         ff.tree.leaves(runs[False, False][1])):
-            np.testing.assert_allclose(a, c, rtol=1e-3, atol=1e-5)
-    assert runs[True, True][0][-1] < runs[True, True][0][0]
+            np.testing.assert_allclose(a, c, rtol=1e-3, atol=8 * lr * 2.0 ** -8)
+    assert min(runs[True, True][0][4:]) < runs[True, True][0][0]  # it learns
