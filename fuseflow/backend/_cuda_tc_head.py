@@ -89,6 +89,14 @@ __device__ __forceinline__ void lds16(unsigned* r, const T* p) {
     const uint4 v = *reinterpret_cast<const uint4*>(p);
     r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
 }
+// the cluster barrier in two halves (cluster_sync is both): a thread's shared-memory
+// writes before its arrive are visible to the cluster's reads after the wait
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 // two floats into the shared memory of cluster block rank, where p is in this block's
 // (a store: nothing waits for it; the next cluster barrier makes it visible)
 __device__ __forceinline__ void push2(float* p, unsigned rank, float a, float b) {
@@ -112,8 +120,8 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     T* hs = reinterpret_cast<T*>(smem);                        // [STAGES][WARPS][TR][64]
     float* red = reinterpret_cast<float*>(hs + STAGES * WARPS * HSW);  // [WARPS][16][TR]
     float* gat = red + WARPS * 16 * TR;             // [2][CL][16][TR]: every block's sums
-    T* dyT = reinterpret_cast<T*>(gat + 2 * CL * 16 * TR);     // [16][DP]: dy transposed
-    unsigned char* msb = reinterpret_cast<unsigned char*>(dyT + 16 * DP);  // [2][TR][WARPS * 8]
+    T* dyb = reinterpret_cast<T*>(gat + 2 * CL * 16 * TR);     // [2][16][DP]: dy transposed
+    unsigned char* msb = reinterpret_cast<unsigned char*>(dyb + 2 * 16 * DP);  // [3][TR][WARPS*8]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const unsigned rank = blockIdx.x;  // the cluster spans x
     const bool lead = rank == 0;
@@ -145,7 +153,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     auto stage_mask = [&](int i) {
         if (!DRELU || i >= tiles) return;
         const long long r0 = c0 + (long long)i * TR;
-        unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
+        unsigned char* ms = msb + (i % 3) * (TR * WARPS * 8);
         for (int e = threadIdx.x; e < TR * WARPS; e += WARPS * 32) {
             const int r = e / WARPS, k = e - r * WARPS;
             const bool ok = r0 + r < c0 + crows;
@@ -204,7 +212,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         }
     };
 
-    for (int e = threadIdx.x; e < 16 * DP; e += WARPS * 32) dyT[e] = __float2half(0.f);
+    for (int e = threadIdx.x; e < 2 * 16 * DP; e += WARPS * 32) dyb[e] = __float2half(0.f);
     stage_mask(0);  // in tile 0's group
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
@@ -213,6 +221,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     if (tiles > 0) warp_logits(0);
     __syncthreads();
     if (tiles > 0) push_logits(0);
+    cluster_arrive();
 
     // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
 @B_WORDS@
@@ -237,15 +246,20 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     int label_next = warp == 0 && lane < TR && lane < crows ? (int)labels[c0 + lane] : 0;
 
     // Tile i: its logits' partials were pushed in the step before; the next tile's are
-    // made and pushed before this tile's gradients, so the cluster barrier that waits
-    // for them finds them there.
+    // made and pushed before this tile's gradients, and the cluster barrier's arrive
+    // follows them at once, so its wait (the next step's first thing) finds it passed.
     #pragma unroll 1
     for (int i = 0; i < tiles; ++i) {
         const long long r0 = c0 + (long long)i * TR;
         const long long nrows = (c0 + crows - r0 < TR) ? c0 + crows - r0 : TR;
         const T* ht = hw + (i % STAGES) * (WARPS * HSW);
-        const unsigned char* ms = msb + (i & 1) * (TR * WARPS * 8);
-        cluster_sync();   // tile i's sums are in every block; all are past tile i - 1
+        const unsigned char* ms = msb + (i % 3) * (TR * WARPS * 8);
+        T* dyT = dyb + (i & 1) * 16 * DP;
+        // Tile i's sums are in every block, and every thread of the cluster has pushed
+        // them: it may still be on tile i - 1's gradients, which read that tile's dy and
+        // mask buffers, not these (dy: two buffers; the mask: three, tile i + 1's written
+        // here).
+        cluster_wait();
         stage_mask(i + 1);          // (read after the barrier of the next step)
         load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
         cp_wait_stages();  // tile i + 1's copies (and its mask bytes) are done, this
@@ -303,7 +317,10 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         }
         if (i + 1 < tiles) warp_logits(i + 1);
         __syncthreads();  // dy of tile i, and the warps' partials of tile i + 1
-        if (i + 1 < tiles) push_logits(i + 1);
+        if (i + 1 < tiles) {
+            push_logits(i + 1);
+            cluster_arrive();  // the barrier's wait is the next step's: this tile's
+        }                      // gradients run meanwhile
 
         // both gradients on tile i (tc_grads' step, x from shared memory)
         #pragma unroll
@@ -375,9 +392,10 @@ def cluster_size(features: int) -> int:
 
 def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER) -> int:
     """The kernel's dynamic shared memory: tiles, warp sums, the cluster's block sums, dy
-    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes."""
+    (two tiles', pitch tr + 16 halves: conflict-free fragment reads), mask bytes (three
+    tiles')."""
     return (stages * WARPS * tr * 64 * 2 + WARPS * 16 * tr * 4 + 2 * cl * 16 * tr * 4
-            + 16 * (tr + 16) * 2 + 2 * tr * WARPS * 8)
+            + 2 * 16 * (tr + 16) * 2 + 3 * tr * WARPS * 8)
 
 
 @functools.cache
