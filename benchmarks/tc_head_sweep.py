@@ -6,7 +6,8 @@ At 784-4096-4096-10's output layer (batch 8192, 4096 features, 10 classes, bfloa
 the ReLU mask and both bias gradients): ``_cuda_skinny_tc.forward_xent`` followed by
 ``grads`` (today's path, two launches plus the partials' sums) and ``_cuda_tc_head.
 forward_grads`` at each cluster count (the grid's row chunks) and each tile shape (rows
-per tile x tiles in flight, ``TR`` x ``STAGES``). Each variant is captured
+per tile x tiles in flight, ``TR`` x ``STAGES``; ``--split-barrier``: also with
+``SPLIT_BARRIER``). Each variant is captured
 in a CUDA graph of 20 calls and replayed; the median over 7 replays, in us per call, with
 the bandwidth that x read once and dx written once would need. JSON out.
 """
@@ -57,6 +58,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--features", type=int, default=4096)
     ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--split-barrier", action="store_true",
+                    help="also time the kernel with its cluster barrier split in two")
     ap.add_argument("--ncu", action="store_true",
                     help="for Nsight Compute (--profile-from-start off): one call of the "
                          "one-pass kernel between cudaProfilerStart and Stop, nothing timed")
@@ -109,6 +112,12 @@ def main():
                      "clusters": HD.clusters(), "tr": HD.TR, "stages": HD.STAGES,
                      "us": graph_us(cp, one)})
     HD.TR, HD.STAGES = default
+    if args.split_barrier:  # the cluster barrier split in two (SPLIT_BARRIER)
+        HD.SPLIT_BARRIER = True
+        rows.append({"variant": "tc_head, split barrier", "clusters": HD.clusters(),
+                     "tr": HD.TR, "stages": HD.STAGES, "split_barrier": True,
+                     "us": graph_us(cp, one)})
+        HD.SPLIT_BARRIER = False
     moved = 2 * batch * features * h.itemsize + aux.nbytes  # x once, dx once, the mask
     for r in rows:
         r["tb_per_s_at_one_pass"] = moved / r["us"] / 1e6

@@ -169,6 +169,7 @@ def _generated_sources(monkeypatch):
         for hb, d, bx in itertools.product((False, True), repeat=3):
             HD._kernel(n, cl, hb, hb, d, bx, np.dtype(np.int64), dt)
         HD._kernel(n, cl, True, True, True, True, np.dtype(np.uint8), dt)
+        HD._kernel(n, cl, True, True, True, True, np.dtype(np.int64), dt, split=True)
     # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
         TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,

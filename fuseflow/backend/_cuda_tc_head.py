@@ -52,6 +52,13 @@ FEATURES_PER_BLOCK = 64 * WARPS
 #: (benchmarks set them), the kernel built per value.
 TR = 32
 STAGES = 3
+#: The cluster barrier split in two (its arrive right after the next tile's push, its wait
+#: at the next step, each tile's gradients between them; dy in two buffers, the mask bytes
+#: in three), or whole (default: the form calls 216-217 tested). Call 217's Nsight Compute
+#: profile put a fifth of the kernel's samples on the whole barrier's release fence and
+#: wait. Not run on a GPU yet (``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` or this constant;
+#: ``benchmarks/device_session54g.sh``). Read at each call.
+SPLIT_BARRIER = False
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on compute capability 9.0
 #: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
 #: once, or a second wave doubles the time. One block an SM (the tiles take most of the
@@ -120,8 +127,9 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     T* hs = reinterpret_cast<T*>(smem);                        // [STAGES][WARPS][TR][64]
     float* red = reinterpret_cast<float*>(hs + STAGES * WARPS * HSW);  // [WARPS][16][TR]
     float* gat = red + WARPS * 16 * TR;             // [2][CL][16][TR]: every block's sums
-    T* dyb = reinterpret_cast<T*>(gat + 2 * CL * 16 * TR);     // [2][16][DP]: dy transposed
-    unsigned char* msb = reinterpret_cast<unsigned char*>(dyb + 2 * 16 * DP);  // [3][TR][WARPS*8]
+    T* dyb = reinterpret_cast<T*>(gat + 2 * CL * 16 * TR);     // [DY_BUFS][16][DP]: dy^T
+    unsigned char* msb = reinterpret_cast<unsigned char*>(dyb + DY_BUFS * 16 * DP);
+                                                   // [MASK_BUFS][TR][WARPS * 8]: mask bytes
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const unsigned rank = blockIdx.x;  // the cluster spans x
     const bool lead = rank == 0;
@@ -153,7 +161,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     auto stage_mask = [&](int i) {
         if (!DRELU || i >= tiles) return;
         const long long r0 = c0 + (long long)i * TR;
-        unsigned char* ms = msb + (i % 3) * (TR * WARPS * 8);
+        unsigned char* ms = msb + (i % MASK_BUFS) * (TR * WARPS * 8);
         for (int e = threadIdx.x; e < TR * WARPS; e += WARPS * 32) {
             const int r = e / WARPS, k = e - r * WARPS;
             const bool ok = r0 + r < c0 + crows;
@@ -212,7 +220,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         }
     };
 
-    for (int e = threadIdx.x; e < 2 * 16 * DP; e += WARPS * 32) dyb[e] = __float2half(0.f);
+    for (int e = threadIdx.x; e < DY_BUFS * 16 * DP; e += WARPS * 32) dyb[e] = __float2half(0.f);
     stage_mask(0);  // in tile 0's group
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
@@ -221,7 +229,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     if (tiles > 0) warp_logits(0);
     __syncthreads();
     if (tiles > 0) push_logits(0);
-    cluster_arrive();
+    if (SPLIT_BARRIER) cluster_arrive();
 
     // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
 @B_WORDS@
@@ -246,20 +254,20 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     int label_next = warp == 0 && lane < TR && lane < crows ? (int)labels[c0 + lane] : 0;
 
     // Tile i: its logits' partials were pushed in the step before; the next tile's are
-    // made and pushed before this tile's gradients, and the cluster barrier's arrive
-    // follows them at once, so its wait (the next step's first thing) finds it passed.
+    // made and pushed before this tile's gradients, so the cluster barrier that waits
+    // for them finds them there (with SPLIT_BARRIER its arrive follows them at once).
     #pragma unroll 1
     for (int i = 0; i < tiles; ++i) {
         const long long r0 = c0 + (long long)i * TR;
         const long long nrows = (c0 + crows - r0 < TR) ? c0 + crows - r0 : TR;
         const T* ht = hw + (i % STAGES) * (WARPS * HSW);
-        const unsigned char* ms = msb + (i % 3) * (TR * WARPS * 8);
-        T* dyT = dyb + (i & 1) * 16 * DP;
-        // Tile i's sums are in every block, and every thread of the cluster has pushed
-        // them: it may still be on tile i - 1's gradients, which read that tile's dy and
-        // mask buffers, not these (dy: two buffers; the mask: three, tile i + 1's written
-        // here).
-        cluster_wait();
+        const unsigned char* ms = msb + (i % MASK_BUFS) * (TR * WARPS * 8);
+        T* dyT = dyb + (i % DY_BUFS) * 16 * DP;
+        // Tile i's sums are in every block. With the whole barrier every thread of the
+        // cluster is also past tile i - 1; with its wait alone (SPLIT_BARRIER) a thread
+        // may still be on tile i - 1's gradients, which read that tile's dy and mask
+        // buffers, not these (dy: two buffers; the mask: three, tile i + 1's written here).
+        if (SPLIT_BARRIER) cluster_wait(); else cluster_sync();
         stage_mask(i + 1);          // (read after the barrier of the next step)
         load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
         cp_wait_stages();  // tile i + 1's copies (and its mask bytes) are done, this
@@ -319,8 +327,10 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         __syncthreads();  // dy of tile i, and the warps' partials of tile i + 1
         if (i + 1 < tiles) {
             push_logits(i + 1);
-            cluster_arrive();  // the barrier's wait is the next step's: this tile's
-        }                      // gradients run meanwhile
+            // SPLIT_BARRIER: the barrier's wait is the next step's, this tile's gradients
+            // run meanwhile
+            if (SPLIT_BARRIER) cluster_arrive();
+        }
 
         // both gradients on tile i (tc_grads' step, x from shared memory)
         #pragma unroll
@@ -390,27 +400,29 @@ def cluster_size(features: int) -> int:
     return features // FEATURES_PER_BLOCK
 
 
-def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER) -> int:
+def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER, split: bool = False) -> int:
     """The kernel's dynamic shared memory: tiles, warp sums, the cluster's block sums, dy
-    (two tiles', pitch tr + 16 halves: conflict-free fragment reads), mask bytes (three
-    tiles')."""
+    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes; ``split``
+    (``SPLIT_BARRIER``): two tiles' dy and three tiles' mask bytes instead of one and two."""
     return (stages * WARPS * tr * 64 * 2 + WARPS * 16 * tr * 4 + 2 * cl * 16 * tr * 4
-            + 2 * 16 * (tr + 16) * 2 + 3 * tr * WARPS * 8)
+            + (2 if split else 1) * 16 * (tr + 16) * 2 + (3 if split else 2) * tr * WARPS * 8)
 
 
 @functools.cache
 def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16, tr=32,
-            stages=3):
+            stages=3, split=False):
     src = TC._fill(_SRC, WPART="wpart", DB="dxb", XPART="xpart", DACC="d", DROW="2 * g + h")
     head = TC._COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
     head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
-    if tr not in (16, 32) or stages not in (3, 4) or shared_bytes(tr, stages, cl) > MAX_SHARED:
+    smem = shared_bytes(tr, stages, cl, split)
+    if tr not in (16, 32) or stages not in (3, 4) or smem > MAX_SHARED:
         raise ValueError(f"_cuda_tc_head: rows per tile must be 16 or 32 and stages 3 or 4, "
                          f"in at most {MAX_SHARED} bytes of shared memory, got TR={tr}, "
-                         f"STAGES={stages} ({shared_bytes(tr, stages, cl)} bytes)")
+                         f"STAGES={stages} ({smem} bytes)")
     defines = {"CL": cl, "WARPS": WARPS, "TR": tr, "STAGES": stages, "DP": tr + 16,
                "HAS_BIAS": int(has_bias), "BGRADB": int(bgradb), "DRELU": int(drelu),
-               "BGRAD": int(bgrad)}
+               "BGRAD": int(bgrad), "SPLIT_BARRIER": int(split),
+               "DY_BUFS": 2 if split else 1, "MASK_BUFS": 3 if split else 2}
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(TC._source(head + src, dtype), "tc_head")
 
@@ -451,6 +463,7 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
     aux, ld = TC._aux_aligned(aux, ld, batch)
     tr, stages = TR, STAGES
+    split = bool(SPLIT_BARRIER) or env_int("FUSEFLOW_TC_HEAD_SPLIT_BARRIER", 0) == 1
     tiles = -(-batch // tr)
     per_chunk = -(-tiles // (n_clusters or clusters())) * tr
     chunks = -(-batch // per_chunk)
@@ -461,8 +474,8 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     losspart = cupy.empty(chunks, dtype=cupy.float32)
     loss = cupy.empty((), dtype=cupy.float32)
     kern = _kernel(n, cl, bias is not None, bgrad_w, aux is not None, bgrad_x,
-                   np.dtype(labels.dtype), x.dtype, tr, stages)
-    smem = shared_bytes(tr, stages, cl)
+                   np.dtype(labels.dtype), x.dtype, tr, stages, split)
+    smem = shared_bytes(tr, stages, cl, split)
     if kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem
     null = np.uintp(0)
