@@ -186,6 +186,25 @@ _PIECES = {
         for (int j = 0; j < 8; ++j) { b[j][0] = pair(c0, c1, j); b[j][1] = pair(c2, c3, j); }
     }
 """,
+    # the input gradient's products of a k16 step of rows from the transposed dy in shared
+    # memory (tc_grads; _cuda_tc_head): its rows permuted, fragment rows g and g + 8 being
+    # the step's rows 2g and 2g + 1, so one 4-byte load gives a class's value at both
+    "DGRAD_STEP": r"""
+        // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
+        const T* dc = dyT + kb + 2 * g;
+        const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * pitch);
+        const unsigned q1 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 1) * pitch);
+        const unsigned q2 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 8) * pitch);
+        const unsigned q3 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 9) * pitch);
+        const unsigned ad[4] = {__byte_perm(q0, q1, 0x5410), __byte_perm(q0, q1, 0x7632),
+                                __byte_perm(q2, q3, 0x5410), __byte_perm(q2, q3, 0x7632)};
+        float d[8][4];
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+            mma16816(d[j], ad, b[j][0], b[j][1]);
+        }
+""",
     "DX_STORE": r"""
         #pragma unroll
         for (int h = 0; h < 2; ++h) {        // fragment rows g and g + 8: rows @DROW@
@@ -479,20 +498,7 @@ extern "C" __global__ void tc_grads(const T* __restrict__ dy, const T* __restric
     for (long long kb = 0; kb < nrows; kb += 16) {
         // the weight gradient (tc_wgrad's step)
 @WGRAD_STEP@
-        // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
-        const T* dc = dyT + kb + 2 * g;
-        const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * pitch);
-        const unsigned q1 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 1) * pitch);
-        const unsigned q2 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 8) * pitch);
-        const unsigned q3 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 9) * pitch);
-        const unsigned ad[4] = {__byte_perm(q0, q1, 0x5410), __byte_perm(q0, q1, 0x7632),
-                                __byte_perm(q2, q3, 0x5410), __byte_perm(q2, q3, 0x7632)};
-        float d[8][4];
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
-            mma16816(d[j], ad, b[j][0], b[j][1]);
-        }
+@DGRAD_STEP@
 @DX_STORE@
     }
     // the weight gradient's results (tc_wgrad's)

@@ -245,6 +245,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     #pragma unroll
     for (int j = 0; j < N; ++j) class_sum[j] = 0.f;
     const int mbyte = warp * 8 + t;
+    const int pitch = DP;  // dy's, as the shared pieces of _cuda_skinny_tc name it
     // warp 0 (the loss): the bias and the loss scale once, each tile's labels a step ahead
     A bias_v[N];
     #pragma unroll
@@ -349,20 +350,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
                 for (int j = 0; j < 8; ++j)
                     mma16816(acc[j], a, pair(v0, v1, j), pair(v2, v3, j));
             }
-            // the input gradient of rows kb + 2g (fragment row g) and kb + 2g + 1 (row g + 8)
-            const T* dc = dyT + kb + 2 * g;
-            const unsigned q0 = *reinterpret_cast<const unsigned*>(dc + (2 * t) * DP);
-            const unsigned q1 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 1) * DP);
-            const unsigned q2 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 8) * DP);
-            const unsigned q3 = *reinterpret_cast<const unsigned*>(dc + (2 * t + 9) * DP);
-            const unsigned ad[4] = {__byte_perm(q0, q1, 0x5410), __byte_perm(q0, q1, 0x7632),
-                                    __byte_perm(q2, q3, 0x5410), __byte_perm(q2, q3, 0x7632)};
-            float d[8][4];
-            #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
-                mma16816(d[j], ad, b[j][0], b[j][1]);
-            }
+@DGRAD_STEP@
 @DX_STORE@
         }
     }
