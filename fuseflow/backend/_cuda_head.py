@@ -47,6 +47,20 @@ THREADS = S.FORWARD_THREADS
 #: The largest class count: the row's logits live in registers, one per lane.
 MAX_CLASSES = min(S.MAX_N, MAX_STATIC_CLASSES)
 
+#: The row's softmax over its logits ``e[N]`` with its ``label``: the largest logit ``m``,
+#: ``e[j]`` made ``exp(e[j] - m)`` in place, their sum ``s`` and the label's logit ``zy``
+#: (the xent kernel's arithmetic; also ``_cuda_tc_head``'s loss, one thread a row).
+ROW_SOFTMAX_SRC = r"""            A m = e[0];
+            #pragma unroll
+            for (int j = 1; j < N; ++j) m = max(m, e[j]);
+            A s = 0, zy = 0;
+            #pragma unroll
+            for (int j = 0; j < N; ++j) {
+                if (j == label) zy = e[j];
+                e[j] = exp(e[j] - m);
+                s += e[j];
+            }
+"""
 #: A warp's row of the loss (shared with ``_cuda_skinny_tc``'s forward): lane j < N holds
 #: the row's logit j as the float sum ``v`` (``active``); stores the rounded logit in y,
 #: runs the xent kernel's arithmetic on the whole row in every lane, sets the row's loss
@@ -58,17 +72,7 @@ ROW_XENT_SRC = r"""            const T yt = (T)v;
             #pragma unroll
             for (int j = 0; j < N; ++j) e[j] = __shfl_sync(FULL, z, j);
             const int label = (int)labels[row];
-            A m = e[0];
-            #pragma unroll
-            for (int j = 1; j < N; ++j) m = max(m, e[j]);
-            A s = 0, zy = 0;
-            #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                if (j == label) zy = e[j];
-                e[j] = exp(e[j] - m);
-                s += e[j];
-            }
-            rl = log(s) - (zy - m);
+""" + ROW_SOFTMAX_SRC + r"""            rl = log(s) - (zy - m);
             const A r = (A)1 / s;
             const A inv_n = (A)1 / (A)B;
             A g = (A)0;

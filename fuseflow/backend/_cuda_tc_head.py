@@ -39,6 +39,7 @@ import cupy
 import numpy as np
 
 from fuseflow._dtypes import is_half
+from fuseflow.backend import _cuda_head as H
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_skinny_tc as TC
 from fuseflow.backend import _cuda_tickets as tickets
@@ -299,16 +300,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
                     #pragma unroll
                     for (int j = 0; j < N; ++j) y[row * N + j] = yt[j];
                 }
-                A m = e[0];
-                #pragma unroll
-                for (int j = 1; j < N; ++j) m = max(m, e[j]);
-                A s = 0, zy = 0;
-                #pragma unroll
-                for (int j = 0; j < N; ++j) {
-                    if (j == label) zy = e[j];
-                    e[j] = exp(e[j] - m);
-                    s += e[j];
-                }
+@ROW_SOFTMAX@
                 lane_loss += log(s) - (zy - m);
                 const A rs = (A)1 / s;
                 const A inv_n = (A)1 / (A)B;
@@ -399,7 +391,8 @@ def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER, split: bool = Fals
 @functools.cache
 def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16, tr=32,
             stages=3, split=False):
-    src = TC._fill(_SRC, WPART="wpart", DB="dxb", XPART="xpart", DACC="d", DROW="2 * g + h")
+    src = TC._fill(_SRC.replace("@ROW_SOFTMAX@\n", H.ROW_SOFTMAX_SRC), WPART="wpart", DB="dxb",
+                   XPART="xpart", DACC="d", DROW="2 * g + h")
     head = TC._COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
     head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
     smem = shared_bytes(tr, stages, cl, split)
