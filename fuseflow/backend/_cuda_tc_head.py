@@ -11,14 +11,15 @@ cluster of ``CL`` blocks spans the features, ``64 * WARPS`` per block, 64 per wa
 walks a chunk of rows in tiles of ``TR``:
 
 1. each warp copies its 64 features of the tile's rows into shared memory (``cp.async``,
-   ``STAGES`` tiles in flight, warp-private and swizzled so that both fragment reads below
-   are free of bank conflicts);
+   ``STAGES`` tiles in flight with their relu_aux bytes, warp-private and swizzled so that
+   both fragment reads below are free of bank conflicts);
 2. its partial logits (``mma.sync.m16n8k16``: w's 16 padded classes x the tile's rows,
-   over its 64 features); the block adds its warps' partials, the cluster's blocks read
-   one another's through distributed shared memory and add them in rank order, so every
-   block holds the same logits;
-3. warp v takes rows v, v + WARPS, ...: ``_cuda_head``'s row of the loss (the xent
-   kernel's arithmetic) gives the row's loss gradient dy, rounded to 16 bits;
+   over its 64 features); the block adds its warps' partials and pushes them into every
+   block of the cluster (distributed shared memory), where they are added in rank order,
+   so every block holds the same logits. This is done for the next tile before this
+   tile's gradients, so the cluster barrier that waits for them finds them there;
+3. thread r of warp 0 takes row r through the xent kernel's arithmetic (``_cuda_head``'s
+   softmax): the row's loss, and its loss gradient dy rounded to 16 bits;
 4. ``tc_grads``' step on the tile: the weight gradient ``dy.T @ x`` into registers held
    across the chunk (x read from shared memory, not again from DRAM), and the input
    gradient ``(dy @ w) * relu'(aux)`` with its column sums.
@@ -29,6 +30,13 @@ chunks' losses are added by the last lead block (``_cuda_tickets``). Logits add 
 another fixed order than ``tc_forward_xent``'s (per warp, per block, per rank), so y, dy
 and what follows agree with the two-kernel path to rounding, not bit for bit; all sums
 run in a fixed order (deterministic). Compute capability 9.0 (clusters).
+
+Measured on an H100 (calls 214-217, docs/benchmarks-log.md "The fifty-first session"):
+slower than the two kernels, 117 us against 100 alone, the compiled bfloat16 steps
+1.5-2.4% slower, so the backend's ``fused_tc_head`` is off by default. Each 32-row tile
+is a chain of latencies (the cluster barrier's release fence, warp 0's rows of the loss,
+the block barrier) with one 8-warp block an SM; ``SPLIT_BARRIER`` (not run yet) takes
+the first off the chain.
 """
 
 from __future__ import annotations
