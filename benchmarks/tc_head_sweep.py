@@ -15,7 +15,6 @@ the bandwidth that x read once and dx written once would need. JSON out.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,29 +22,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _meta import metadata, write_json  # noqa: E402
-
-
-def graph_us(cp, fn, calls=20, replays=7):
-    """Median us per call of ``fn`` captured ``calls`` times in one CUDA graph."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()  # allocations and kernel compiles before the capture
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(replays):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def main():
@@ -70,6 +46,7 @@ def main():
     import numpy as np
 
     from fuseflow.backend import _cuda_skinny_tc as TC
+    from fuseflow.backend._cuda_autotune import graph_time_us
     from fuseflow.backend import _cuda_tc_head as HD
     from fuseflow.backend.cuda_backend import CudaBackend
 
@@ -97,7 +74,10 @@ def main():
         cp.cuda.Device().synchronize()
         cp.cuda.profiler.stop()
         return
-    rows = [{"variant": "forward_xent + grads", "us": graph_us(cp, two)}]
+    def graph_us(fn):  # us per call: 20 calls in a CUDA graph, the median of 7 replays
+        return graph_time_us(fn, reps=20, replays=7)
+
+    rows = [{"variant": "forward_xent + grads", "us": graph_us(two)}]
     def one(c=None):
         HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True,
                          n_clusters=c)
@@ -105,18 +85,18 @@ def main():
     default = (HD.TR, HD.STAGES)
     for c in [int(v) for v in args.clusters.split(",")]:
         rows.append({"variant": f"tc_head, {c} clusters", "clusters": c, "tr": HD.TR,
-                     "stages": HD.STAGES, "us": graph_us(cp, lambda c=c: one(c))})
+                     "stages": HD.STAGES, "us": graph_us(lambda c=c: one(c))})
     for tile in args.tiles.split(","):
         HD.TR, HD.STAGES = (int(v) for v in tile.split("x"))
         rows.append({"variant": f"tc_head, {HD.TR} rows x {HD.STAGES} stages",
-                     "clusters": HD.clusters(), "tr": HD.TR, "stages": HD.STAGES,
-                     "us": graph_us(cp, one)})
+                     "clusters": HD.CLUSTERS, "tr": HD.TR, "stages": HD.STAGES,
+                     "us": graph_us(one)})
     HD.TR, HD.STAGES = default
     if args.split_barrier:  # the cluster barrier split in two (SPLIT_BARRIER)
         HD.SPLIT_BARRIER = True
-        rows.append({"variant": "tc_head, split barrier", "clusters": HD.clusters(),
+        rows.append({"variant": "tc_head, split barrier", "clusters": HD.CLUSTERS,
                      "tr": HD.TR, "stages": HD.STAGES, "split_barrier": True,
-                     "us": graph_us(cp, one)})
+                     "us": graph_us(one)})
         HD.SPLIT_BARRIER = False
     moved = 2 * batch * features * h.itemsize + aux.nbytes  # x once, dx once, the mask
     for r in rows:

@@ -65,15 +65,16 @@ STAGES = 3
 #: at the next step, each tile's gradients between them; dy in two buffers, the mask bytes
 #: in three), or whole (default: the form calls 216-217 tested). Call 217's Nsight Compute
 #: profile put a fifth of the kernel's samples on the whole barrier's release fence and
-#: wait. Not run on a GPU yet (``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` or this constant;
-#: ``benchmarks/device_session54g.sh``). Read at each call.
-SPLIT_BARRIER = False
+#: wait. Not run on a GPU yet (``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` at start, or this
+#: constant; ``benchmarks/device_session54g.sh``). Read at each call.
+SPLIT_BARRIER = env_int("FUSEFLOW_TC_HEAD_SPLIT_BARRIER", 0) == 1
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on compute capability 9.0
 #: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
 #: once, or a second wave doubles the time. One block an SM (the tiles take most of the
 #: shared memory); an H100 ran 14 clusters of 8 blocks at once (call 214: 15-32 clusters
-#: took two or three waves' time), 112 of its 132 SMs.
-CLUSTERS = 14
+#: took two or three waves' time), 112 of its 132 SMs. ``FUSEFLOW_TC_HEAD_CLUSTERS`` at
+#: start, or this constant, sets another count (benchmarks sweep it). Read at each call.
+CLUSTERS = max(1, env_int("FUSEFLOW_TC_HEAD_CLUSTERS", 14))
 
 _SRC = CLUSTER_SRC + r"""
 #define HSW (TR * 64)  // halves of one warp's slice of one tile
@@ -431,17 +432,12 @@ def supported(x, w, labels) -> bool:
             and int(cupy.cuda.Device().compute_capability) >= 90)
 
 
-def clusters() -> int:
-    """``CLUSTERS``, or ``FUSEFLOW_TC_HEAD_CLUSTERS`` (benchmarks sweep it)."""
-    return max(1, env_int("FUSEFLOW_TC_HEAD_CLUSTERS", CLUSTERS))
-
-
 def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgrad_x: bool,
                   n_clusters=None):
     """``(loss, y, dw, db, dx, dbx)`` for a ``supported`` output layer: ``(loss, y, dy) =
     _cuda_skinny_tc.forward_xent(x, w, bias, labels, grad_scale)`` followed by
     ``_cuda_skinny_tc.grads(dy, x, w, aux, ld, bgrad_w=..., bgrad_x=...)``, in one launch
-    (plus the partials' sums). ``n_clusters``: the grid's clusters (default ``clusters()``)."""
+    (plus the partials' sums). ``n_clusters``: the grid's clusters (default ``CLUSTERS``)."""
     batch, features = x.shape
     n = w.shape[0]
     cl = cluster_size(features)
@@ -452,9 +448,9 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
     aux, ld = TC._aux_aligned(aux, ld, batch)
     tr, stages = TR, STAGES
-    split = bool(SPLIT_BARRIER) or env_int("FUSEFLOW_TC_HEAD_SPLIT_BARRIER", 0) == 1
+    split = bool(SPLIT_BARRIER)
     tiles = -(-batch // tr)
-    per_chunk = -(-tiles // (n_clusters or clusters())) * tr
+    per_chunk = -(-tiles // (n_clusters or CLUSTERS)) * tr
     chunks = -(-batch // per_chunk)
     fc = features + (1 if bgrad_w else 0)
     wpart = cupy.empty((chunks, n, fc), dtype=np.float32) if chunks > 1 else None
