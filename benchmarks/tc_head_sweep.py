@@ -7,7 +7,8 @@ the ReLU mask and both bias gradients): ``_cuda_skinny_tc.forward_xent`` followe
 ``grads`` (today's path, two launches plus the partials' sums) and ``_cuda_tc_head.
 forward_grads`` at each cluster count (the grid's row chunks) and each tile shape (rows
 per tile x tiles in flight, ``TR`` x ``STAGES``; ``--split-barrier``: also with
-``SPLIT_BARRIER``). Each variant is captured
+``SPLIT_BARRIER``; ``--roles``: also with ``ROLES``, at each tile shape; ``--ncu`` profiles
+the form these choose). Each variant is captured
 in a CUDA graph of 20 calls and replayed; the median over 7 replays, in us per call, with
 the bandwidth that x read once and dx written once would need. JSON out.
 """
@@ -36,6 +37,8 @@ def main():
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--split-barrier", action="store_true",
                     help="also time the kernel with its cluster barrier split in two")
+    ap.add_argument("--roles", action="store_true",
+                    help="also time the kernel with warp roles (ROLES) at each tile shape")
     ap.add_argument("--ncu", action="store_true",
                     help="for Nsight Compute (--profile-from-start off): one call of the "
                          "one-pass kernel between cudaProfilerStart and Stop, nothing timed")
@@ -66,6 +69,7 @@ def main():
         TC.grads(dy, h, w, aux, ld, bgrad_w=True, bgrad_x=True)
 
     if args.ncu:
+        HD.ROLES, HD.SPLIT_BARRIER = args.roles, args.split_barrier
         for _ in range(3):  # compiled and warm
             HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True)
         cp.cuda.Device().synchronize()
@@ -98,6 +102,15 @@ def main():
                      "tr": HD.TR, "stages": HD.STAGES, "split_barrier": True,
                      "us": graph_us(one)})
         HD.SPLIT_BARRIER = False
+    if args.roles:  # the push and loss warps beside the feature warps (ROLES)
+        HD.ROLES = True
+        for tile in args.tiles.split(","):
+            HD.TR, HD.STAGES = (int(v) for v in tile.split("x"))
+            rows.append({"variant": f"tc_head, roles, {HD.TR}x{HD.STAGES}",
+                         "clusters": HD.CLUSTERS, "tr": HD.TR, "stages": HD.STAGES,
+                         "roles": True, "us": graph_us(one)})
+        HD.TR, HD.STAGES = default
+        HD.ROLES = False
     moved = 2 * batch * features * h.itemsize + aux.nbytes  # x once, dx once, the mask
     for r in rows:
         r["tb_per_s_at_one_pass"] = moved / r["us"] / 1e6

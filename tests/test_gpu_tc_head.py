@@ -25,13 +25,21 @@ BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
 
 
-@pytest.fixture(scope="module")
-def head(cp):
+# the kernel's three forms: the whole cluster barrier (default), the barrier split in two
+# (SPLIT_BARRIER), warp roles (ROLES)
+FORMS = {"whole": (False, False), "split": (True, False), "roles": (False, True)}
+
+
+@pytest.fixture(scope="module", params=list(FORMS))
+def head(cp, request):
     from fuseflow.backend import _cuda_tc_head as HD
 
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("thread-block clusters need compute capability 9.0")
-    return HD
+    saved = HD.SPLIT_BARRIER, HD.ROLES
+    HD.SPLIT_BARRIER, HD.ROLES = FORMS[request.param]
+    yield HD
+    HD.SPLIT_BARRIER, HD.ROLES = saved
 
 
 def _bits(a):

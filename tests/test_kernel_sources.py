@@ -163,13 +163,15 @@ def _generated_sources(monkeypatch):
             TC._kernel("tc_grads", n, u, dt, BGRADB=bw, DRELU=d, BGRAD=bx,
                        WARPS=TC.GRAD_WARPS, RPC=rows)
     # the one-pass output layer (a cluster of 1, 2 or 8 blocks; bias, both bias
-    # gradients, mask)
+    # gradients, mask; the split barrier, the warp roles)
     for n, dt, cl in itertools.product((1, 10, 16), (np.dtype(np.float16), bfloat16),
                                        (1, 2, 8)):
         for hb, d, bx in itertools.product((False, True), repeat=3):
             HD._kernel(n, cl, hb, hb, d, bx, np.dtype(np.int64), dt)
         HD._kernel(n, cl, True, True, True, True, np.dtype(np.uint8), dt)
         HD._kernel(n, cl, True, True, True, True, np.dtype(np.int64), dt, split=True)
+        for hb, d in itertools.product((False, True), repeat=2):  # the warp roles
+            HD._kernel(n, cl, hb, hb, d, hb, np.dtype(np.int64), dt, roles=True)
     # the launch shapes skinny_sweep.py times (warps per block, rows' steps unrolled)
     for warps, unroll in itertools.product((4, 8), (1, 2, 4)):
         TC._kernel("tc_grads", 10, unroll, BGRADB=True, DRELU=True, BGRAD=True, WARPS=warps,

@@ -68,6 +68,13 @@ STAGES = 3
 #: wait. Not run on a GPU yet (``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` at start, or this
 #: constant; ``benchmarks/device_session54g.sh``). Read at each call.
 SPLIT_BARRIER = env_int("FUSEFLOW_TC_HEAD_SPLIT_BARRIER", 0) == 1
+#: Warp roles (takes precedence over ``SPLIT_BARRIER``): the block's ``WARPS`` warps take
+#: only the features' work, a push warp adds the warps' partial logits and pushes them to
+#: the cluster, and a loss warp takes the rows' loss, handing each tile's dy over through
+#: named barriers; so the push, the cluster barrier and the loss of a tile run beside the
+#: gradients of the tile before, which call 217's profile found waiting on them. Off by
+#: default until measured (``FUSEFLOW_TC_HEAD_ROLES=1`` at start, or this constant).
+ROLES = env_int("FUSEFLOW_TC_HEAD_ROLES", 0) == 1
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on compute capability 9.0
 #: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
 #: once, or a second wave doubles the time. One block an SM (the tiles take most of the
@@ -124,7 +131,20 @@ __device__ __forceinline__ void push2(float* p, unsigned rank, float a, float b)
                  :: "r"(remote), "f"(a), "f"(b) : "memory");
 }
 
-extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(WARPS * 32, 1)
+// a named barrier of n threads (ids 1-4; 0 is __syncthreads'): bar_arrive does not wait,
+// and the arriving threads' shared-memory writes are visible to the waiting threads after
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(n) : "memory");
+}
+// a cluster arrive that publishes nothing (threads that write nothing a peer reads)
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(THREADS, 1)
 tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
         const L* __restrict__ labels, const float* __restrict__ gscale,
         const unsigned char* __restrict__ aux, long long ld, T* __restrict__ y,
@@ -132,15 +152,17 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         T* __restrict__ dx, float* __restrict__ xpart, T* __restrict__ dxb,
         A* __restrict__ losspart, A* __restrict__ loss, unsigned int* __restrict__ ticket,
         long long B, long long F, long long RPC) {
-    static_assert(TR <= 32, "one thread of warp 0 per row of a tile");
+    static_assert(TR <= 32, "one thread of a warp per row of a tile");
     extern __shared__ __align__(128) unsigned char smem[];
     T* hs = reinterpret_cast<T*>(smem);                        // [STAGES][WARPS][TR][64]
-    float* red = reinterpret_cast<float*>(hs + STAGES * WARPS * HSW);  // [WARPS][16][TR]
-    float* gat = red + WARPS * 16 * TR;             // [2][CL][16][TR]: every block's sums
-    T* dyb = reinterpret_cast<T*>(gat + 2 * CL * 16 * TR);     // [DY_BUFS][16][DP]: dy^T
+    float* red = reinterpret_cast<float*>(hs + STAGES * WARPS * HSW);
+                                                        // [RED_BUFS][WARPS][16][TR]: warp sums
+    float* gat = red + RED_BUFS * WARPS * 16 * TR;  // [GAT_SLOTS][CL][16][TR]: block sums
+    T* dyb = reinterpret_cast<T*>(gat + GAT_SLOTS * CL * 16 * TR);  // [DY_BUFS][16][DP]: dy^T
     unsigned char* msb = reinterpret_cast<unsigned char*>(dyb + DY_BUFS * 16 * DP);
                                                    // [MASK_BUFS][TR][WARPS * 8]: mask bytes
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int fwarp = ROLES && warp >= WARPS ? 0 : warp;  // ROLES' push, loss warps
     const unsigned rank = blockIdx.x;  // the cluster spans x
     const bool lead = rank == 0;
     const long long c0 = (long long)blockIdx.y * RPC;
@@ -148,8 +170,8 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     const int tiles = crows > 0 ? (int)((crows + TR - 1) / TR) : 0;
     const long long FC = F + (BGRADB ? 1 : 0);
     const long long fb0 = (long long)blockIdx.x * WARPS * 64;
-    const long long fb = fb0 + (long long)warp * 64;
-    T* hw = hs + warp * HSW;
+    const long long fb = fb0 + (long long)fwarp * 64;
+    T* hw = hs + fwarp * HSW;
 
     // tile i's rows of this warp's features into stage i % STAGES (zeros past the chunk)
     auto load_tile = [&](int i) {
@@ -167,7 +189,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         cp_commit();  // empty past the last tile: the group count stays uniform
     };
     // tile i's relu_aux bytes of the block's features, 8 a warp (ld % 8 == 0), copied
-    // asynchronously: they join the next committed group of tile copies
+    // asynchronously by the feature warps: they join the next committed group of tiles
     auto stage_mask = [&](int i) {
         if (!DRELU || i >= tiles) return;
         const long long r0 = c0 + (long long)i * TR;
@@ -191,11 +213,14 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         wa[s][2] = g < N ? *reinterpret_cast<const unsigned*>(w0 + 16 * s + 8) : 0u;
         wa[s][3] = g + 8 < N ? *reinterpret_cast<const unsigned*>(w1 + 16 * s + 8) : 0u;
     }
+    // the warp sums' buffer of tile i, and the cluster sums' slot of tile i
+    auto red_of = [&](int i) { return red + (RED_BUFS == 2 ? (i & 1) : 0) * WARPS * 16 * TR; };
+    auto slot_of = [&](int i) { return GAT_SLOTS == 2 ? (i & 1) : i % GAT_SLOTS; };
     // tile i's partial logits of this warp's features, transposed: D(classes, rows) into
-    // red[warp] (tile i's x must be in shared memory)
+    // the warp's part of red_of(i) (tile i's x must be in shared memory)
     auto warp_logits = [&](int i) {
         const T* ht = hw + (i % STAGES) * (WARPS * HSW);
-        float* rw = red + warp * 16 * TR;
+        float* rw = red_of(i) + warp * 16 * TR;
         #pragma unroll
         for (int n = 0; n < TR / 8; ++n) {
             float lg[4] = {0.f, 0.f, 0.f, 0.f};
@@ -214,32 +239,34 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
             rw[(g + 8) * TR + 8 * n + 2 * t + 1] = lg[3];
         }
     };
-    // after a barrier: the block's sums of tile i's partials (warps in order), pushed to
-    // slot [rank] of every block of the cluster (this one too)
-    auto push_logits = [&](int i) {
-        float* slot = gat + ((i & 1) * CL + rank) * 16 * TR;
-        for (int e = 2 * threadIdx.x; e < 16 * TR; e += 2 * WARPS * 32) {
+    // threads tid of nthr, once the warps' partials of tile i are in red_of(i): the
+    // block's sums (warps in order) pushed to slot [rank] of every block of the cluster
+    auto push_logits = [&](int i, int tid, int nthr) {
+        const float* rb = red_of(i);
+        float* slot = gat + (slot_of(i) * CL + rank) * 16 * TR;
+        for (int e = 2 * tid; e < 16 * TR; e += 2 * nthr) {
             float s0 = 0.f, s1 = 0.f;
             #pragma unroll
             for (int v = 0; v < WARPS; ++v) {
-                s0 += red[v * 16 * TR + e];
-                s1 += red[v * 16 * TR + e + 1];
+                s0 += rb[v * 16 * TR + e];
+                s1 += rb[v * 16 * TR + e + 1];
             }
             #pragma unroll
             for (int q = 0; q < CL; ++q) push2(slot + e, q, s0, s1);
         }
     };
 
-    for (int e = threadIdx.x; e < DY_BUFS * 16 * DP; e += WARPS * 32) dyb[e] = __float2half(0.f);
-    stage_mask(0);  // in tile 0's group
-    #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
-    cp_wait_stages();  // tile 0
-    __syncwarp();
-    if (tiles > 0) warp_logits(0);
+    for (int e = threadIdx.x; e < DY_BUFS * 16 * DP; e += THREADS) dyb[e] = __float2half(0.f);
+    const bool feature_warp = !ROLES || warp < WARPS;
+    if (feature_warp) {
+        stage_mask(0);  // in tile 0's group
+        #pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
+        cp_wait_stages();  // tile 0
+        __syncwarp();
+        if (tiles > 0) warp_logits(0);
+    }
     __syncthreads();
-    if (tiles > 0) push_logits(0);
-    if (SPLIT_BARRIER) cluster_arrive();
 
     // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
 @B_WORDS@
@@ -248,93 +275,67 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     #pragma unroll
     for (int i = 0; i < 16; ++i) colsum[i] = 0.f;
-    // warp 0, lane r: the losses of the chunk's rows r, r + TR, ... and (lead block, with
-    // BGRADB) their loss gradients' sums per class; added over lanes at the end
+    // the loss warp, lane r: the losses of the chunk's rows r, r + TR, ... and (lead
+    // block, with BGRADB) their loss gradients' sums per class; added over lanes at the end
     A lane_loss = (A)0;
     float class_sum[N];
     #pragma unroll
     for (int j = 0; j < N; ++j) class_sum[j] = 0.f;
     const int mbyte = warp * 8 + t;
     const int pitch = DP;  // dy's, as the shared pieces of _cuda_skinny_tc name it
-    // warp 0 (the loss): the bias and the loss scale once, each tile's labels a step ahead
+    // the loss warp: the bias and the loss scale once, each tile's labels a step ahead
+    const bool loss_warp = warp == LOSS_WARP;
     A bias_v[N];
     #pragma unroll
     for (int j = 0; j < N; ++j)
-        bias_v[j] = HAS_BIAS && warp == 0 ? (A)__half2float(bias[j]) : (A)0;
-    const A scale_v = gscale && warp == 0 ? (A)gscale[0] : (A)1;
-    int label_next = warp == 0 && lane < TR && lane < crows ? (int)labels[c0 + lane] : 0;
+        bias_v[j] = HAS_BIAS && loss_warp ? (A)__half2float(bias[j]) : (A)0;
+    const A scale_v = gscale && loss_warp ? (A)gscale[0] : (A)1;
+    int label_next = loss_warp && lane < TR && lane < crows ? (int)labels[c0 + lane] : 0;
 
-    // Tile i: its logits' partials were pushed in the step before; the next tile's are
-    // made and pushed before this tile's gradients, so the cluster barrier that waits
-    // for them finds them there (with SPLIT_BARRIER its arrive follows them at once).
-    #pragma unroll 1
-    for (int i = 0; i < tiles; ++i) {
-        const long long r0 = c0 + (long long)i * TR;
-        const long long nrows = (c0 + crows - r0 < TR) ? c0 + crows - r0 : TR;
-        const T* ht = hw + (i % STAGES) * (WARPS * HSW);
-        const unsigned char* ms = msb + (i % MASK_BUFS) * (TR * WARPS * 8);
-        T* dyT = dyb + (i % DY_BUFS) * 16 * DP;
-        // Tile i's sums are in every block. With the whole barrier every thread of the
-        // cluster is also past tile i - 1; with its wait alone (SPLIT_BARRIER) a thread
-        // may still be on tile i - 1's gradients, which read that tile's dy and mask
-        // buffers, not these (dy: two buffers; the mask: three, tile i + 1's written here).
-        if (SPLIT_BARRIER) cluster_wait(); else cluster_sync();
-        stage_mask(i + 1);          // (read after the barrier of the next step)
-        load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
-        cp_wait_stages();  // tile i + 1's copies (and its mask bytes) are done, this
-        __syncwarp();      // thread's, then the warp's
-
-        // the rows' loss and dy: thread r of warp 0 takes row r (the xent kernel's
-        // arithmetic, as _cuda_head's row of the loss)
-        if (warp == 0) {
-            const int r = lane;
-            const float* gi = gat + (i & 1) * CL * 16 * TR;
-            const int label = label_next;
-            if (r < TR && (i + 1) * TR + r < crows)
-                label_next = (int)labels[c0 + (i + 1) * TR + r];
-            if (r < TR && r < nrows) {
-                const long long row = r0 + r;
-                A e[N];
-                T yt[N];
+    // the loss warp on tile i, its sums in slot_of(i) of this block: thread r takes row r
+    // (the xent kernel's arithmetic, as _cuda_head's row of the loss), dy^T into dyT
+    auto tile_loss = [&](int i, long long r0, long long nrows, T* dyT) {
+        const int r = lane;
+        const float* gi = gat + slot_of(i) * CL * 16 * TR;
+        const int label = label_next;
+        if (r < TR && (i + 1) * TR + r < crows)
+            label_next = (int)labels[c0 + (i + 1) * TR + r];
+        if (r < TR && r < nrows) {
+            const long long row = r0 + r;
+            A e[N];
+            T yt[N];
+            #pragma unroll
+            for (int j = 0; j < N; ++j) {
+                A v = (A)0;
                 #pragma unroll
-                for (int j = 0; j < N; ++j) {
-                    A v = (A)0;
-                    #pragma unroll
-                    for (int q = 0; q < CL; ++q) v += gi[(q * 16 + j) * TR + r];
-                    if (HAS_BIAS) v += bias_v[j];
-                    yt[j] = (T)v;
-                    e[j] = (A)yt[j];  // what the loss kernel reads back
-                }
-                if (lead) {
-                    #pragma unroll
-                    for (int j = 0; j < N; ++j) y[row * N + j] = yt[j];
-                }
-@ROW_SOFTMAX@
-                lane_loss += log(s) - (zy - m);
-                const A rs = (A)1 / s;
-                const A inv_n = (A)1 / (A)B;
-                #pragma unroll
-                for (int j = 0; j < N; ++j) {
-                    const A gj = (e[j] * rs - (j == label ? (A)1 : (A)0)) * inv_n;
-                    const T gt = (T)(gscale ? mul_rn(gj, scale_v) : gj);
-                    dyT[j * DP + r] = gt;
-                    if (BGRADB && lead) class_sum[j] += __half2float(gt);
-                }
-            } else if (r < TR) {
-                #pragma unroll
-                for (int j = 0; j < N; ++j) dyT[j * DP + r] = __float2half(0.f);
+                for (int q = 0; q < CL; ++q) v += gi[(q * 16 + j) * TR + r];
+                if (HAS_BIAS) v += bias_v[j];
+                yt[j] = (T)v;
+                e[j] = (A)yt[j];  // what the loss kernel reads back
             }
+            if (lead) {
+                #pragma unroll
+                for (int j = 0; j < N; ++j) y[row * N + j] = yt[j];
+            }
+@ROW_SOFTMAX@
+            lane_loss += log(s) - (zy - m);
+            const A rs = (A)1 / s;
+            const A inv_n = (A)1 / (A)B;
+            #pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const A gj = (e[j] * rs - (j == label ? (A)1 : (A)0)) * inv_n;
+                const T gt = (T)(gscale ? mul_rn(gj, scale_v) : gj);
+                dyT[j * DP + r] = gt;
+                if (BGRADB && lead) class_sum[j] += __half2float(gt);
+            }
+        } else if (r < TR) {
+            #pragma unroll
+            for (int j = 0; j < N; ++j) dyT[j * DP + r] = __float2half(0.f);
         }
-        if (i + 1 < tiles) warp_logits(i + 1);
-        __syncthreads();  // dy of tile i, and the warps' partials of tile i + 1
-        if (i + 1 < tiles) {
-            push_logits(i + 1);
-            // SPLIT_BARRIER: the barrier's wait is the next step's, this tile's gradients
-            // run meanwhile
-            if (SPLIT_BARRIER) cluster_arrive();
-        }
-
-        // both gradients on tile i (tc_grads' step, x from shared memory)
+    };
+    // a feature warp's gradients of tile i (tc_grads' step, x from shared memory)
+    auto tile_grads = [&](long long r0, long long nrows, const T* ht,
+                          const unsigned char* ms, const T* dyT) {
         #pragma unroll
         for (int kb = 0; kb < TR; kb += 16) {
             {   // the weight gradient: rows kb + 4t .. + 3 (logical columns 2t, 2t+1, +8)
@@ -354,12 +355,107 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
 @DGRAD_STEP@
 @DX_STORE@
         }
+    };
+// tile i's first row, rows, dy buffer; and a feature warp's x stage and mask bytes
+#define TILE_ROWS(i)                                                                      \
+    const long long r0 = c0 + (long long)(i) * TR;                                        \
+    const long long nrows = (c0 + crows - r0 < TR) ? c0 + crows - r0 : TR;                \
+    T* dyT = dyb + ((i) % DY_BUFS) * 16 * DP;
+#define TILE_ARGS(i)                                                                      \
+    TILE_ROWS(i)                                                                          \
+    const T* ht = hw + ((i) % STAGES) * (WARPS * HSW);                                    \
+    const unsigned char* ms = msb + ((i) % MASK_BUFS) * (TR * WARPS * 8);
+
+#if !ROLES
+    // Every warp takes features; warp 0 also the loss. Tile i: its logits' partials were
+    // pushed in the step before; the next tile's are made and pushed before this tile's
+    // gradients, so the cluster barrier that waits for them finds them there (with
+    // SPLIT_BARRIER its arrive follows them at once).
+    if (tiles > 0) push_logits(0, threadIdx.x, THREADS);
+    if (SPLIT_BARRIER) cluster_arrive();
+    #pragma unroll 1
+    for (int i = 0; i < tiles; ++i) {
+        TILE_ARGS(i)
+        // Tile i's sums are in every block. With the whole barrier every thread of the
+        // cluster is also past tile i - 1; with its wait alone (SPLIT_BARRIER) a thread
+        // may still be on tile i - 1's gradients, which read that tile's dy and mask
+        // buffers, not these (dy: two buffers; the mask: three, tile i + 1's written here).
+        if (SPLIT_BARRIER) cluster_wait(); else cluster_sync();
+        stage_mask(i + 1);          // (read after the barrier of the next step)
+        load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
+        cp_wait_stages();  // tile i + 1's copies (and its mask bytes) are done, this
+        __syncwarp();      // thread's, then the warp's
+        if (warp == 0) tile_loss(i, r0, nrows, dyT);
+        if (i + 1 < tiles) warp_logits(i + 1);
+        __syncthreads();  // dy of tile i, and the warps' partials of tile i + 1
+        if (i + 1 < tiles) {
+            push_logits(i + 1, threadIdx.x, THREADS);
+            // SPLIT_BARRIER: the barrier's wait is the next step's, this tile's gradients
+            // run meanwhile
+            if (SPLIT_BARRIER) cluster_arrive();
+        }
+        tile_grads(r0, nrows, ht, ms, dyT);
     }
     cluster_sync();  // no block leaves while a peer may still write into it
+#else
+    // Warp roles: WARPS feature warps, a push warp (WARPS) and a loss warp (WARPS + 1).
+    // Cluster phase p: tile p's sums are in every block (each thread arrives for p + 1
+    // after its wait for p). The push warp pushes tile p + 1 after phase p and arrives
+    // (release); the loss warp arrives for p + 1 right after phase p (its reads of slot
+    // p - 1 done: three slots), then takes tile p's loss and hands dy to the feature warps
+    // (named barriers 3 and 4 by parity); the feature warps hand each tile's partials to
+    // the push warp (1 and 2) and take its gradients once its dy is there, so the push,
+    // the cluster barrier and the loss run beside the gradients of the tile before.
+    const int hand = (WARPS + 1) * 32;  // threads of a hand-over barrier
+    if (feature_warp) {
+        cluster_arrive_relaxed();  // phase 0 (tile 0's partials: the block barrier above)
+        #pragma unroll 1
+        for (int i = 0; i < tiles; ++i) {
+            TILE_ARGS(i)
+            stage_mask(i + 1);          // read after this step's hand-over of dy
+            load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
+            cp_wait_stages();
+            __syncwarp();
+            if (i + 1 < tiles) {
+                warp_logits(i + 1);
+                bar_arrive(1 + ((i + 1) & 1), hand);
+            }
+            cluster_wait();            // phase i
+            cluster_arrive_relaxed();  // phase i + 1
+            bar_sync(3 + (i & 1), hand);  // dy of tile i
+            tile_grads(r0, nrows, ht, ms, dyT);
+        }
+    } else if (warp == WARPS) {
+        if (tiles > 0) push_logits(0, lane, 32);
+        cluster_arrive();  // phase 0
+        #pragma unroll 1
+        for (int i = 0; i < tiles; ++i) {
+            cluster_wait();  // phase i: every block read slot i - 2's sums (into i + 1's)
+            if (i + 1 < tiles) {
+                bar_sync(1 + ((i + 1) & 1), hand);
+                push_logits(i + 1, lane, 32);
+            }
+            cluster_arrive();  // phase i + 1
+        }
+    } else {
+        cluster_arrive();  // phase 0
+        #pragma unroll 1
+        for (int i = 0; i < tiles; ++i) {
+            TILE_ROWS(i)
+            cluster_wait();    // phase i: tile i's sums
+            cluster_arrive();  // phase i + 1 (slot i - 1 read)
+            tile_loss(i, r0, nrows, dyT);
+            bar_arrive(3 + (i & 1), hand);
+        }
+    }
+    cluster_wait();  // phase tiles: no block leaves while a peer may still write into it
+#endif
     // the weight gradient's results (tc_wgrad's), the input gradient's column sums
+    if (feature_warp) {
 @WGRAD_STORE@
 @COLSUMS@
-    if (lead && warp == 0) {  // the lanes' sums in a fixed tree, then the chunks in order
+    }
+    if (lead && loss_warp) {  // the lanes' sums in a fixed tree, then the chunks in order
         #pragma unroll
         for (int o = 16; o > 0; o >>= 1) lane_loss += __shfl_xor_sync(FULL, lane_loss, o);
         #pragma unroll
@@ -374,7 +470,7 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         }
         if (lane == 0) losspart[blockIdx.y] = lane_loss;
     }
-    if (lead && last_arrival(ticket, gridDim.y) && warp == 0) {  // the lead blocks
+    if (lead && last_arrival(ticket, gridDim.y) && loss_warp) {  // the lead blocks
         A s = (A)0;
         for (long long c = lane; c < gridDim.y; c += 32) s += __ldcg(losspart + c);
         #pragma unroll
@@ -389,30 +485,43 @@ def cluster_size(features: int) -> int:
     return features // FEATURES_PER_BLOCK
 
 
-def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER, split: bool = False) -> int:
+def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER, split: bool = False,
+                 roles: bool = False) -> int:
     """The kernel's dynamic shared memory: tiles, warp sums, the cluster's block sums, dy
     (pitch tr + 16 halves: conflict-free fragment reads), mask bytes; ``split``
-    (``SPLIT_BARRIER``): two tiles' dy and three tiles' mask bytes instead of one and two."""
-    return (stages * WARPS * tr * 64 * 2 + WARPS * 16 * tr * 4 + 2 * cl * 16 * tr * 4
-            + (2 if split else 1) * 16 * (tr + 16) * 2 + (3 if split else 2) * tr * WARPS * 8)
+    (``SPLIT_BARRIER``): two tiles' dy and three tiles' mask bytes instead of one and two;
+    ``roles`` (``ROLES``): as ``split``, with two tiles' warp sums and three of block sums."""
+    two = split or roles
+    return (stages * WARPS * tr * 64 * 2 + (2 if roles else 1) * WARPS * 16 * tr * 4
+            + (3 if roles else 2) * cl * 16 * tr * 4
+            + (2 if two else 1) * 16 * (tr + 16) * 2 + (3 if two else 2) * tr * WARPS * 8)
+
+
+def threads(roles: bool) -> int:
+    """A block's threads: ``WARPS`` feature warps, and with ``roles`` a push and a loss warp."""
+    return 32 * (WARPS + (2 if roles else 0))
 
 
 @functools.cache
 def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16, tr=32,
-            stages=3, split=False):
+            stages=3, split=False, roles=False):
     src = TC._fill(_SRC.replace("@ROW_SOFTMAX@\n", H.ROW_SOFTMAX_SRC), WPART="wpart", DB="dxb",
                    XPART="xpart", DACC="d", DROW="2 * g + h")
     head = TC._COMMON.replace("{N}", str(n)) + MUL_RN_SRC + tickets.TICKET_SRC
     head += f"typedef float A;\ntypedef {_LABEL_CTYPES[np.dtype(label_dtype)]} L;\n"
-    smem = shared_bytes(tr, stages, cl, split)
+    split = split and not roles
+    smem = shared_bytes(tr, stages, cl, split, roles)
     if tr not in (16, 32) or stages not in (3, 4) or smem > MAX_SHARED:
         raise ValueError(f"_cuda_tc_head: rows per tile must be 16 or 32 and stages 3 or 4, "
                          f"in at most {MAX_SHARED} bytes of shared memory, got TR={tr}, "
                          f"STAGES={stages} ({smem} bytes)")
     defines = {"CL": cl, "WARPS": WARPS, "TR": tr, "STAGES": stages, "DP": tr + 16,
                "HAS_BIAS": int(has_bias), "BGRADB": int(bgradb), "DRELU": int(drelu),
-               "BGRAD": int(bgrad), "SPLIT_BARRIER": int(split),
-               "DY_BUFS": 2 if split else 1, "MASK_BUFS": 3 if split else 2}
+               "BGRAD": int(bgrad), "SPLIT_BARRIER": int(split), "ROLES": int(roles),
+               "THREADS": threads(roles), "LOSS_WARP": WARPS + 1 if roles else 0,
+               "RED_BUFS": 2 if roles else 1, "GAT_SLOTS": 3 if roles else 2,
+               "DY_BUFS": 2 if split or roles else 1,
+               "MASK_BUFS": 3 if split or roles else 2}
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(TC._source(head + src, dtype), "tc_head")
 
@@ -448,7 +557,8 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
     aux, ld = TC._aux_aligned(aux, ld, batch)
     tr, stages = TR, STAGES
-    split = bool(SPLIT_BARRIER)
+    roles = bool(ROLES)
+    split = bool(SPLIT_BARRIER) and not roles
     tiles = -(-batch // tr)
     per_chunk = -(-tiles // (n_clusters or CLUSTERS)) * tr
     chunks = -(-batch // per_chunk)
@@ -459,12 +569,12 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     losspart = cupy.empty(chunks, dtype=cupy.float32)
     loss = cupy.empty((), dtype=cupy.float32)
     kern = _kernel(n, cl, bias is not None, bgrad_w, aux is not None, bgrad_x,
-                   np.dtype(labels.dtype), x.dtype, tr, stages, split)
-    smem = shared_bytes(tr, stages, cl, split)
+                   np.dtype(labels.dtype), x.dtype, tr, stages, split, roles)
+    smem = shared_bytes(tr, stages, cl, split, roles)
     if kern.max_dynamic_shared_size_bytes < smem:
         kern.max_dynamic_shared_size_bytes = smem
     null = np.uintp(0)
-    kern((cl, chunks), (32 * WARPS,),
+    kern((cl, chunks), (threads(roles),),
          (x, w, bias if bias is not None else null, labels,
           grad_scale if grad_scale is not None else null, aux if aux is not None else null,
           np.int64(ld), y, wpart if wpart is not None else null, dw,

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Fifty-second session: the one-pass output layer's three forms (the whole cluster
+# barrier, the barrier split in two, warp roles: a push and a loss warp beside the eight
+# feature warps). Its GPU tests in every form (the fixture runs each), the kernel alone
+# against the two kernels, and the compiled 16-bit large steps: head off, on (whole), on
+# split, on with roles (three rounds). Results: $OUT/results-$TAG.tgz.
+set -uo pipefail
+TAG=${TAG:-s55b}
+source "$(dirname "$0")/_device_lib.sh"
+TAILN=25 run pytest_tc_head 230 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+  $(xdist load 4) tests/test_gpu_tc_head.py
+TAILN=12 run tc_head_sweep 90 python3 benchmarks/tc_head_sweep.py --out "$res" --tag "$TAG" \
+  --clusters 14 --tiles 32x3,32x4 --split-barrier --roles
+ab tc_head 230 3 fused_tc_head=0 fused_tc_head=1 "fused_tc_head=1,_cuda_tc_head.SPLIT_BARRIER=True" \
+  "fused_tc_head=1,_cuda_tc_head.ROLES=True"
