@@ -81,6 +81,21 @@ SHAPES = [(8192, 4096, 10, 16), (2100, 1024, 10, None), (2070, 2048, 3, 5),
 @pytest.mark.parametrize("dtype", HALVES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])))
 def test_one_pass_is_the_forward_xent_and_grads_kernels(cp, rng, head, shape, dtype):
+    _check_against_two_kernels(cp, rng, head, shape, dtype)
+
+
+@pytest.mark.parametrize("tile", [(32, 4), (16, 3)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2]], ids=lambda s: "x".join(map(str, s[:3])))
+def test_other_tile_shapes_are_the_two_kernels(cp, rng, head, monkeypatch, shape, tile):
+    """The tile shapes the sweep times (rows per tile x tiles in flight): four stages keep
+    the mask bytes two tiles ahead of their use, 16-row tiles leave half the loss lanes
+    idle."""
+    monkeypatch.setattr(head, "TR", tile[0])
+    monkeypatch.setattr(head, "STAGES", tile[1])
+    _check_against_two_kernels(cp, rng, head, shape, BF16)
+
+
+def _check_against_two_kernels(cp, rng, head, shape, dtype):
     from fuseflow.backend import _cuda_fused as F
     from fuseflow.backend import _cuda_skinny_tc as TC
 

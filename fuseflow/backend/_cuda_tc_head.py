@@ -63,7 +63,7 @@ TR = 32
 STAGES = 3
 #: The cluster barrier split in two (its arrive right after the next tile's push, its wait
 #: at the next step, each tile's gradients between them; dy in two buffers, the mask bytes
-#: in three), or whole (default: the form calls 216-217 tested). Call 217's Nsight Compute
+#: in STAGES), or whole (default: the form calls 216-217 tested). Call 217's Nsight Compute
 #: profile put a fifth of the kernel's samples on the whole barrier's release fence and
 #: wait. Not run on a GPU yet (``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` at start, or this
 #: constant; ``benchmarks/device_session54g.sh``). Read at each call.
@@ -189,7 +189,9 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         cp_commit();  // empty past the last tile: the group count stays uniform
     };
     // tile i's relu_aux bytes of the block's features, 8 a warp (ld % 8 == 0), copied
-    // asynchronously by the feature warps: they join the next committed group of tiles
+    // asynchronously by the feature warps: they join the next committed group of tiles.
+    // Staged STAGES - 2 tiles ahead, so that the cp.async wait of tile i's step (which
+    // leaves the newest STAGES - 2 groups in flight) covers tile i's bytes
     auto stage_mask = [&](int i) {
         if (!DRELU || i >= tiles) return;
         const long long r0 = c0 + (long long)i * TR;
@@ -259,13 +261,18 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
     for (int e = threadIdx.x; e < DY_BUFS * 16 * DP; e += THREADS) dyb[e] = __float2half(0.f);
     const bool feature_warp = !ROLES || warp < WARPS;
     if (feature_warp) {
-        stage_mask(0);  // in tile 0's group
         #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) load_tile(s);
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < STAGES - 2) stage_mask(s);  // tiles 0 .. STAGES - 3 in the first groups
+            load_tile(s);
+        }
         cp_wait_stages();  // tile 0
         __syncwarp();
         if (tiles > 0) warp_logits(0);
     }
+    // every block of the cluster has started before any pushes into its shared memory
+    cluster_arrive_relaxed();
+    cluster_wait();
     __syncthreads();
 
     // the input gradient's B words (tc_dgrad's): w at classes 2t, 2t+1 and 2t+8, 2t+9
@@ -379,12 +386,13 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         // Tile i's sums are in every block. With the whole barrier every thread of the
         // cluster is also past tile i - 1; with its wait alone (SPLIT_BARRIER) a thread
         // may still be on tile i - 1's gradients, which read that tile's dy and mask
-        // buffers, not these (dy: two buffers; the mask: three, tile i + 1's written here).
+        // buffers, not these (dy: two buffers; the mask: STAGES, tile i + STAGES - 2's
+        // written here).
         if (SPLIT_BARRIER) cluster_wait(); else cluster_sync();
-        stage_mask(i + 1);          // (read after the barrier of the next step)
-        load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
-        cp_wait_stages();  // tile i + 1's copies (and its mask bytes) are done, this
-        __syncwarp();      // thread's, then the warp's
+        stage_mask(i + STAGES - 2);  // (read after the block barrier of its step)
+        load_tile(i + STAGES - 1);   // into the stage this warp read in tile i - 1
+        cp_wait_stages();  // tile i + 1's copies (and tile i + 1's mask bytes) are done,
+        __syncwarp();      // this thread's, then the warp's
         if (warp == 0) tile_loss(i, r0, nrows, dyT);
         if (i + 1 < tiles) warp_logits(i + 1);
         __syncthreads();  // dy of tile i, and the warps' partials of tile i + 1
@@ -412,8 +420,9 @@ tc_head(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ 
         #pragma unroll 1
         for (int i = 0; i < tiles; ++i) {
             TILE_ARGS(i)
-            stage_mask(i + 1);          // read after this step's hand-over of dy
-            load_tile(i + STAGES - 1);  // into the stage this warp read in tile i - 1
+            __syncwarp();  // the warp's reads of tile i - 1's stage are done
+            stage_mask(i + STAGES - 2);  // read after its step's hand-over of dy
+            load_tile(i + STAGES - 1);   // into the stage this warp read in tile i - 1
             cp_wait_stages();
             __syncwarp();
             if (i + 1 < tiles) {
@@ -488,13 +497,14 @@ def cluster_size(features: int) -> int:
 def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER, split: bool = False,
                  roles: bool = False) -> int:
     """The kernel's dynamic shared memory: tiles, warp sums, the cluster's block sums, dy
-    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes; ``split``
-    (``SPLIT_BARRIER``): two tiles' dy and three tiles' mask bytes instead of one and two;
+    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes (``stages - 1``
+    tiles'); ``split`` (``SPLIT_BARRIER``): two tiles' dy and ``stages`` tiles' mask bytes;
     ``roles`` (``ROLES``): as ``split``, with two tiles' warp sums and three of block sums."""
     two = split or roles
     return (stages * WARPS * tr * 64 * 2 + (2 if roles else 1) * WARPS * 16 * tr * 4
             + (3 if roles else 2) * cl * 16 * tr * 4
-            + (2 if two else 1) * 16 * (tr + 16) * 2 + (3 if two else 2) * tr * WARPS * 8)
+            + (2 if two else 1) * 16 * (tr + 16) * 2
+            + (stages if two else stages - 1) * tr * WARPS * 8)
 
 
 def threads(roles: bool) -> int:
@@ -521,7 +531,7 @@ def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16
                "THREADS": threads(roles), "LOSS_WARP": WARPS + 1 if roles else 0,
                "RED_BUFS": 2 if roles else 1, "GAT_SLOTS": 3 if roles else 2,
                "DY_BUFS": 2 if split or roles else 1,
-               "MASK_BUFS": 3 if split or roles else 2}
+               "MASK_BUFS": stages if split or roles else stages - 1}
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(TC._source(head + src, dtype), "tc_head")
 
