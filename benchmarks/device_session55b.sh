@@ -13,3 +13,17 @@ TAILN=12 run tc_head_sweep 90 python3 benchmarks/tc_head_sweep.py --out "$res" -
   --clusters 14 --tiles 32x3,32x4 --split-barrier --roles
 ab tc_head 230 3 fused_tc_head=0 fused_tc_head=1 "fused_tc_head=1,_cuda_tc_head.SPLIT_BARRIER=True" \
   "fused_tc_head=1,_cuda_tc_head.ROLES=True"
+# if warp roles beat the two kernels alone, the 16-bit share with them on (one process,
+# as calls 212-213) and a peers.py pair
+if python3 - "$res/tc_head_sweep_$TAG.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+two = rows[0]["us"]
+roles = [r["us"] for r in rows if r.get("roles")]
+sys.exit(0 if roles and min(roles) < two else 1)
+PY
+then
+  export FUSEFLOW_FUSED_TC_HEAD=1 FUSEFLOW_TC_HEAD_ROLES=1
+  interleaved_16bit interleaved_roles 150 --tag "${TAG}_roles" --rounds 3 --window 1.5
+  pair_16bit 45
+fi
