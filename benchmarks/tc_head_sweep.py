@@ -1,16 +1,17 @@
 """The one-pass output layer (``_cuda_tc_head``) against its two kernels, alone on the GPU.
 
-    python benchmarks/tc_head_sweep.py --out DIR [--clusters 8,12,16,24] [--tiles 32x3,48x3]
+    python benchmarks/tc_head_sweep.py --out DIR [--clusters 8,12,16,24] [--tiles 32x3,32x4]
+        [--forms whole,split,roles]
 
 At 784-4096-4096-10's output layer (batch 8192, 4096 features, 10 classes, bfloat16, with
 the ReLU mask and both bias gradients): ``_cuda_skinny_tc.forward_xent`` followed by
 ``grads`` (today's path, two launches plus the partials' sums) and ``_cuda_tc_head.
-forward_grads`` at each cluster count (the grid's row chunks) and each tile shape (rows
-per tile x tiles in flight, ``TR`` x ``STAGES``; ``--split-barrier``: also with
-``SPLIT_BARRIER``; ``--roles``: also with ``ROLES``, at each tile shape; ``--ncu`` profiles
-the form these choose). Each variant is captured
-in a CUDA graph of 20 calls and replayed; the median over 7 replays, in us per call, with
-the bandwidth that x read once and dx written once would need. JSON out.
+forward_grads`` in its default form at each cluster count (the grid's row chunks), then
+each form of ``--forms`` at each tile shape (rows per tile x tiles in flight, ``TR`` x
+``STAGES``): "whole" (one cluster barrier a tile), "split" (``SPLIT_BARRIER``), "roles"
+(``ROLES``, the default). ``--ncu`` profiles one call of the first form. Each variant is
+captured in a CUDA graph of 20 calls and replayed; the median over 7 replays, in us per
+call, with the bandwidth that x read once and dx written once would need. JSON out.
 """
 
 from __future__ import annotations
@@ -35,10 +36,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--features", type=int, default=4096)
     ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--split-barrier", action="store_true",
-                    help="also time the kernel with its cluster barrier split in two")
-    ap.add_argument("--roles", action="store_true",
-                    help="also time the kernel with warp roles (ROLES) at each tile shape")
+    ap.add_argument("--forms", default="roles",
+                    help="the kernel's forms timed at each tile shape: whole, split, roles")
     ap.add_argument("--ncu", action="store_true",
                     help="for Nsight Compute (--profile-from-start off): one call of the "
                          "one-pass kernel between cudaProfilerStart and Stop, nothing timed")
@@ -68,8 +67,12 @@ def main():
         _, _, dy = TC.forward_xent(h, w, b, labels, None)
         TC.grads(dy, h, w, aux, ld, bgrad_w=True, bgrad_x=True)
 
+    forms = {"whole": (False, False), "split": (False, True), "roles": (True, False)}
+    chosen = args.forms.split(",")
+    if any(f not in forms for f in chosen):
+        raise SystemExit(f"--forms: each one of {list(forms)}, got {args.forms!r}")
     if args.ncu:
-        HD.ROLES, HD.SPLIT_BARRIER = args.roles, args.split_barrier
+        HD.ROLES, HD.SPLIT_BARRIER = forms[chosen[0]]
         for _ in range(3):  # compiled and warm
             HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True)
         cp.cuda.Device().synchronize()
@@ -86,35 +89,23 @@ def main():
         HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True,
                          n_clusters=c)
 
-    default = (HD.TR, HD.STAGES)
+    default = (HD.TR, HD.STAGES, HD.ROLES, HD.SPLIT_BARRIER)
+    form = "roles" if HD.ROLES else "split" if HD.SPLIT_BARRIER else "whole"
     for c in [int(v) for v in args.clusters.split(",")]:
-        rows.append({"variant": f"tc_head, {c} clusters", "clusters": c, "tr": HD.TR,
-                     "stages": HD.STAGES, "us": graph_us(lambda c=c: one(c))})
-    for tile in args.tiles.split(","):
-        HD.TR, HD.STAGES = (int(v) for v in tile.split("x"))
-        rows.append({"variant": f"tc_head, {HD.TR} rows x {HD.STAGES} stages",
-                     "clusters": HD.CLUSTERS, "tr": HD.TR, "stages": HD.STAGES,
-                     "us": graph_us(one)})
-    HD.TR, HD.STAGES = default
-    if args.split_barrier:  # the cluster barrier split in two (SPLIT_BARRIER)
-        HD.SPLIT_BARRIER = True
-        rows.append({"variant": "tc_head, split barrier", "clusters": HD.CLUSTERS,
-                     "tr": HD.TR, "stages": HD.STAGES, "split_barrier": True,
-                     "us": graph_us(one)})
-        HD.SPLIT_BARRIER = False
-    if args.roles:  # the push and loss warps beside the feature warps (ROLES)
-        HD.ROLES = True
+        rows.append({"variant": f"tc_head {form}, {c} clusters", "form": form, "clusters": c,
+                     "tr": HD.TR, "stages": HD.STAGES, "us": graph_us(lambda c=c: one(c))})
+    for form in chosen:
+        HD.ROLES, HD.SPLIT_BARRIER = forms[form]
         for tile in args.tiles.split(","):
             HD.TR, HD.STAGES = (int(v) for v in tile.split("x"))
-            rows.append({"variant": f"tc_head, roles, {HD.TR}x{HD.STAGES}",
+            rows.append({"variant": f"tc_head {form}, {HD.TR}x{HD.STAGES}", "form": form,
                          "clusters": HD.CLUSTERS, "tr": HD.TR, "stages": HD.STAGES,
-                         "roles": True, "us": graph_us(one)})
-        HD.TR, HD.STAGES = default
-        HD.ROLES = False
+                         "us": graph_us(one)})
+    HD.TR, HD.STAGES, HD.ROLES, HD.SPLIT_BARRIER = default
     moved = 2 * batch * features * h.itemsize + aux.nbytes  # x once, dx once, the mask
     for r in rows:
         r["tb_per_s_at_one_pass"] = moved / r["us"] / 1e6
-        print(f"{r['variant']:>24}: {r['us']:8.2f} us  "
+        print(f"{r['variant']:>28}: {r['us']:8.2f} us  "
               f"({r['tb_per_s_at_one_pass']:.2f} TB/s for x and dx once)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,12 +31,18 @@ another fixed order than ``tc_forward_xent``'s (per warp, per block, per rank), 
 and what follows agree with the two-kernel path to rounding, not bit for bit; all sums
 run in a fixed order (deterministic). Compute capability 9.0 (clusters).
 
-Measured on an H100 (calls 214-217, docs/benchmarks-log.md "The fifty-first session"):
-slower than the two kernels, 117 us against 100 alone, the compiled bfloat16 steps
-1.5-2.4% slower, so the backend's ``fused_tc_head`` is off by default. Each 32-row tile
-is a chain of latencies (the cluster barrier's release fence, warp 0's rows of the loss,
-the block barrier) with one 8-warp block an SM; ``SPLIT_BARRIER`` (not run yet) takes
-the first off the chain.
+That is the "whole" form (every warp takes features, warp 0 also the loss, a whole
+cluster barrier per tile). Measured on an H100 (calls 214-217, docs/benchmarks-log.md "The
+fifty-first session") it was slower than the two kernels, 117 us against 100 alone, the
+compiled bfloat16 steps 1.5-2.4% slower: each 32-row tile is a chain of latencies (the
+cluster barrier's release fence, warp 0's rows of the loss, the block barrier) with one
+8-warp block an SM. Two forms take parts of that chain off the tile's path:
+``SPLIT_BARRIER`` (the barrier's arrive and wait a step apart) and ``ROLES`` (the
+default since call 218: a push warp and a loss warp beside the eight feature warps, each
+tile's sums, cluster barrier and loss running beside the previous tile's gradients). In
+call 218 (an H100, ``tc_head_sweep.py``) the whole form took 118.4 us, the split barrier
+110.1 and warp roles 95.5, against 100.3 for the two kernels. The steps with it were not
+timed (no device time was left), so the backend's ``fused_tc_head`` stays off by default.
 """
 
 from __future__ import annotations
@@ -61,20 +67,21 @@ FEATURES_PER_BLOCK = 64 * WARPS
 #: (benchmarks set them), the kernel built per value.
 TR = 32
 STAGES = 3
-#: The cluster barrier split in two (its arrive right after the next tile's push, its wait
-#: at the next step, each tile's gradients between them; dy in two buffers, the mask bytes
-#: in STAGES), or whole (default: the form calls 216-217 tested). Call 217's Nsight Compute
-#: profile put a fifth of the kernel's samples on the whole barrier's release fence and
-#: wait. Not run on a GPU yet (``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` at start, or this
-#: constant; ``benchmarks/device_session54g.sh``). Read at each call.
+#: Without ``ROLES``: the cluster barrier split in two (its arrive right after the next
+#: tile's push, its wait at the next step, each tile's gradients between them; dy in two
+#: buffers, the mask bytes in STAGES), or whole (the form calls 216-217 tested). Call 217's
+#: Nsight Compute profile put a fifth of the kernel's samples on the whole barrier's
+#: release fence and wait; split, call 218 measured 110.1 us against the whole form's
+#: 118.4. ``FUSEFLOW_TC_HEAD_SPLIT_BARRIER=1`` at start, or this constant; read at each call.
 SPLIT_BARRIER = env_int("FUSEFLOW_TC_HEAD_SPLIT_BARRIER", 0) == 1
 #: Warp roles (takes precedence over ``SPLIT_BARRIER``): the block's ``WARPS`` warps take
 #: only the features' work, a push warp adds the warps' partial logits and pushes them to
 #: the cluster, and a loss warp takes the rows' loss, handing each tile's dy over through
 #: named barriers; so the push, the cluster barrier and the loss of a tile run beside the
-#: gradients of the tile before, which call 217's profile found waiting on them. Off by
-#: default until measured (``FUSEFLOW_TC_HEAD_ROLES=1`` at start, or this constant).
-ROLES = env_int("FUSEFLOW_TC_HEAD_ROLES", 0) == 1
+#: gradients of the tile before, which call 217's profile found waiting on them. The
+#: default: call 218 measured 95.5 us, the only form faster than the two kernels (100.3).
+#: ``FUSEFLOW_TC_HEAD_ROLES=0`` at start, or this constant, takes the other forms.
+ROLES = env_int("FUSEFLOW_TC_HEAD_ROLES", 1) == 1
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on compute capability 9.0
 #: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
 #: once, or a second wave doubles the time. One block an SM (the tiles take most of the
