@@ -2,16 +2,13 @@
 # Written in the fifty-second session (not run: its device time ran out; call 218 ran
 # device_session55c.sh, its first half): the one-pass output layer's three forms (the
 # whole cluster barrier, the barrier split in two, warp roles: a push and a loss warp
-# beside the eight feature warps, the default form since call 218). Its GPU tests in every form (the fixture runs each), the kernel alone
-# against the two kernels, and the compiled 16-bit large steps: head off, on (whole), on
-# split, on with roles (three rounds). Results: $OUT/results-$TAG.tgz.
+# beside the eight feature warps, the default form since call 218). Its GPU tests in
+# every form and the kernel alone (device_session55c.sh), then the compiled 16-bit large
+# steps: head off, on whole, on split, on with roles (three rounds). Results:
+# $OUT/results-$TAG.tgz.
 set -uo pipefail
 TAG=${TAG:-s55b}
-source "$(dirname "$0")/_device_lib.sh"
-TAILN=25 run pytest_tc_head 230 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
-  $(xdist load 4) tests/test_gpu_tc_head.py
-TAILN=12 run tc_head_sweep 90 python3 benchmarks/tc_head_sweep.py --out "$res" --tag "$TAG" \
-  --clusters 14 --tiles 32x3,32x4 --forms whole,split,roles
+source "$(dirname "$0")/device_session55c.sh"  # the tests and the sweep (call 218's)
 ab tc_head 230 3 fused_tc_head=0 "fused_tc_head=1,_cuda_tc_head.ROLES=False" \
   "fused_tc_head=1,_cuda_tc_head.ROLES=False,_cuda_tc_head.SPLIT_BARRIER=True" fused_tc_head=1
 # if warp roles beat the two kernels alone, the 16-bit share with them on (one process,
