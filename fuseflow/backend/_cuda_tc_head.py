@@ -18,8 +18,9 @@ walks a chunk of rows in tiles of ``TR``:
    block of the cluster (distributed shared memory), where they are added in rank order,
    so every block holds the same logits. This is done for the next tile before this
    tile's gradients, so the cluster barrier that waits for them finds them there;
-3. thread r of warp 0 takes row r through the xent kernel's arithmetic (``_cuda_head``'s
-   softmax): the row's loss, and its loss gradient dy rounded to 16 bits;
+3. thread r of the loss warp (warp 0 in the whole form, its own warp with ``ROLES``)
+   takes row r through the xent kernel's arithmetic (``_cuda_head``'s softmax): the
+   row's loss, and its loss gradient dy rounded to 16 bits;
 4. ``tc_grads``' step on the tile: the weight gradient ``dy.T @ x`` into registers held
    across the chunk (x read from shared memory, not again from DRAM), and the input
    gradient ``(dy @ w) * relu'(aux)`` with its column sums.
