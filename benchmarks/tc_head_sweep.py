@@ -67,12 +67,11 @@ def main():
         _, _, dy = TC.forward_xent(h, w, b, labels, None)
         TC.grads(dy, h, w, aux, ld, bgrad_w=True, bgrad_x=True)
 
-    forms = {"whole": (False, False), "split": (False, True), "roles": (True, False)}
     chosen = args.forms.split(",")
-    if any(f not in forms for f in chosen):
-        raise SystemExit(f"--forms: each one of {list(forms)}, got {args.forms!r}")
+    if any(f not in HD.FORMS for f in chosen):
+        raise SystemExit(f"--forms: each one of {list(HD.FORMS)}, got {args.forms!r}")
     if args.ncu:
-        HD.ROLES, HD.SPLIT_BARRIER = forms[chosen[0]]
+        HD.ROLES, HD.SPLIT_BARRIER = HD.FORMS[chosen[0]]
         for _ in range(3):  # compiled and warm
             HD.forward_grads(h, w, b, labels, None, aux, ld, bgrad_w=True, bgrad_x=True)
         cp.cuda.Device().synchronize()
@@ -90,12 +89,12 @@ def main():
                          n_clusters=c)
 
     default = (HD.TR, HD.STAGES, HD.ROLES, HD.SPLIT_BARRIER)
-    form = "roles" if HD.ROLES else "split" if HD.SPLIT_BARRIER else "whole"
+    form = HD.form()
     for c in [int(v) for v in args.clusters.split(",")]:
         rows.append({"variant": f"tc_head {form}, {c} clusters", "form": form, "clusters": c,
                      "tr": HD.TR, "stages": HD.STAGES, "us": graph_us(lambda c=c: one(c))})
     for form in chosen:
-        HD.ROLES, HD.SPLIT_BARRIER = forms[form]
+        HD.ROLES, HD.SPLIT_BARRIER = HD.FORMS[form]
         for tile in args.tiles.split(","):
             HD.TR, HD.STAGES = (int(v) for v in tile.split("x"))
             rows.append({"variant": f"tc_head {form}, {HD.TR}x{HD.STAGES}", "form": form,

@@ -25,21 +25,18 @@ BF16 = ml_dtypes.bfloat16
 HALVES = [np.float16, BF16]
 
 
-# the kernel's three forms: the whole cluster barrier (default), the barrier split in two
-# (SPLIT_BARRIER), warp roles (ROLES)
-FORMS = {"whole": (False, False), "split": (True, False), "roles": (False, True)}
-
-
-@pytest.fixture(scope="module", params=list(FORMS))
+# every test in each of the kernel's forms (_cuda_tc_head.FORMS): the whole cluster
+# barrier, the barrier split in two (SPLIT_BARRIER), warp roles (ROLES, the default)
+@pytest.fixture(scope="module", params=["whole", "split", "roles"])
 def head(cp, request):
     from fuseflow.backend import _cuda_tc_head as HD
 
     if int(cp.cuda.Device().compute_capability) < 90:
         pytest.skip("thread-block clusters need compute capability 9.0")
-    saved = HD.SPLIT_BARRIER, HD.ROLES
-    HD.SPLIT_BARRIER, HD.ROLES = FORMS[request.param]
+    saved = HD.ROLES, HD.SPLIT_BARRIER
+    HD.ROLES, HD.SPLIT_BARRIER = HD.FORMS[request.param]
     yield HD
-    HD.SPLIT_BARRIER, HD.ROLES = saved
+    HD.ROLES, HD.SPLIT_BARRIER = saved
 
 
 def _bits(a):

@@ -83,6 +83,9 @@ SPLIT_BARRIER = env_int("FUSEFLOW_TC_HEAD_SPLIT_BARRIER", 0) == 1
 #: default: call 218 measured 95.5 us, the only form faster than the two kernels (100.3).
 #: ``FUSEFLOW_TC_HEAD_ROLES=0`` at start, or this constant, takes the other forms.
 ROLES = env_int("FUSEFLOW_TC_HEAD_ROLES", 1) == 1
+#: The kernel's forms by name, as (``ROLES``, ``SPLIT_BARRIER``): benchmarks and tests
+#: choose one with ``ROLES, SPLIT_BARRIER = FORMS[name]``.
+FORMS = {"whole": (False, False), "split": (False, True), "roles": (True, False)}
 MAX_SHARED = 227 * 1024  # a block's dynamic shared memory on compute capability 9.0
 #: Clusters of the grid (each takes a contiguous chunk of rows): at most as many as run at
 #: once, or a second wave doubles the time. One block an SM (the tiles take most of the
@@ -559,6 +562,11 @@ def supported(x, w, labels) -> bool:
             and int(cupy.cuda.Device().compute_capability) >= 90)
 
 
+def form() -> str:
+    """The form ``ROLES`` and ``SPLIT_BARRIER`` choose (``ROLES`` takes precedence)."""
+    return "roles" if ROLES else "split" if SPLIT_BARRIER else "whole"
+
+
 def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgrad_x: bool,
                   n_clusters=None):
     """``(loss, y, dw, db, dx, dbx)`` for a ``supported`` output layer: ``(loss, y, dy) =
@@ -575,8 +583,8 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
     aux, ld = TC._aux_aligned(aux, ld, batch)
     tr, stages = TR, STAGES
-    roles = bool(ROLES)
-    split = bool(SPLIT_BARRIER) and not roles
+    chosen = form()
+    roles, split = chosen == "roles", chosen == "split"
     tiles = -(-batch // tr)
     per_chunk = -(-tiles // (n_clusters or CLUSTERS)) * tr
     chunks = -(-batch // per_chunk)
