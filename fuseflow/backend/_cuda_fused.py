@@ -65,9 +65,6 @@ _LABEL_CTYPES = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int",
                  np.dtype(np.uint64): "unsigned long long", np.dtype(np.uint32): "unsigned int",
                  np.dtype(np.uint16): "unsigned short", np.dtype(np.uint8): "unsigned char"}
 
-# One thread per row. With a class count C known at compile time (up to MAX_STATIC_CLASSES)
-# the row's exponentials stay in registers (computed once, not twice); the block's loss sum
-# is a warp-shuffle reduction plus one pass over the warps' sums (one barrier, not log2(n)).
 #: The loss gradient times the loss scale, rounded once (never contracted into an FMA);
 #: shared with ``_cuda_head``'s fused output layer.
 MUL_RN_SRC = r"""
@@ -76,6 +73,26 @@ MUL_RN_SRC = r"""
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 """
+
+
+def row_softmax_src(acc: str, n: str, label: str, indent: int) -> str:
+    """A row's softmax over its logits ``e[n]`` (type ``acc``) with its ``label``: the
+    largest logit ``m``, ``e[j]`` made ``exp(e[j] - m)`` in place, their sum ``s`` and the
+    label's logit ``zy``. The one text of this arithmetic: the xent kernel and the fused
+    output layers (``_cuda_head``, ``_cuda_tc_head``) agree bit for bit because they share it.
+    """
+    pad = " " * indent
+    lines = (f"{acc} m = e[0];", "#pragma unroll",
+             f"for (int j = 1; j < {n}; ++j) m = max(m, e[j]);",
+             f"{acc} s = 0, zy = 0;", "#pragma unroll",
+             f"for (int j = 0; j < {n}; ++j) {{", f"    if (j == {label}) zy = e[j];",
+             "    e[j] = exp(e[j] - m);", "    s += e[j];", "}")
+    return "".join(f"{pad}{line}\n" for line in lines)
+
+
+# One thread per row. With a class count C known at compile time (up to MAX_STATIC_CLASSES)
+# the row's exponentials stay in registers (computed once, not twice); the block's loss sum
+# is a warp-shuffle reduction plus one pass over the warps' sums (one barrier, not log2(n)).
 _XENT = MUL_RN_SRC + r"""#define GRAD(x) ((D)(gscale ? mul_rn((ACC)(x), (ACC)gscale[0]) : (ACC)(x)))
 __device__ __forceinline__ ACC warp_sum(ACC v) {
     #pragma unroll
@@ -98,17 +115,7 @@ extern "C" __global__ void __launch_bounds__(XENT_THREADS) xent(const T* logits,
         ACC e[C];
         #pragma unroll
         for (int j = 0; j < C; ++j) e[j] = (ACC)z[j];
-        ACC m = e[0];
-        #pragma unroll
-        for (int j = 1; j < C; ++j) m = max(m, e[j]);
-        ACC s = 0, zy = 0;
-        #pragma unroll
-        for (int j = 0; j < C; ++j) {
-            if (j == y) zy = e[j];
-            e[j] = exp(e[j] - m);
-            s += e[j];
-        }
-        acc += log(s) - (zy - m);
+""" + row_softmax_src("ACC", "C", "y", 8) + r"""        acc += log(s) - (zy - m);
         const ACC r = (ACC)1 / s;
         #pragma unroll
         for (int j = 0; j < C; ++j)

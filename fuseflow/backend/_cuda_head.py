@@ -40,27 +40,18 @@ from fuseflow.backend import _cuda_kernels as K
 from fuseflow.backend import _cuda_skinny as S
 from fuseflow.backend import _cuda_tickets as tickets
 from fuseflow.backend._cuda_fused import (_CTYPES, _LABEL_CTYPES, HALF_HEADERS,
-                                          MAX_STATIC_CLASSES, MUL_RN_SRC, acc_ctype)
+                                          MAX_STATIC_CLASSES, MUL_RN_SRC, acc_ctype,
+                                          row_softmax_src)
 
 #: Threads of a block; they split the inputs (forward) and the columns (input gradient).
 THREADS = S.FORWARD_THREADS
 #: The largest class count: the row's logits live in registers, one per lane.
 MAX_CLASSES = min(S.MAX_N, MAX_STATIC_CLASSES)
 
-#: The row's softmax over its logits ``e[N]`` with its ``label``: the largest logit ``m``,
-#: ``e[j]`` made ``exp(e[j] - m)`` in place, their sum ``s`` and the label's logit ``zy``
-#: (the xent kernel's arithmetic; also ``_cuda_tc_head``'s loss, one thread a row).
-ROW_SOFTMAX_SRC = r"""            A m = e[0];
-            #pragma unroll
-            for (int j = 1; j < N; ++j) m = max(m, e[j]);
-            A s = 0, zy = 0;
-            #pragma unroll
-            for (int j = 0; j < N; ++j) {
-                if (j == label) zy = e[j];
-                e[j] = exp(e[j] - m);
-                s += e[j];
-            }
-"""
+#: The row's softmax over its logits ``e[N]`` with its ``label``: the xent kernel's own text
+#: (``row_softmax_src``), so the loss here and in ``_cuda_tc_head`` (one thread a row) is
+#: that kernel's bit for bit.
+ROW_SOFTMAX_SRC = row_softmax_src("A", "N", "label", 12)
 #: A warp's row of the loss (shared with ``_cuda_skinny_tc``'s forward): lane j < N holds
 #: the row's logit j as the float sum ``v`` (``active``); stores the rounded logit in y,
 #: runs the xent kernel's arithmetic on the whole row in every lane, sets the row's loss
