@@ -505,17 +505,26 @@ def cluster_size(features: int) -> int:
     return features // FEATURES_PER_BLOCK
 
 
+def buffers(stages: int, split: bool = False, roles: bool = False) -> dict:
+    """How many tiles' worth of each shared buffer the form keeps: warp sums (``RED_BUFS``),
+    the cluster's block sums (``GAT_SLOTS``), dy (``DY_BUFS``), mask bytes (``MASK_BUFS``).
+    ``split`` (``SPLIT_BARRIER``): two tiles' dy and ``stages`` tiles' mask bytes instead of
+    one and ``stages - 1``; ``roles`` (``ROLES``): as ``split``, with two tiles' warp sums
+    and three of block sums instead of one and two."""
+    two = split or roles
+    return {"RED_BUFS": 2 if roles else 1, "GAT_SLOTS": 3 if roles else 2,
+            "DY_BUFS": 2 if two else 1, "MASK_BUFS": stages if two else stages - 1}
+
+
 def shared_bytes(tr: int, stages: int, cl: int = MAX_CLUSTER, split: bool = False,
                  roles: bool = False) -> int:
     """The kernel's dynamic shared memory: tiles, warp sums, the cluster's block sums, dy
-    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes (``stages - 1``
-    tiles'); ``split`` (``SPLIT_BARRIER``): two tiles' dy and ``stages`` tiles' mask bytes;
-    ``roles`` (``ROLES``): as ``split``, with two tiles' warp sums and three of block sums."""
-    two = split or roles
-    return (stages * WARPS * tr * 64 * 2 + (2 if roles else 1) * WARPS * 16 * tr * 4
-            + (3 if roles else 2) * cl * 16 * tr * 4
-            + (2 if two else 1) * 16 * (tr + 16) * 2
-            + (stages if two else stages - 1) * tr * WARPS * 8)
+    (pitch tr + 16 halves: conflict-free fragment reads), mask bytes, as many of each as
+    ``buffers`` says."""
+    b = buffers(stages, split, roles)
+    return (stages * WARPS * tr * 64 * 2 + b["RED_BUFS"] * WARPS * 16 * tr * 4
+            + b["GAT_SLOTS"] * cl * 16 * tr * 4 + b["DY_BUFS"] * 16 * (tr + 16) * 2
+            + b["MASK_BUFS"] * tr * WARPS * 8)
 
 
 def threads(roles: bool) -> int:
@@ -540,9 +549,7 @@ def _kernel(n, cl, has_bias, bgradb, drelu, bgrad, label_dtype, dtype=np.float16
                "HAS_BIAS": int(has_bias), "BGRADB": int(bgradb), "DRELU": int(drelu),
                "BGRAD": int(bgrad), "SPLIT_BARRIER": int(split), "ROLES": int(roles),
                "THREADS": threads(roles), "LOSS_WARP": WARPS + 1 if roles else 0,
-               "RED_BUFS": 2 if roles else 1, "GAT_SLOTS": 3 if roles else 2,
-               "DY_BUFS": 2 if split or roles else 1,
-               "MASK_BUFS": stages if split or roles else stages - 1}
+               **buffers(stages, split, roles)}
     head += "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return cupy.RawKernel(TC._source(head + src, dtype), "tc_head")
 
@@ -583,8 +590,7 @@ def forward_grads(x, w, bias, labels, grad_scale, aux, ld, *, bgrad_w: bool, bgr
     dbx = cupy.empty(features, dtype=x.dtype) if bgrad_x else None
     aux, ld = TC._aux_aligned(aux, ld, batch)
     tr, stages = TR, STAGES
-    chosen = form()
-    roles, split = chosen == "roles", chosen == "split"
+    roles, split = FORMS[form()]
     tiles = -(-batch // tr)
     per_chunk = -(-tiles // (n_clusters or CLUSTERS)) * tr
     chunks = -(-batch // per_chunk)
