@@ -217,8 +217,8 @@ class CudaBackend(Backend):
         #: would be ``linear_grads``' tensor-core pass (16-bit, at most 16 classes, long
         #: batches), one cluster launch takes the logits, the loss and both gradients,
         #: reading the layer's input once instead of twice (``_cuda_tc_head``; compute
-        #: capability 9.0); FUSEFLOW_FUSED_TC_HEAD=1 turns it on (off by default until it
-        #: is measured faster in the step).
+        #: capability 9.0); FUSEFLOW_FUSED_TC_HEAD=1 turns it on (off by default: in the
+        #: compiled 16-bit steps it measured 0.998x, call 219, docs/gpu.md).
         self.fused_tc_head = env_choice("FUSEFLOW_FUSED_TC_HEAD", {"1": True, "0": False},
                                         False)
         #: Bias/ReLU and bias/GELU epilogs (forward, DRELU[_BGRAD], DGELU[_BGRAD]; the GELU
