@@ -339,6 +339,33 @@ def test_mask_prefix_is_broadcast():
     assert out["scale"] == 0
 
 
+@pytest.mark.parametrize("ordered_params", [True, False], ids=["ordered_params", "ordered_mask"])
+def test_mask_meets_its_leaf_by_key_across_mapping_orders(ordered_params):
+    """A dict mask over OrderedDict params (or the other way round) flattens in another key
+    order; each flag must still reach its own leaf, in the reference and the fused update."""
+    from collections import OrderedDict
+
+    rng = np.random.default_rng(3)
+    items = [("b", rng.standard_normal(2)), ("a", rng.standard_normal(3))]
+    flags = [("b", False), ("a", True)]
+    params = OrderedDict(items) if ordered_params else dict(items)
+    mask = dict(flags) if ordered_params else OrderedDict(flags)
+    out, _ = optim.add_decayed_weights(0.5, mask=mask).update(
+        tree.zeros_like(params), optim.EmptyState(), params)
+    np.testing.assert_array_equal(out["a"], 0.5 * params["a"])
+    np.testing.assert_array_equal(out["b"], np.zeros(2))
+
+    opt = optim.adamw(1e-3, weight_decay=0.5, mask=mask)
+    grads = tree.map(lambda p: rng.standard_normal(p.shape), params)
+    ref = optim.apply_updates(params, opt.update(grads, opt.init(params), params)[0])
+    fused, _ = optim.update_and_apply(opt, grads, opt.init(params), params)
+    expected = optax.adamw(1e-3, weight_decay=0.5, mask={"a": True, "b": False})
+    upd, _ = expected.update(dict(grads), expected.init(dict(params)), dict(params))
+    for k in ("a", "b"):
+        np.testing.assert_allclose(ref[k], params[k] + np.asarray(upd[k]), rtol=1e-6)
+        np.testing.assert_array_equal(fused[k], ref[k])
+
+
 def test_weight_decay_needs_params():
     opt = optim.adamw(1e-3)
     params = make_params()

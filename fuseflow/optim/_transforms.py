@@ -172,6 +172,9 @@ def _mask_leaves(where, mask, params):
     m = mask(params) if callable(mask) else mask
     try:
         full = optree.tree_broadcast_prefix(m, params, none_is_leaf=False)
+        # flattened by the params' structure, so that each flag meets its leaf by key: the
+        # broadcast keeps the mask's mapping order (a dict mask over OrderedDict params)
+        flags = tree.structure(params).flatten_up_to(full)
     except ValueError:
         raise ValueError(
             f"{where}: the mask has structure {tree.structure(m)}, which does not match "
@@ -179,7 +182,6 @@ def _mask_leaves(where, mask, params):
             "params, e.g. mask=ff.tree.map(lambda p: p.ndim > 1, params), or pass a "
             "callable: mask=lambda params: ff.tree.map(lambda p: p.ndim > 1, params)"
         ) from None
-    flags = tree.leaves(full)
     bad = [f for f in flags if not isinstance(f, (bool, np.bool_))]
     if bad:
         raise TypeError(
