@@ -232,13 +232,13 @@ class CompiledStep:
             raise CompileError(f"{self!r}: the keyword arguments {sorted(kwargs)} do not bind "
                                f"to the step's parameters ({e}). Fix: pass the arguments "
                                "positionally, step(params, opt_state, x, y)") from None
-        bound.apply_defaults()  # a skipped defaulted parameter keeps the positions in line
-        if bound.kwargs:
+        if bound.kwargs:  # asked before the defaults: an unpassed keyword-only one is fine
             raise CompileError(f"{self!r}: the arguments {sorted(bound.kwargs)} bind to "
                                "keyword-only (or **) parameters, which have no position to "
                                "compile. Fix: make them positional parameters of the step and "
                                "pass them in order")
-        return bound.args
+        bound.apply_defaults()  # a skipped defaulted parameter keeps the positions in line
+        return bound.args  # keyword-only defaults stay the step's own
 
     def _fast_path_fits(self, g, args):
         """The usual loop: donated trees are the ones we returned, the rest same-shaped

@@ -140,6 +140,15 @@ def test_compiled_step_takes_keyword_arguments():
     _, _, m5 = compiled(params, state, xs[0], scale=np.float32(1), y=ys[0])
     assert float(m3["loss"]) == float(m4["loss"]) == float(m5["loss"]) == float(m1["loss"])
 
+    def with_kw_only_default(params, opt_state, x, y, *, scale=None):
+        return with_defaults(params, opt_state, x, y, scale)
+
+    compiled = ff.compile(with_kw_only_default)  # a keyword-only default not passed: fine
+    _, _, m6 = compiled(params, state, x=xs[0], y=ys[0])
+    assert float(m6["loss"]) == float(m1["loss"])
+    with pytest.raises(ff.CompileError, match=r"arguments \['scale'\] bind to keyword-only"):
+        compiled(params, state, x=xs[0], y=ys[0], scale=np.float32(1))
+
 
 def test_a_python_value_in_a_donated_argument_is_a_clear_error():
     """On a GPU the graph would hand back the value it was compiled with: refused on
