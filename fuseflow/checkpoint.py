@@ -289,6 +289,7 @@ def _open(path: Path, who: str):
         there = f"its folder holds {', '.join(near)}" if near else "no checkpoint beside it"
         raise FileNotFoundError(f"{who}: '{path}' does not exist ({there}). Fix: check the "
                                 "path, or write the checkpoint first with checkpoint.save")
+    open(path, "rb").close()  # the OS's own error: safetensors says "no such file" for any
     try:
         return safetensors.safe_open(path, framework="np")
     except safetensors.SafetensorError as e:

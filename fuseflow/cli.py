@@ -34,7 +34,7 @@ from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError, batc
                             make_step, read_metrics)
 from fuseflow.train._fit import Diverged, OutDirConflict
 from fuseflow.train._run_folder import (RunFolder, RunFolderError, latest_checkpoint, names,
-                                        resume_point)
+                                        needs_overwrite, resume_point)
 from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
@@ -117,6 +117,15 @@ def _seed(text: str) -> int:
     return value
 
 
+def _path(text: str) -> str:
+    """A path option: an empty one (an unset shell variable, ``--resume "$CKPT"``) would
+    otherwise read as not given and start a fresh run, or write to the default folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r} (an empty shell "
+                                         "variable?)")
+    return text
+
+
 def _backend_option(p):
     p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
                    help="where arrays live: numpy (any CPU), cuda (CuPy + nvmath on an NVIDIA "
@@ -139,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dataset", choices=("mnist", "digits"), default=None,
                    help=f"mnist, or scikit-learn's 8x8 digits (offline). Default: "
                         f"{d['dataset']}, falling back to digits when MNIST is nowhere")
-    t.add_argument("--data-dir", metavar="DIR", default=None,
+    t.add_argument("--data-dir", type=_path, metavar="DIR", default=None,
                    help="a folder with the four IDX files (MNIST, Fashion-MNIST, ...), or one "
                         "holding mnist/; input width and classes come from the data")
     t.add_argument("--hidden", type=_hidden, default=None, metavar="W1,W2,...",
@@ -168,10 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"Default: {d['precision']}")
     _loss_scaling_option(t)
     _backend_option(t)
-    t.add_argument("--out", metavar="DIR", default=None,
+    t.add_argument("--out", type=_path, metavar="DIR", default=None,
                    help="output folder. Default: runs/<dataset> (with --data-dir: "
                         "runs/<that folder's name>), or the checkpoint's folder with --resume")
-    t.add_argument("--resume", metavar="CKPT", default=None,
+    t.add_argument("--resume", type=_path, metavar="CKPT", default=None,
                    help="continue the run saved in CKPT (e.g. runs/mnist/last.safetensors); "
                         "the result is bit for bit that of an uninterrupted run")
     t.add_argument("--overwrite", action="store_true",
@@ -183,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="test accuracy of a checkpoint; prints test_accuracy=0.XXXX",
                        description="Rebuild the model from a `fuseflow train` checkpoint and "
                                    "evaluate it on its data set's test split.")
-    e.add_argument("checkpoint", metavar="CKPT")
-    e.add_argument("--data-dir", metavar="DIR", default=None,
+    e.add_argument("checkpoint", type=_path, metavar="CKPT")
+    e.add_argument("--data-dir", type=_path, metavar="DIR", default=None,
                    help="where the test IDX files are now (default: where training found them)")
     e.add_argument("--batch-size", type=_positive(int), default=None,
                    help="evaluation batch size. Default: the one training used (1000)")
@@ -459,7 +468,7 @@ def _train(args) -> int:
     if comm.size > 1:
         print(f"data parallel: {comm.size} ranks ({'NCCL' if device == 'cuda' else 'MPI'}), "
               "rank 0 reports and writes checkpoints", flush=True)
-    resume = Path(args.resume) if args.resume else None
+    resume = Path(args.resume) if args.resume is not None else None
     if resume is not None:
         recipe, resume_note = _resumed_recipe(args, _read_recipe(resume, "--resume"))
         if recipe.dataset == "digits":
@@ -467,14 +476,16 @@ def _train(args) -> int:
         _check_metrics(resume.parent / METRICS_FILE)
     elif args.dataset == "digits":
         _no_data_dir_for_digits(args.data_dir, "--dataset digits trains on")
-    out = Path(args.out) if args.out else (resume.parent if resume else None)
+    out = Path(args.out) if args.out is not None else (resume.parent if resume else None)
     output = None
     try:
         if out is not None and comm.is_main:  # a folder that cannot be written fails now
             output = RunFolder(out)
             output.check()
         if resume is not None:
-            ds = load_dataset(recipe.dataset, args.data_dir or recipe.data_dir)
+            ds = _checkpoint_data(recipe, args.data_dir, "the data set (its four IDX files)",
+                                  f"--resume {resume} --data-dir DIR",
+                                  lambda folder: load_dataset(recipe.dataset, folder))
             _check_data_fits(recipe, ds.input_width, ds.classes, "--resume")
             _check_same_examples(recipe, ds, resume)
             if recipe.train_examples is None:  # a checkpoint from before it was recorded
@@ -563,6 +574,8 @@ def _train(args) -> int:
     if interrupted is not None:
         kept = interrupted.checkpoint or resume
         where = _continue_from(kept, out, resume)
+        if kept is not None and needs_overwrite(out, kept):  # the set-aside files are back
+            where += " --overwrite"
         if kept:
             where = f"last full checkpoint: {kept} (epoch {interrupted.epoch}); {where}"
         return _report_stop(interrupted.signum, where)
@@ -609,6 +622,19 @@ def _report_stop(signum: int, where: str) -> int:
     return EXIT_INTERRUPTED
 
 
+def _checkpoint_data(recipe: Recipe, data_dir, what: str, fix: str, load):
+    """``load(folder)`` of ``--data-dir`` or else the folder the checkpoint's run read; that
+    folder moved since is an error that names it and ``--data-dir``."""
+    try:
+        return load(data_dir or recipe.data_dir)
+    except data.DatasetNotFoundError:
+        if data_dir is not None or recipe.data_dir is None:
+            raise
+        raise CLIError(f"the checkpoint's run read its data from {recipe.data_dir}, which no "
+                       f"longer holds {what}. Fix: {fix}, the folder that holds that data "
+                       "now.") from None
+
+
 def _eval(args) -> int:
     # under a launcher every rank evaluates the whole test set; rank 0 alone reports
     _quiet_unless_main(distributed.init())
@@ -617,15 +643,10 @@ def _eval(args) -> int:
     recipe = _read_recipe(path, "CKPT")
     if recipe.dataset == "digits":
         _no_data_dir_for_digits(args.data_dir, "the checkpoint's run trained on")
-    try:
-        x, y, source = _load_split(recipe.dataset, args.data_dir or recipe.data_dir, "test")
-    except data.DatasetNotFoundError:
-        if args.data_dir is not None or recipe.data_dir is None:
-            raise
-        raise CLIError(f"the checkpoint's run read its data from {recipe.data_dir}, which no "
-                       "longer holds its test split (the IDX files t10k-images-idx3-ubyte and "
-                       "t10k-labels-idx1-ubyte). Fix: --data-dir DIR, the folder that holds "
-                       "that data now.") from None
+    x, y, source = _checkpoint_data(
+        recipe, args.data_dir, "its test split (the IDX files t10k-images-idx3-ubyte and "
+        "t10k-labels-idx1-ubyte)", "--data-dir DIR",
+        lambda folder: _load_split(recipe.dataset, folder, "test"))
     bad = (y < 0) | (y >= recipe.classes)
     if int(x.shape[1]) == recipe.input_width and bad.any():
         i = int(np.argmax(bad))
@@ -702,6 +723,12 @@ def main(argv=None) -> int:
         except _REPORTED as e:
             print(f"fuseflow {args.command}: error: {e}", file=sys.stderr, flush=True)
             distributed.abort_if_parallel(EXIT_ERROR)  # other ranks may wait on this one
+            return EXIT_ERROR
+        except PermissionError as e:  # a data file or checkpoint the command may not read
+            what = f"{e.filename} ({e.strerror})" if e.filename else (e.strerror or str(e))
+            print(f"fuseflow {args.command}: error: cannot open {what}. Fix: make it readable "
+                  "(e.g. chmod u+r), or use a copy you can read.", file=sys.stderr, flush=True)
+            distributed.abort_if_parallel(EXIT_ERROR)
             return EXIT_ERROR
         except MemoryError as e:
             print(f"fuseflow {args.command}: error: out of memory ({e or 'MemoryError'}). "

@@ -316,6 +316,10 @@ def test_overwrite_puts_the_old_files_back_when_stopped_before_an_epoch(run, cli
     assert "the replaced files are back" in proc.stdout
     assert proc.stdout.splitlines()[-1].startswith(said)
     assert snapshot(out) == before  # every byte, and no backup folder left
+    if resume:  # the command it prints continues: the later epochs are back, so it asks
+        assert proc.stdout.splitlines()[-1].endswith(  # for --overwrite again
+            f"continue with: fuseflow train --resume {out / 'ckpt-epoch1.safetensors'} "
+            "--overwrite")
 
 
 def test_sigterm_before_training_starts_still_puts_the_old_files_back(run, cli, monkeypatch):
@@ -563,3 +567,80 @@ def test_eval_says_when_the_runs_data_folder_has_moved(tmp_path, cli):
                                  command="eval")
     assert line.count("Fix:") == 1
     assert cli("eval", tmp_path / "o" / T.LAST, "--data-dir", tmp_path / "moved").returncode == 0
+
+
+def test_a_resume_says_when_the_runs_data_folder_has_moved(tmp_path, cli):
+    """As eval: the folder the checkpoint recorded is named, and the fix is --data-dir."""
+    folder = idx_folder(tmp_path / "idx")
+    assert cli("train", "--data-dir", folder, "--epochs", "1", "--out", tmp_path / "o",
+               *SMALL).returncode == 0
+    folder.rename(tmp_path / "moved")
+    before = snapshot(tmp_path / "o")
+    ckpt = tmp_path / "o" / T.LAST
+    proc = cli("train", "--resume", ckpt, "--epochs", "2", "--no-progress")
+    line = assert_one_line_error(proc, "the checkpoint's run read its data from", str(folder),
+                                 "which no longer holds the data set",
+                                 f"Fix: --resume {ckpt} --data-dir DIR")
+    assert line.count("Fix:") == 1 and snapshot(tmp_path / "o") == before
+    assert cli("train", "--resume", ckpt, "--epochs", "2", "--data-dir", tmp_path / "moved",
+               "--no-progress").returncode == 0
+
+
+def test_a_torn_metrics_line_resumed_into_a_new_folder_is_a_warning(run, cli, tmp_path):
+    """Resumed elsewhere, the cut-short line is dropped with the warning the docs promise,
+    once."""
+    out, _ = run
+    with open(out / T.METRICS_FILE, "a") as f:
+        f.write('{"epoch": 4, "st')
+    proc = cli("train", "--resume", out / T.LAST, "--epochs", "4", "--out", tmp_path / "new",
+               "--no-progress")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warning) == 1 and "last line is cut short" in warning[0], proc.stderr
+    assert [r["epoch"] for r in T.read_metrics(tmp_path / "new")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("which", ["data", "checkpoint"])
+def test_a_file_that_cannot_be_read_is_one_line(run, tmp_path, cli, monkeypatch, which):
+    """A data file or checkpoint without read permission: named, with the fix, not a
+    traceback (safetensors alone calls it a missing file)."""
+    out, before = run
+    folder = idx_folder(tmp_path / "idx")
+    target = folder / IDX_NAMES["train"][0] if which == "data" else out / T.LAST
+    target.chmod(0o000)
+    if os.access(target, os.R_OK):  # root reads anything: refuse the read instead
+        real_open = open
+
+        def refuse(path, *args, **kwargs):
+            if Path(path) == target:
+                raise PermissionError(13, "Permission denied", str(target))
+            return real_open(path, *args, **kwargs)
+        monkeypatch.setattr("builtins.open", refuse)
+        monkeypatch.setattr(Path, "read_bytes", lambda p: refuse(p, "rb").read())
+    try:
+        commands = ([["train", "--data-dir", folder, "--out", tmp_path / "o", *SMALL]]
+                    if which == "data" else
+                    [["train", "--resume", target, "--epochs", "4", "--out", tmp_path / "o",
+                      "--no-progress"], ["eval", target]])
+        for args in commands:
+            proc = cli(*args)
+            assert_one_line_error(proc, f"cannot open {target} (Permission denied)",
+                                  "Fix: make it readable", command=args[0])
+    finally:
+        target.chmod(0o644)
+        monkeypatch.undo()
+    assert snapshot(out) == before and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args", [["train", *DIGITS, "--resume", ""],
+                                  ["train", *DIGITS, "--out", " "],
+                                  ["train", "--data-dir", "", "--no-progress"],
+                                  ["eval", ""]])
+def test_an_empty_path_is_a_usage_error_not_a_default(args, tmp_path, capsys, monkeypatch):
+    """``--resume "$CKPT"`` with CKPT unset would otherwise start a fresh run."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2
+    assert "expected a path, got" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

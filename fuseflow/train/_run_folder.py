@@ -25,7 +25,7 @@ from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, rea
 from fuseflow.train._signals import hold_interrupts
 
 __all__ = ["RunFolder", "RunFolderError", "fit_folder", "latest_checkpoint", "names",
-           "resume_point"]
+           "needs_overwrite", "resume_point"]
 
 
 class RunFolderError(Exception):
@@ -138,8 +138,18 @@ def resume_point(folder: Path) -> tuple:
     latest = latest_checkpoint(folder) if folder.is_dir() else None
     if latest is None:
         return None, False
-    later, later_records = _after_epoch(folder, _saved_epoch(latest) or 0, latest)
-    return latest, bool(later or later_records)
+    return latest, needs_overwrite(folder, latest)
+
+
+def needs_overwrite(folder: Path, resume: Path) -> bool:
+    """Whether a run resumed from ``resume`` into ``folder`` must pass --overwrite: its own
+    folder holds files or records of later epochs, another folder any run's files."""
+    if not folder.is_dir():
+        return False
+    if folder.resolve() != resume.parent.resolve():
+        return bool(_run_files(folder))
+    later, later_records = _after_epoch(folder, _saved_epoch(resume) or 0, resume)
+    return bool(later or later_records)
 
 
 def _after_epoch(folder: Path, epoch: int, resume: Path | None = None):
@@ -283,9 +293,9 @@ class RunFolder:
         self.start_epoch = start_epoch
         if resume is None or same_run:
             return None
-        with warnings.catch_warnings():  # a torn last line was reported already
-            warnings.simplefilter("ignore")
-            return kept_metrics(resume.parent, start_epoch)  # carried into the new folder
+        # carried into the new folder; a torn last line is dropped with its warning, the
+        # only one this run gives (fit reads the records from here, not the file)
+        return kept_metrics(resume.parent, start_epoch)
 
     def _later_epochs(self, resume: Path, epoch: int):
         """The files of epochs after ``epoch`` in the resumed checkpoint's own folder: (files
