@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Fifty-fourth session: on an H200 (not reached since calls 149-150), device_session54a.sh's
+# measurements (the whole matrix, two interleaved_16bit.py processes, a peers.py 16-bit
+# pair). On any other GPU, the GPU tests of the code this session changed instead: the
+# weight-decay mask's flags (optimizers, fused updates), ff.compile's keyword binding, the
+# command line (checkpoint reads), then fuseflow train on the GPU. Results:
+# $OUT/results-$TAG.tgz.
+set -uo pipefail
+TAG=${TAG:-s57a}
+source "$(dirname "$0")/_device_lib.sh"
+cat "$res/env.txt"
+if grep -q H200 "$res/env.txt"; then
+  whole_matrix
+  interleaved_16bit interleaved_1 150 --tag "${TAG}_1" --rounds 3 --window 1.5
+  interleaved_16bit interleaved_2 150 --tag "${TAG}_2" --rounds 3 --window 1.5
+  pair_16bit 45
+else
+  TAILN=12 run pytest_changed 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
+    $(xdist load 6) tests/test_optim.py tests/test_fused_optim.py tests/test_compile.py \
+    tests/test_compile_cast.py tests/test_checkpoint.py tests/test_train.py
+  cli_runs 60
+fi
