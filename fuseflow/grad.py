@@ -50,10 +50,12 @@ def _backward(model, params, residuals, dy, need_input_grad):
     return model.backward(params, residuals, dy, **kwargs)
 
 
-def loss_and_output_grad(loss_fn, out, y, **kwargs):
+def loss_and_output_grad(loss_fn, out, y, *, same_dtype=False, **kwargs):
     """``loss_fn(out, y, **kwargs)``, checked against the loss contract: it returns
     ``(loss, d loss / d out)`` with the gradient shaped like ``out`` (what the backward
-    starts from; a loss that returns only the value cannot be differentiated here)."""
+    starts from; a loss that returns only the value cannot be differentiated here), and
+    with ``same_dtype`` an array of ``out``'s kind and dtype (else the output layer would
+    reject it as a ``dy`` the user never passed)."""
     result = loss_fn(out, y, **kwargs)
     name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     if not (isinstance(result, tuple) and len(result) == 2):
@@ -69,6 +71,16 @@ def loss_and_output_grad(loss_fn, out, y, **kwargs):
         raise ValueError(f"value_and_grad: the loss {name} returned a gradient of shape {got} "
                          f"for outputs of shape {tuple(out.shape)}. Fix: return "
                          "d_loss/d_outputs, one entry per output.")
+    grad = result[1]
+    if same_dtype and (type(grad) is not type(out) or grad.dtype != out.dtype):
+        got = (f"dtype {grad.dtype}" if type(grad) is type(out)
+               else f"a {type(grad).__module__}.{type(grad).__name__}")
+        raise TypeError(f"value_and_grad: the loss {name} returned a gradient of {got} for "
+                        f"outputs of dtype {out.dtype} ({type(out).__module__}."
+                        f"{type(out).__name__}); the backward starts from it as they are. "
+                        "Fix: compute the loss on targets of the outputs' dtype "
+                        "(targets.astype(outputs.dtype)), or return the gradient so: "
+                        "grad.astype(outputs.dtype), on the outputs' array module.")
     return result
 
 
@@ -104,7 +116,7 @@ def value_and_grad(model, loss_fn, *, with_outputs=False):
                                                              check=check)
         else:
             out, residuals = model.forward(params, x, key=key, train=True)
-            loss, dout = loss_and_output_grad(loss_fn, out, y)
+            loss, dout = loss_and_output_grad(loss_fn, out, y, same_dtype=True)
             owned = _own_residuals(model, residuals)
             del residuals  # a Serial backward frees each layer's saved arrays once used
             grads, _ = _backward(model, params, owned, dout, need_input_grad=False)

@@ -419,3 +419,75 @@ def test_check_grads_names_a_param_that_is_not_a_float_array(bad, says):
     with raises(ff.GradientCheckError, f"Linear({out}): {says}: every param is trained",
                 "Fix: make it a float array"):
         ff.check_grads(layer, {**p, "step": bad}, randn(3, inp))
+
+
+class FrozenBias(nn.Dense):
+    """A Dense whose bias is not trained: its backward (the layer contract) zeroes db."""
+
+    def backward(self, params, residuals, dy, *, need_input_grad=True):
+        grads, dx = super().backward(params, residuals, dy, need_input_grad=need_input_grad)
+        return {"w": grads["w"], "b": grads["b"] * 0}, dx
+
+
+class Doubled(nn.Dense):
+    """A Dense with the contract's forward signature (no ``activation=``): y doubled."""
+
+    def forward(self, params, x, *, key=None, train=True):
+        y, residuals = super().forward(params, x, key=key, train=train)
+        return 2 * y, residuals
+
+    def backward(self, params, residuals, dy, *, need_input_grad=True):
+        return super().backward(params, residuals, 2 * dy, need_input_grad=need_input_grad)
+
+
+@pytest.mark.parametrize("where", ["top", "bottom"])
+def test_serial_runs_a_dense_subclass_own_backward(where):
+    """Serial's fusion engine drives Dense through backward_fused; a subclass that overrides
+    backward (and not backward_fused) is a stage of its own, so its backward is the one run."""
+    hidden, batch, inp = size(), size(), size()
+    model = (nn.Serial(nn.Dense(hidden, "relu"), FrozenBias(3)) if where == "top" else
+             nn.Serial(FrozenBias(hidden, "relu"), nn.Dense(3)))
+    i = 1 if where == "top" else 0
+    assert model.stages[i].dense is None and repr(model.layers[i]).startswith("FrozenBias(")
+    _, p = model.init(key(), (inp,))
+    x, labels = randn(batch, inp), rng.integers(0, 3, batch)
+    for loss, y in ((ff.losses.softmax_cross_entropy, labels),
+                    (ff.losses.mse, randn(batch, 3))):
+        _, grads = ff.value_and_grad(model, loss)(p, x, y)
+        assert not np.any(grads[i]["b"]) and np.any(grads[i]["w"])
+    out, residuals = model.forward(p, x)
+    grads, _ = model.backward(p, residuals, randn(*out.shape))
+    assert not np.any(grads[i]["b"])
+
+
+def test_serial_runs_a_dense_subclass_with_the_contracts_forward():
+    """Its forward gets the contract's keywords only, its backward runs, and the model's
+    gradients agree with finite differences (float64)."""
+    hidden, batch, inp = size(), size(), size()
+    model = nn.Serial(nn.Dense(hidden, "relu"), Doubled(3), nn.ReLU(), nn.Dense(2))
+    _, p = model.init(key(), (inp,))
+    p = ff.tree.map(lambda a: a.astype(np.float64) + 0.1, p)
+    x = randn(batch, inp, dtype=np.float64)
+    ff.check_grads(model, p, x)
+    y, _ = model.forward(p, x)
+    h = np.maximum(x @ p[0]["w"].T + p[0]["b"], 0)
+    h = np.maximum(2 * (h @ p[1]["w"].T + p[1]["b"]), 0)
+    np.testing.assert_allclose(y, h @ p[3]["w"].T + p[3]["b"], rtol=1e-12)
+
+
+def test_a_custom_loss_gradient_of_another_dtype_names_the_loss():
+    """Float64 targets in a float32 model widen a hand-written loss's gradient: the loss is
+    named, not the output Dense's dy (which the user never passed)."""
+    def mae(outputs, targets):
+        diff = outputs - targets
+        return abs(diff).mean(), np.sign(diff) / diff.size
+
+    model = nn.Serial(nn.Dense(size(), "relu"), nn.Dense(2))
+    batch, inp = size(), size()
+    _, p = model.init(key(), (inp,))
+    f = ff.value_and_grad(model, mae)
+    with raises(TypeError, "the loss mae returned a gradient of dtype float64 for outputs of "
+                "dtype float32", "Fix: compute the loss on targets of the outputs' dtype"):
+        f(p, randn(batch, inp), randn(batch, 2, dtype=np.float64))
+    loss, _ = f(p, randn(batch, inp), randn(batch, 2))
+    assert np.isfinite(loss)

@@ -47,7 +47,7 @@ class Dense(Layer):
     def __repr__(self):
         act = f", activation={self.activation!r}" if self.activation else ""
         bias = "" if self.use_bias else ", use_bias=False"
-        return f"Dense({self.features}{act}{bias})"
+        return f"{type(self).__name__}({self.features}{act}{bias})"  # a subclass by its name
 
     def init(self, key, in_shape):
         in_shape = check_in_shape(self, in_shape)

@@ -5,7 +5,8 @@ The fusion engine. At construction Serial groups its layers into stages:
 - a ``Dense`` with ``activation="relu"``/``"gelu"``, or a plain ``Dense`` directly followed
   by a ``ReLU()``/``GELU()`` layer, is one *dense stage*: its forward is a single
   RELU_AUX_BIAS / GELU_AUX_BIAS matmul (the separate activation layer does no work);
-- every other layer is a stage of its own and runs its own forward/backward.
+- every other layer is a stage of its own and runs its own forward/backward, as does a
+  Dense subclass that overrides ``forward`` or ``backward`` (but not ``backward_fused``).
 
 In backward, when a dense stage sits directly on top of a dense stage with an activation,
 the upper stage's input-gradient matmul uses DRELU_BGRAD / DGELU_BGRAD with the lower
@@ -41,12 +42,25 @@ class _Stage(NamedTuple):
     absorbed: int | None = None      # index of a ReLU/GELU layer fused into this Dense
 
 
+def _fusable(layer) -> bool:
+    """A Dense the fusion engine may drive through ``backward_fused``: Dense itself, or a
+    subclass that overrides ``backward_fused`` or neither ``forward`` nor ``backward``. A
+    subclass with its own ``forward``/``backward`` but Dense's ``backward_fused`` keeps the
+    layer contract: the engine would skip its backward, or call its forward with Dense's
+    ``activation=`` keyword."""
+    if not isinstance(layer, Dense):
+        return False
+    kind = type(layer)
+    return (kind.backward_fused is not Dense.backward_fused
+            or (kind.forward is Dense.forward and kind.backward is Dense.backward))
+
+
 def plan_stages(layers) -> list:
     """Group layers into fused dense stages and generic stages (see the module docstring)."""
     stages, i = [], 0
     while i < len(layers):
         layer = layers[i]
-        if isinstance(layer, Dense):
+        if _fusable(layer):
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             if layer.activation is None and type(nxt) in (ReLU, GELU):
                 stages.append(_Stage(i, layer, nxt.activation, i + 1))
