@@ -312,6 +312,83 @@ def test_resume_mid_epoch_reproduces_the_parameters_exactly(tmp_path):
     _assert_trees_equal(resumed.state, straight.state)
 
 
+def test_resume_mid_epoch_records_the_steps_taken_after_the_resume(tmp_path):
+    """The state carries no running sums: the resumed epoch's record is the mean over the
+    steps run after the resume (as fit's docstring says), the next epoch's is whole."""
+    train, _ = _data()
+    model, opt, state = _fresh(epochs=3)
+    losses = []
+    straight = _fit(model, opt, state, train, None, 3,
+                    on_step=lambda st, m: losses.append(float(m["loss"]) * BATCH))
+
+    def save_and_stop(st, metrics):
+        if st.step == STEPS + 5:
+            T.save_state(tmp_path / "mid.safetensors", st)
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state, train, None, 3, on_step=save_and_stop)
+    resumed = _fit(model, opt, T.load_state(tmp_path / "mid.safetensors", like=state), train,
+                   None, 3)
+    partial, whole = resumed.history
+    assert partial["train_loss"] == pytest.approx(
+        sum(losses[STEPS + 5:2 * STEPS]) / ((STEPS - 5) * BATCH), rel=1e-6)
+    assert whole == {**straight.history[2], "seconds": whole["seconds"],
+                     "samples_per_s": whole["samples_per_s"]}
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_resume_from_a_state_saved_after_the_epochs_last_step(tmp_path, in_place):
+    """on_step hands out the state after the epoch's last step before the epoch closes
+    (batch_in_epoch == steps per epoch): resumed, that epoch closes with no step (evaluated,
+    saved, recorded with train_loss None) and the run goes on, bit for bit."""
+    train, test = _data()
+    model, opt, state = _fresh(epochs=2)
+    straight = _fit(model, opt, state, train, test, 2)
+    out = tmp_path / "run" if in_place else None
+
+    def save_and_stop(st, metrics):
+        if st.step == STEPS:
+            T.save_state((out or tmp_path) / T.LAST, st)
+            raise KeyboardInterrupt
+
+    with pytest.raises(T.Interrupted):
+        _fit(model, opt, state, train, test, 2, out, on_step=save_and_stop)
+    end = T.load_state((out or tmp_path) / T.LAST, like=state)
+    assert (end.epoch, end.batch_in_epoch) == (0, STEPS)
+    resumed = _fit(model, opt, end, train, test, 2, out)
+    _assert_trees_equal(resumed.state, straight.state)
+    first, second = resumed.history
+    assert first["train_loss"] is None and first["test_acc"] == straight.history[0]["test_acc"]
+    assert second["train_loss"] == straight.history[1]["train_loss"]
+    if in_place:
+        assert [r["epoch"] for r in T.read_metrics(out)] == [1, 2]
+
+
+def test_a_mid_epoch_state_beyond_this_epochs_batches_is_named():
+    train, _ = _data()
+    model, opt, state = _fresh()
+    with pytest.raises(ValueError, match=r"fit: the state is at batch 10 of epoch 1, but 1438 "
+                                         r"training examples make 7 batches of 200 .*Fix: "):
+        T.fit(model, opt, state._replace(batch_in_epoch=10), train, epochs=1,
+              batch_size=200, progress=False, log=None)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m, o, s, tr: T.fit(m, o, s, tr, epochs=1, batch_size=0, log=None),
+     "fit: batch_size must be a positive int, got 0"),
+    (lambda m, o, s, tr: T.fit(m, o, s, tr, epochs=1, batch_size=100, log_every=0, log=None),
+     "fit: log_every must be a positive int, got 0"),
+    (lambda m, o, s, tr: T.evaluate(m, s.params, *tr, batch_size=0),
+     "evaluate: batch_size must be a positive int, got 0"),
+], ids=["fit_batch_size", "log_every", "evaluate_batch_size"])
+def test_batch_sizes_and_log_every_are_checked_where_given(call, match):
+    train, _ = _data()
+    model, opt, state = _fresh()
+    with pytest.raises(ValueError, match=match):
+        call(model, opt, state, train)
+
+
 def test_ctrl_c_keeps_the_last_full_checkpoint(tmp_path):
     train, test = _data()
     model, opt, state = _fresh(epochs=3)

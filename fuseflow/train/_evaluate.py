@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from fuseflow._namespace import namespace
 from fuseflow.data import batches
+from fuseflow.data._batches import _check_batch_size
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
 
 __all__ = ["evaluate", "EvalResult"]
@@ -32,6 +33,7 @@ def evaluate(model, params, x, y, batch_size: int = 1000, *, loss_fn=None) -> Ev
     reports it; for other targets (one-hot, regression) ``accuracy`` and ``correct`` are
     None. Sums stay on the device; the one read-back to the host is at the end.
     """
+    batch_size = _check_batch_size(batch_size, "evaluate")
     if loss_fn is None:
         check_labels(model, params, x, y, "evaluate")
         loss_fn = unchecked_cross_entropy

@@ -124,6 +124,10 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     ``state``: a state saved from ``on_step`` in the middle of an epoch continues in its
     folder if it was saved there as last.safetensors (``save_state(out_dir / LAST,
     state)``, the folder's latest state; the epoch's start stays in its ckpt-epoch file).
+    Such a state continues bit for bit, but the resumed epoch's record (train_loss,
+    train_acc, samples_per_s) covers only the steps taken after the resume (none, and
+    train_loss None, for a state saved after the epoch's last step): the state carries no
+    running sums.
     ``on_step(state, metrics)`` runs after every step. ``log`` prints one summary line per
     epoch (None: silent); ``progress`` shows a per-epoch tqdm bar on terminals. Ctrl-C or
     SIGTERM stops after the step in progress (with ``comm``: after the epoch in progress,
@@ -155,6 +159,8 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     if not len(train[0]):
         raise ValueError("fit: the training set is empty (0 examples). Fix: pass the "
                          "training examples, train=(x, y).")
+    batch_size = _check_batch_size(batch_size, "fit")
+    log_every = _check_batch_size(log_every, "fit", "log_every")  # steps between bar updates
     if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)):
         raise TypeError(f"fit: epochs must be an int (the number of epochs complete when fit "
                         f"returns), got {epochs!r} ({type(epochs).__name__}). Fix: "
@@ -187,6 +193,13 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
     if steps_per_epoch == 0:
         raise ValueError(f"fit: {len(x)} training examples make no batch of {batch_size}. "
                          f"Fix: batch_size <= {len(x)}, or drop_last=False.")
+    if not 0 <= state.batch_in_epoch <= steps_per_epoch:
+        raise ValueError(f"fit: the state is at batch {state.batch_in_epoch} of epoch "
+                         f"{state.epoch + 1}, but {len(x)} training examples make "
+                         f"{steps_per_epoch} batches of {batch_size} an epoch. A state saved "
+                         "in the middle of an epoch continues with the training set, "
+                         "batch_size and drop_last it was saved with. Fix: pass those, or "
+                         "resume from the epoch's start (its ckpt-epoch checkpoint).")
 
     if comm is not None and comm.size > 1:
         if batch_size % comm.size:
@@ -410,12 +423,13 @@ def _train_epoch(step_fn, held, x, y, epoch, epochs, batch_size, steps_per_epoch
             loss_sum, acc_sum = (comm.allreduce_mean(np.array([loss_sum, acc_sum]))
                                  * comm.size)
             seen *= comm.size
-        train_loss = loss_sum / seen
+        # None where a state saved after the epoch's last step took no step here
+        train_loss = loss_sum / seen if seen else None
         seconds = time.perf_counter() - t0
     finally:
         bar.close()
     record = {"epoch": epoch + 1, "step": state.step, "train_loss": train_loss,
-              "train_acc": acc_sum / seen if has_acc else None,
+              "train_acc": acc_sum / seen if has_acc and seen else None,
               "test_loss": None, "test_acc": None, "seconds": seconds,
               "samples_per_s": seen / seconds if seconds > 0 else None}
     return state._replace(epoch=epoch + 1, batch_in_epoch=0), record
@@ -425,7 +439,7 @@ def _diverged(record, params) -> bool:
     """The epoch's mean loss is NaN or inf and so are some params. A non-finite loss alone
     is no divergence under dynamic loss scaling: a float16 forward that overflowed on one
     batch gives that step a NaN loss, and the step is skipped with the params unchanged."""
-    return not math.isfinite(record["train_loss"]) and \
+    return record["train_loss"] is not None and not math.isfinite(record["train_loss"]) and \
         not bool(all_finite(tree.leaves(params)))
 
 
@@ -532,8 +546,8 @@ def _agree_on_stop(stop, comm):
 
 
 def _summary(r, epochs):
-    parts = [f"epoch {r['epoch']}/{epochs}", f"train_loss={r['train_loss']:.4f}"]
-    for key in ("train_acc", "test_loss", "test_acc"):
+    parts = [f"epoch {r['epoch']}/{epochs}"]
+    for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
         if r[key] is not None:
             parts.append(f"{key}={r[key]:.4f}")
     seconds = r["seconds"]  # a compiled GPU epoch takes tens of ms: those show as 0.042s
