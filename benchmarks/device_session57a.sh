@@ -11,10 +11,10 @@ TAG=${TAG:-s57a}
 source "$(dirname "$0")/_device_lib.sh"
 cat "$res/env.txt"
 if grep -q H200 "$res/env.txt"; then
-  whole_matrix
+  whole_matrix  # first: each step's results are packed as it ends, so a cut call keeps them
   interleaved_16bit interleaved_1 150 --tag "${TAG}_1" --rounds 3 --window 1.5
-  interleaved_16bit interleaved_2 150 --tag "${TAG}_2" --rounds 3 --window 1.5
   pair_16bit 45
+  interleaved_16bit interleaved_2 150 --tag "${TAG}_2" --rounds 3 --window 1.5
 else
   TAILN=12 run pytest_changed 300 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider \
     $(xdist load 6) tests/test_optim.py tests/test_fused_optim.py tests/test_compile.py \
