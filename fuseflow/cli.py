@@ -330,21 +330,27 @@ def peak_copies(precision: str, optimizer: str, loss_scaling: str = "dynamic") -
     return table[optimizer] + _HELD_BY_CALLER.get(optimizer, 0)
 
 
-def _check_model_fits(recipe: Recipe) -> int:
+def _check_model_fits(recipe: Recipe, bench: bool = False) -> int:
     """The model's parameter count; a --hidden too large for this machine's memory is
-    refused before an allocation fails with a traceback, or the kernel kills the process."""
+    refused before an allocation fails with a traceback, or the kernel kills the process.
+    ``bench``: --input-width and --classes are options too, named where one is the widest."""
     widths = (recipe.input_width, *recipe.hidden, recipe.classes)
     params = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
     copies = peak_copies(recipe.precision, recipe.optimizer, recipe.loss_scaling)
     need = params * 4 * copies
     memory = _physical_memory()
     if memory and need > memory:
-        raise CLIError(f"--hidden {_show(recipe.hidden)}: the model would have {params:,} "
+        option, fix = f"--hidden {_show(recipe.hidden)}", \
+            "smaller --hidden widths, e.g. --hidden 512,512"
+        if bench and recipe.input_width > max(*recipe.hidden, recipe.classes):
+            option, fix = f"--input-width {recipe.input_width}", "a smaller --input-width"
+        elif bench and recipe.classes > max(*recipe.hidden, recipe.input_width):
+            option, fix = f"--classes {recipe.classes}", "fewer --classes"
+        raise CLIError(f"{option}: the model would have {params:,} "
                        f"parameters, and training it with {recipe.optimizer} takes about "
                        f"{_bytes(need)} (measured: {copies} float32 copies "
                        f"of the params at its peak), more than this machine's "
-                       f"{_bytes(memory)} of memory. Fix: smaller --hidden widths, e.g. "
-                       "--hidden 512,512.")
+                       f"{_bytes(memory)} of memory. Fix: {fix}.")
     return params
 
 
@@ -504,10 +510,7 @@ def _train(args) -> int:
                 output.check()
 
         if recipe.batch_size % comm.size:
-            fits = recipe.batch_size - recipe.batch_size % comm.size
-            raise CLIError(f"--batch-size {recipe.batch_size} cannot be split evenly over "
-                           f"{comm.size} ranks. Fix: a batch size divisible by {comm.size}, "
-                           f"e.g. --batch-size {fits}.")
+            raise CLIError(_batch_over_ranks(recipe.batch_size, comm.size, resume))
         steps_per_epoch = num_batches(len(ds.train[0]), recipe.batch_size, drop_last=True)
         if steps_per_epoch == 0:
             raise CLIError(f"--batch-size {recipe.batch_size} is larger than the "
@@ -582,6 +585,20 @@ def _train(args) -> int:
     print(f"checkpoint: {result.checkpoint or resume}")
     print(f"test_accuracy={result.test.accuracy:.4f}")
     return EXIT_OK
+
+
+def _batch_over_ranks(batch_size: int, ranks: int, resume: Path | None) -> str:
+    """Why the global batch cannot be split over the ranks, with a fix that can be taken: a
+    resumed run keeps its checkpoint's batch size, so there the rank count must change."""
+    divisors = [n for n in range(ranks - 1, 0, -1) if batch_size % n == 0]
+    fits = max(ranks, batch_size - batch_size % ranks)
+    if resume is not None:
+        return (f"the checkpoint's run trains on batches of {batch_size}, which cannot be "
+                f"split evenly over {ranks} ranks (a resumed run keeps its batch size). Fix: "
+                f"mpiexec -n {divisors[0]} (a count of ranks that divides {batch_size}), or a "
+                f"new run with --batch-size {fits}.")
+    return (f"--batch-size {batch_size} cannot be split evenly over {ranks} ranks. Fix: a "
+            f"batch size divisible by {ranks}, e.g. --batch-size {fits}.")
 
 
 def _continue_from(kept: Path | None, out: Path, resume: Path | None) -> str:
@@ -672,7 +689,7 @@ def _bench(args) -> int:
                     optimizer=args.optimizer, lr=DEFAULT_LR[args.optimizer], schedule="constant",
                     batch_size=args.batch_size, precision=args.precision,
                     loss_scaling=_loss_scaling(args.loss_scaling, args.precision))
-    _check_model_fits(recipe)
+    _check_model_fits(recipe, bench=True)
     model, optimizer = recipe.model(), recipe.optimizer_for(1)
     state = _to_device(init_state(model, optimizer, recipe.in_shape, random.key(0)), device)
     x = random.normal(random.key(1), (args.batch_size, args.input_width))

@@ -534,6 +534,17 @@ def test_an_absurd_hidden_width_is_one_line(tmp_path, cli):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("args, names, fix", [
+    (["--hidden", "1", "--input-width", "10000000000"], "--input-width 10000000000",
+     "Fix: a smaller --input-width."),
+    (["--classes", "10000000000"], "--classes 10000000000", "Fix: fewer --classes."),
+    (["--hidden", "99999999999"], "--hidden 99999999999", "Fix: smaller --hidden widths"),
+])
+def test_bench_names_the_option_that_makes_the_model_too_large(cli, args, names, fix):
+    proc = cli("bench", *args)
+    assert_one_line_error(proc, names, "parameters", fix, command="bench")
+
+
 def test_running_out_of_memory_is_one_line(tmp_path, cli, monkeypatch):
     def no_memory(*args, **kwargs):
         raise MemoryError("Unable to allocate 3.0 GiB")

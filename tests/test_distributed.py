@@ -188,6 +188,68 @@ def test_cli_batch_that_does_not_split_over_the_ranks_is_a_clear_error(tmp_path)
     assert "Traceback" not in res.stderr
 
 
+MISUSE = Path(__file__).parent / "mpi" / "fit_misuse.py"
+
+
+@pytest.mark.parametrize("mode, says", [
+    ("len", ["ranks disagree about the training set", "rank 0: 1438 examples",
+             "rank 1: 1000 examples", "Fix: give every rank the whole data set"]),
+    ("shuffled", ["ranks disagree about the training set", "rows sampled",
+                  "Fix: give every rank the whole data set"]),
+    ("out_dir", ["ranks disagree about the output folder", "rank 1: out_dir='out' on rank 1",
+                 "Fix: give out_dir on rank 0 only"]),
+])
+def test_fit_on_ranks_misused_fails_clearly_on_every_rank(tmp_path, mode, says):
+    """Ranks that hold other data would train on a mix of it, or (fewer batches on one)
+    stop in MPI's message-size error; every rank writing out_dir repeats the records.
+    Each is one error before the first step, not a hang and not a silent run."""
+    exe = mpiexec()
+    res = run([exe, "-n", "2", sys.executable, str(MISUSE), mode], tmp_path, timeout=60)
+    out = res.stderr + res.stdout
+    assert res.returncode != 0, out
+    for text in says:
+        assert text in out, out
+    assert "trained" not in res.stdout and "truncated" not in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranks_on_one_machine_share_its_cores_blas_threads(tmp_path):
+    """One BLAS thread per core on every rank oversubscribes the machine (two ranks on two
+    cores trained 5-15x slower than one process); a thread count the user set is kept."""
+    exe = mpiexec()
+    share = max(1, (os.cpu_count() or 1) // 2)
+    res = run([exe, "-n", "2", sys.executable, str(MISUSE), "threads"], tmp_path, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count(f"[{share}]") == 2, res.stdout  # the ranks' lines may interleave
+    cores = os.cpu_count() or 1
+    if cores == share:
+        return  # one core: the user's count could not be told from the share
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")}
+    res = subprocess.run([exe, "-n", "2", sys.executable, str(MISUSE), "threads"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False,
+                         env=dict(env, OPENBLAS_NUM_THREADS=str(cores),
+                                  PYTHONPATH=str(Path(__file__).parents[1])))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count(f"[{cores}]") == 2, res.stdout
+
+
+def test_cli_resume_whose_batch_does_not_split_says_how_many_ranks(tmp_path):
+    """A resumed run keeps its checkpoint's batch size: the fix is the rank count."""
+    exe = mpiexec()
+    args = [sys.executable, "-m", "fuseflow", "train", "--dataset", "digits", "--hidden", "16",
+            "--no-progress"]
+    assert run([*args, "--epochs", "1", "--batch-size", "63", "--out", "r"],
+               tmp_path).returncode == 0
+    res = run([exe, "-n", "2", *args[:4], "--resume", "r/last.safetensors", "--epochs", "2",
+               "--no-progress"], tmp_path, timeout=60)
+    assert res.returncode != 0
+    assert ("the checkpoint's run trains on batches of 63, which cannot be split evenly over "
+            "2 ranks") in res.stderr and "Fix: mpiexec -n 1" in res.stderr, res.stderr
+    res = run([exe, "-n", "2", *args, "--batch-size", "1", "--out", "n"], tmp_path, timeout=60)
+    assert "Fix: a batch size divisible by 2, e.g. --batch-size 2." in res.stderr, res.stderr
+
+
 def test_each_rank_draws_its_own_random_numbers_in_fit():
     """Dropout-style layers get the step's key folded with the rank: one mask repeated on
     every rank's shard would not be the independent masks of a global batch."""
@@ -223,6 +285,12 @@ def test_each_rank_draws_its_own_random_numbers_in_fit():
             return tree
 
         def check_model(self, params):
+            pass
+
+        def check_same(self, what, description, fix=None):
+            pass
+
+        def check_data(self, what, x, y):
             pass
 
         def broadcast(self, tree):

@@ -174,6 +174,14 @@ def fit(model, optimizer, state: TrainState, train, test=None, *, epochs: int,
             metadata_json(metadata)
         except TypeError as e:
             raise TypeError(f"fit: {e}") from None
+    if comm is not None and comm.size > 1:  # every rank raises together, or none does
+        comm.check_same("output folder", "given on rank 0 only" if comm.is_main or
+                        out_dir is None else f"out_dir={str(out_dir)!r} on rank {comm.rank}",
+                        "give out_dir on rank 0 only (out_dir=... if comm.is_main else "
+                        "None): every rank writing the same files would repeat the records.")
+        comm.check_data("training set", *train)
+        if test is not None:
+            comm.check_data("test set", *test)
     stale, history = [], list(history or [])
     if out_dir is not None:
         out_dir = Path(out_dir)
