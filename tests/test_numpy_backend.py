@@ -187,6 +187,35 @@ def test_drelu_is_a_select_even_for_non_finite_gradients():
     np.testing.assert_array_equal(be.activation_grad(dy, "relu", aux), [[0.0, 1.0, 0.0]])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_relu_and_drelu_zeros_are_positive_in_every_dtype_and_path(dtype):
+    """Bit for bit means the sign of zero too: a masked-off gradient is +0.0 (the CUDA
+    kernels' select), whether or not some gradient is non-finite (a float multiply by the
+    mask left -0.0 for negative ones), an unmasked -0.0 stays, and ReLU(-0.0) is +0.0 in
+    every dtype (NumPy's float16 maximum keeps -0.0)."""
+    from fuseflow._dtypes import bfloat16
+
+    dt = bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(7)
+    pre = rng.standard_normal((5, 21)).astype(dt)
+    pre[0, :3] = [-0.0, 0.0, -1.0]
+    y, aux = be.activation(pre, "relu")
+    assert not np.signbit(y.astype(np.float64)).any()
+    for bad in (None, np.inf, np.nan):
+        dy = rng.standard_normal((5, 21)).astype(dt)
+        dy[1, 4] = -0.0
+        if bad is not None:
+            dy[2, 5] = bad
+        dx = be.activation_grad(dy, "relu", aux)
+        keep = pre.astype(np.float64) >= 0
+        expected = np.where(keep, dy.astype(np.float64), 0.0)
+        np.testing.assert_array_equal(dx.astype(np.float64), expected)
+        np.testing.assert_array_equal(np.signbit(dx.astype(np.float64)), np.signbit(expected))
+    w = rng.standard_normal((3, 21)).astype(dt)  # a matmul's fused DRELU: the same select
+    dx, _ = be.linear_dgrad(rng.standard_normal((5, 3)).astype(dt), w, "DRELU", aux)
+    assert not np.signbit(dx.astype(np.float64)[~keep]).any()
+
+
 def test_asarray_takes_cpu_dlpack_producers_as_numpy_including_pinned_memory():
     """Pinned host memory (DLPack kDLCUDAHost) is CPU memory: it becomes NumPy, as the
     docstring of ``ff.asarray`` says, and does not need a GPU."""
