@@ -206,6 +206,10 @@ def test_another_models_checkpoint_lists_every_difference(tmp_path):
     ]
     for line in expected:
         assert line in msg, f"{line!r} not in:\n{msg}"
+    # every differing name, also those differing in shape only or missing from the file
+    # (load_state reads them to tell a changed model from a changed optimizer)
+    assert set(err.value.paths) == {"params/0/w", "params/0/b", "params/1/w", "params/1/b",
+                                    "step", "ema"}
 
 
 def test_like_that_matches_loads_values(tmp_path):

@@ -324,6 +324,10 @@ def test_in_order_batches_cover_the_data(n, bs, drop_last):
     assert seen.tolist() == list(range(len(out) * bs if drop_last else n))
     for xb, yb in out:
         np.testing.assert_array_equal(xb[:, 0], yb)
+    for start in range(len(out) + 1):  # in order too, start_batch skips exactly those batches
+        later = list(ffd.batches(x, y, bs, shuffle=False, drop_last=drop_last,
+                                 start_batch=start))
+        assert [yb.tolist() for _, yb in later] == [yb.tolist() for _, yb in out[start:]]
 
 
 def test_shuffled_order_is_the_key_permutation():

@@ -105,6 +105,24 @@ def test_float16_accumulates_in_float32():
     assert y.dtype == np.float16 and aux.dtype == np.uint8
     want = np.maximum(x.astype(np.float64) @ w.astype(np.float64).T + b, 0)
     np.testing.assert_allclose(y.astype(np.float64), want, rtol=1e-2, atol=1e-2)
+    # to the bit: the float32 products, bias and ReLU, rounded to float16 once (a float16
+    # matmul passes the loose check above)
+    x32, w32 = x.astype(np.float32), w.astype(np.float32)
+    exact = np.maximum(x32 @ w32.T + b.astype(np.float32), 0).astype(np.float16)
+    np.testing.assert_array_equal(y, exact)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_float16_standalone_activations_compute_in_float32(activation):
+    """The standalone activation layers round once from float32, as the fused epilogs do:
+    GELU computed in float16 is up to ~1,900 ulps off and passes a 2e-3 tolerance."""
+    from tests.reference import ACT
+
+    x = rand(np.random.default_rng(3), 200, 200).astype(np.float16)
+    y, _ = be.activation(x, activation)
+    exact = ACT[activation][0](x.astype(np.float64)).astype(np.float16)
+    ulp = np.spacing(np.abs(exact)).astype(np.float64)  # within one float16 ulp of float64's
+    assert (np.abs(y.astype(np.float64) - exact.astype(np.float64)) <= ulp).all()
 
 
 def test_backend_rejects_bad_operands():
