@@ -34,7 +34,7 @@ from fuseflow.train import (METRICS_FILE, Interrupted, Recipe, RecipeError, batc
                             make_step, read_metrics)
 from fuseflow.train._fit import Diverged, OutDirConflict
 from fuseflow.train._run_folder import (RunFolder, RunFolderError, latest_checkpoint, names,
-                                        needs_overwrite, resume_point)
+                                        needs_overwrite)
 from fuseflow.train._signals import StopRequest, hold_interrupts, sigterm_as_interrupt
 from fuseflow.train._datasets import _load_split
 from fuseflow.train._labels import unchecked_cross_entropy
@@ -577,8 +577,6 @@ def _train(args) -> int:
     if interrupted is not None:
         kept = interrupted.checkpoint or resume
         where = _continue_from(kept, out, resume)
-        if kept is not None and needs_overwrite(out, kept):  # the set-aside files are back
-            where += " --overwrite"
         if kept:
             where = f"last full checkpoint: {kept} (epoch {interrupted.epoch}); {where}"
         return _report_stop(interrupted.signum, where)
@@ -602,13 +600,16 @@ def _batch_over_ranks(batch_size: int, ranks: int, resume: Path | None) -> str:
 
 
 def _continue_from(kept: Path | None, out: Path, resume: Path | None) -> str:
-    """The command that continues a stopped run from ``kept`` (or its resumed start)."""
+    """The command that continues a stopped run from ``kept`` (or its resumed start), with
+    --overwrite where ``out`` holds what that resume would replace (later epochs a failed
+    write left, or the files an --overwrite set aside and put back)."""
     kept = kept or resume
     if kept is None:
         return "no epoch finished, no checkpoint written"
     elsewhere = kept == resume and out.resolve() != resume.parent.resolve()
-    return f"continue with: fuseflow train --resume {kept}" + (f" --out {out}" if elsewhere
-                                                              else "")
+    return (f"continue with: fuseflow train --resume {kept}"
+            + (f" --out {out}" if elsewhere else "")
+            + (" --overwrite" if needs_overwrite(out, kept) else ""))
 
 
 def _diverged(e: Diverged, recipe: Recipe) -> str:
@@ -622,8 +623,7 @@ def _diverged(e: Diverged, recipe: Recipe) -> str:
 
 
 def _write_failed(e: OSError, out: Path, resume: Path | None) -> str:
-    kept, needs_overwrite = resume_point(out)
-    again = _continue_from(kept, out, resume) + (" --overwrite" if needs_overwrite else "")
+    again = _continue_from(latest_checkpoint(out) if out.is_dir() else None, out, resume)
     return (f"cannot write the run's files in {out} ({e.strerror or e}"
             f"{': ' + str(e.filename) if e.filename else ''}). Every file saved before is "
             f"whole; {again}. Fix: free disk space or make {out} writable, then continue; or "

@@ -21,7 +21,8 @@ from fuseflow import nn
 from fuseflow import train as T
 from fuseflow.cli import _COPIES, _write_failed, peak_copies
 from fuseflow.train import _fit, _run_folder
-from fuseflow.train._run_folder import LOCK_FILE, RunFolder, RunFolderError, resume_point
+from fuseflow.train._run_folder import (LOCK_FILE, RunFolder, RunFolderError, latest_checkpoint,
+                                        needs_overwrite)
 from tests.test_cli_safety import DIGITS, assert_one_line_error, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def test_a_resume_the_folder_would_refuse_is_given_with_overwrite(tmp_path, cli)
     assert cli("train", *DIGITS, "--epochs", "1", "--out", out).returncode == 0
     with open(out / T.METRICS_FILE, "a") as f:  # a record whose checkpoint never came
         f.write('{"epoch": 2, "step": 44, "train_loss": 1.0}\n')
-    assert resume_point(out) == (out / T.LAST, True)
+    assert latest_checkpoint(out) == out / T.LAST and needs_overwrite(out, out / T.LAST)
     line = _write_failed(OSError(errno.ENOSPC, "No space left on device"), out, None)
     assert f"continue with: fuseflow train --resume {out / T.LAST} --overwrite." in line
     proc = cli("train", "--resume", out / T.LAST, "--epochs", "2", "--overwrite",

@@ -25,7 +25,7 @@ from fuseflow.train._records import CURVES_FILE, METRICS_FILE, kept_metrics, rea
 from fuseflow.train._signals import hold_interrupts
 
 __all__ = ["RunFolder", "RunFolderError", "fit_folder", "latest_checkpoint", "names",
-           "needs_overwrite", "resume_point"]
+           "needs_overwrite"]
 
 
 class RunFolderError(Exception):
@@ -131,19 +131,10 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return epochs[max(epochs)] if epochs else None
 
 
-def resume_point(folder: Path) -> tuple:
-    """``(checkpoint, needs_overwrite)``: the folder's latest checkpoint (None if none) and
-    whether resuming from it in place must pass --overwrite, because files or records of
-    a later epoch are there (a write that failed half-way can leave them)."""
-    latest = latest_checkpoint(folder) if folder.is_dir() else None
-    if latest is None:
-        return None, False
-    return latest, needs_overwrite(folder, latest)
-
-
 def needs_overwrite(folder: Path, resume: Path) -> bool:
     """Whether a run resumed from ``resume`` into ``folder`` must pass --overwrite: its own
-    folder holds files or records of later epochs, another folder any run's files."""
+    folder holds files or records of later epochs (a write that failed half-way can leave
+    them), another folder any run's files."""
     if not folder.is_dir():
         return False
     if folder.resolve() != resume.parent.resolve():
