@@ -165,10 +165,13 @@ class Communicator:
                                    "the same global batch.")
         if n % self.size:
             # equal shares: the mean of the ranks' mean gradients is the global batch's
+            lo, hi = n - n % self.size, n - n % self.size + self.size
+            sizes = f"{lo} or {hi}" if lo else f"{hi}"
             raise DistributedError(f"shard: a global batch of {n} cannot be split evenly over "
-                                   f"{self.size} ranks. Fix: a batch size divisible by "
-                                   f"{self.size}; for the smaller last batch of an epoch "
-                                   f"({n} examples left), drop_last=True.")
+                                   f"{self.size} ranks. Fix: a batch size that is a multiple "
+                                   f"of {self.size}, e.g. {sizes}; if {n} is only the smaller "
+                                   "last batch of an epoch, drop_last=True in "
+                                   "ff.data.batches.")
         k = n // self.size
         parts = tuple(a[self.rank * k:(self.rank + 1) * k] for a in arrays)
         return parts if len(parts) > 1 else parts[0]

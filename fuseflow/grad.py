@@ -10,6 +10,7 @@ import optree
 
 from fuseflow import backend, losses, random, tree
 from fuseflow._dtypes import is_float
+from fuseflow.nn._layer import returned_pair
 
 __all__ = ["GradCheckReport", "GradientCheckError", "check_grads", "loss_and_output_grad",
            "value_and_grad"]
@@ -47,7 +48,7 @@ def _backward(model, params, residuals, dy, need_input_grad):
         kwargs["need_input_grad"] = need_input_grad
     if isinstance(residuals, list) and _releases_residuals(model):
         kwargs["release_residuals"] = True
-    return model.backward(params, residuals, dy, **kwargs)
+    return returned_pair(model, "backward", model.backward(params, residuals, dy, **kwargs))
 
 
 def loss_and_output_grad(loss_fn, out, y, *, same_dtype=False, **kwargs):
@@ -115,7 +116,8 @@ def value_and_grad(model, loss_fn, *, with_outputs=False):
             (loss, out), grads = model.softmax_xent_and_grad(params, x, y, key=key,
                                                              check=check)
         else:
-            out, residuals = model.forward(params, x, key=key, train=True)
+            out, residuals = returned_pair(model, "forward",
+                                           model.forward(params, x, key=key, train=True))
             loss, dout = loss_and_output_grad(loss_fn, out, y, same_dtype=True)
             owned = _own_residuals(model, residuals)
             del residuals  # a Serial backward frees each layer's saved arrays once used
@@ -158,6 +160,17 @@ def _check_like(layer, what, grad, of, value):
                                  "the dtype of the inputs, without hard-coded float32 casts.")
 
 
+def _same_residuals(layer, params, x, key, residuals) -> bool:
+    """Whether a training forward saves residuals of the structure ``residuals`` has; False
+    where that forward cannot run as called (Dropout without a key), since then the
+    inference residuals are the difference to report."""
+    try:
+        trained = layer.forward(params, x, key=key, train=True)[1]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return False
+    return tree.structure(residuals) == tree.structure(trained)
+
+
 def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
                 max_checks=64, seed=0, train=True):
     """Check ``layer.backward`` against central finite differences in float64.
@@ -168,6 +181,11 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     element (which leaf, which index, both values) when ``|a - n| > atol + rtol * max(|a|,|n|)``;
     returns a GradCheckReport otherwise.
     """
+    if isinstance(max_checks, bool) or not isinstance(max_checks, (int, np.integer)) \
+            or max_checks < 1:
+        raise ValueError(f"check_grads: max_checks must be a whole number >= 1 (the elements "
+                         f"checked per leaf), got {max_checks!r}; with none checked nothing "
+                         "would be. Fix: leave it at 64, or raise it to check more.")
     np_be = backend.get("numpy")
     for path, a in zip(optree.tree_paths(params), tree.leaves(params)):
         kind = getattr(getattr(a, "dtype", None), "kind", None)
@@ -181,16 +199,16 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
                 "attribute; docs/custom-layers.md)")
     params64 = tree.map(lambda a: np_be.asarray(a).astype(np.float64), params)
     x64 = np_be.asarray(x).astype(np.float64)
-    y, residuals = layer.forward(params64, x64, key=key, train=train)
+    y, residuals = returned_pair(layer, "forward",
+                                 layer.forward(params64, x64, key=key, train=train))
     dy = random.normal(random.key(seed), y.shape, np.float64)
     try:
-        grads, dx = layer.backward(params64, residuals, dy)
+        grads, dx = returned_pair(layer, "backward", layer.backward(params64, residuals, dy))
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
         # the custom-layer guide lets a layer save no residuals in inference: say so only
         # when that is the difference (a bug in backward keeps its own error); ValueError
         # is the LayerError of a backward that checks its residuals (self.error)
-        if train or tree.structure(residuals) == tree.structure(
-                layer.forward(params64, x64, key=key, train=True)[1]):
+        if train or _same_residuals(layer, params64, x64, key, residuals):
             raise
         raise GradientCheckError(
             f"{layer!r}: backward failed on the residuals of forward(..., train=False) "

@@ -127,7 +127,24 @@ def fold_in(k, data: int) -> np.ndarray:
     return seq.generate_state(2, dtype=np.uint32)
 
 
+def _float_dtype(where: str, dtype):
+    """``dtype`` of a sampler of real numbers: a floating one, as in ``jax.random``; an
+    integer one would truncate every draw (normal as int32 is mostly 0 and -1)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or not is_float(dt):
+        got = dt.name if dt is not None else repr(dtype)
+        raise TypeError(f"{where}: dtype must be a floating dtype (float16, bfloat16, float32, "
+                        f"float64), got {got}; an integer dtype would truncate the draws. Fix: "
+                        "draw floats and round them yourself, or ff.random.randint for "
+                        "integers.")
+    return dt
+
+
 def normal(k, shape, dtype=np.float32) -> np.ndarray:
+    dtype = _float_dtype("ff.random.normal", dtype)
     return generator(k, "ff.random.normal").standard_normal(shape, dtype=np.float64) \
         .astype(dtype, copy=False)
 
@@ -136,6 +153,7 @@ def truncated_normal(k, shape, lower=-2.0, upper=2.0, dtype=np.float32) -> np.nd
     """Standard normal restricted to [lower, upper] (by resampling). The interval must hold
     at least 0.1% of the distribution (the default, [-2, 2], holds 95%): narrower ones, far in
     a tail, would need too many rounds and are refused."""
+    dtype = _float_dtype("ff.random.truncated_normal", dtype)
     cdf = np.vectorize(lambda v: 0.5 * math.erf(v / math.sqrt(2)), otypes=[float])
     lo, hi = np.asarray(lower, float), np.asarray(upper, float)  # scalars or per element
     mass = float(np.min(np.where(lo < hi, cdf(hi) - cdf(lo), 0.0)))
@@ -159,17 +177,17 @@ def uniform(k, shape, minval=0.0, maxval=1.0, dtype=np.float32) -> np.ndarray:
     or to ``maxval`` as ``dtype`` rounds it (float16's 0.1 is 0.09998: ``x < 0.1`` on a
     float16 array compares with it), is the largest ``dtype`` value below it instead; every
     other value is the rounded draw."""
+    dtype = _float_dtype("ff.random.uniform", dtype)
     out = generator(k, "ff.random.uniform").uniform(minval, maxval, size=shape) \
         .astype(dtype, copy=False)
-    if is_float(out.dtype):
-        hi = np.asarray(maxval, np.float64)
-        with np.errstate(over="ignore"):  # a maxval beyond the dtype rounds to inf: hi stays
-            hi = np.minimum(hi, hi.astype(out.dtype))
-        over = out >= hi  # compared in float64 (or wider)
-        if over.any():
-            below = np.nextafter(out, np.array(-np.inf, out.dtype))
-            over &= below >= np.asarray(minval, np.float64)  # unless [minval, maxval) is empty
-            out = np.where(over, below, out)
+    hi = np.asarray(maxval, np.float64)
+    with np.errstate(over="ignore"):  # a maxval beyond the dtype rounds to inf: hi stays
+        hi = np.minimum(hi, hi.astype(out.dtype))
+    over = out >= hi  # compared in float64 (or wider)
+    if over.any():
+        below = np.nextafter(out, np.array(-np.inf, out.dtype))
+        over &= below >= np.asarray(minval, np.float64)  # unless [minval, maxval) is empty
+        out = np.where(over, below, out)
     return out
 
 
@@ -190,6 +208,11 @@ def permutation(k, n) -> np.ndarray:
 
 
 def randint(k, shape, low, high, dtype=np.int64) -> np.ndarray:
+    """Integers in [low, high) (``high`` excluded, as ``jax.random.randint``)."""
+    if not np.all(np.less(low, high)):
+        raise ValueError(f"ff.random.randint: low must be below high (high is excluded), got "
+                         f"low={low!r}, high={high!r}. Fix: high = the largest value wanted + 1,"
+                         " e.g. randint(key, shape, 0, 10) for 0..9.")
     return generator(k, "ff.random.randint").integers(low, high, size=shape, dtype=dtype)
 
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from fuseflow import random
-from fuseflow._namespace import namespace
+from fuseflow._namespace import is_array, namespace
 
 __all__ = ["batches", "num_batches"]
 
@@ -65,6 +65,11 @@ def batches(x, y, batch_size: int, *, key=None, shuffle: bool = True,
     ``fuseflow.random.permutation(key, len(x))``, so ``key`` is required. Without it, the
     batches are slices (views) of ``x`` and ``y`` in order.
     """
+    for name, a in (("x", x), ("y", y)):
+        if not is_array(a):
+            raise TypeError(f"ff.data.batches: {name} must be a NumPy or CuPy array, got a "
+                            f"{type(a).__name__}. Fix: {name} = np.asarray({name}) (or "
+                            f"cupy.asarray({name}) for data on the GPU).")
     n = len(x)
     if len(y) != n:
         raise ValueError(f"batches: x has {n} rows but y has {len(y)}; they must match "

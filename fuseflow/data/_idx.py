@@ -124,7 +124,13 @@ def _read_split_cached(stamps, num_classes, cached, classes_from):
     (images_path, _), (labels_path, _) = stamps
     damaged = _REFETCH if cached else _RESTORE
     images, labels = (_read_idx(Path(p), damaged) for p in (images_path, labels_path))
-    swapped = "Fix: check that the images and labels files are the right ones (not swapped)."
+    if images.ndim == 1 or labels.ndim > 1:
+        swapped = "Fix: check that the images and labels files are the right ones (not swapped)."
+    else:  # a data set of one's own in another layout: say what is read
+        swapped = ("Fix: fuseflow reads MNIST's layout, images uint8 (count, rows, cols) and "
+                   "labels uint8 (count,); convert yours to it (e.g. floats in [0, 1] as "
+                   "np.round(x * 255).astype(np.uint8)), or load them yourself as arrays "
+                   "(docs/getting-started.md).")
     if images.ndim != 3 or images.dtype != np.uint8:
         _fail(images_path, f"should hold images, uint8 of shape (count, rows, cols); found "
                            f"{images.dtype} of shape {images.shape}", swapped)

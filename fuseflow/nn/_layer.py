@@ -296,3 +296,45 @@ def initializer(cls, name, fn):
                          "shape, dtype). Fix: define it as init(key, shape, dtype); an initializer "
                          "factory must be called, e.g. nn.initializers.glorot_uniform().") from None
     return fn
+
+
+#: what each contract method returns, in order, as its error names it
+_PAIRS = {"init": "(out_shape, params)", "forward": "(y, residuals)",
+          "backward": "(grads, dx)"}
+
+
+def returned_pair(layer, method, result):
+    """``result`` of ``layer.<method>`` when it is the contract's pair; otherwise a LayerError
+    that names the layer and the pair, where unpacking would give a bare "too many values
+    to unpack" (or, for a forward returning only y of batch 2, unpack its rows)."""
+    pair = _PAIRS[method]
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        if method != "init" or _is_shape(result[0]):
+            return result
+        raise LayerError(
+            f"{layer!r}: init must return {pair}, out_shape first; got {type(result[0]).__name__}"
+            f" {_short(result[0])} first. Fix: return out_shape (a tuple of ints without the "
+            "batch axis, e.g. (features,)) and then params (docs/custom-layers.md).")
+    got = (f"a {type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list))
+           else f"one {type(result).__name__}")
+    raise LayerError(f"{layer!r}: {method} must return the pair {pair}, got {got}. Fix: "
+                     f"return both, `return {pair[1:-1]}` (docs/custom-layers.md).")
+
+
+def _is_shape(value) -> bool:
+    return isinstance(value, (tuple, list)) and all(_is_int(n) for n in value)
+
+
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def infer(model, params, x):
+    """``model.apply(params, x)`` where the model has one, else its inference forward's output:
+    a model of the user's own needs only the contract's three methods, not ``Layer``'s
+    ``apply``."""
+    apply = getattr(model, "apply", None)
+    if apply is not None:
+        return apply(params, x)
+    return model.forward(params, x, train=False)[0]

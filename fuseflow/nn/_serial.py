@@ -31,7 +31,7 @@ from fuseflow import backend, random, tree
 from fuseflow.backend.epilogs import AUX_KEYS
 from fuseflow.nn._activation import GELU, ReLU
 from fuseflow.nn._dense import Dense
-from fuseflow.nn._layer import Layer, LayerError, as_shape
+from fuseflow.nn._layer import Layer, LayerError, as_shape, returned_pair
 from fuseflow.ops.dense import dense_softmax_xent
 
 
@@ -140,7 +140,7 @@ class Serial(Layer):
         params, shape = [], as_shape(self, in_shape)
         for i, (layer, k) in enumerate(zip(self.layers, keys)):
             try:
-                shape, p = layer.init(k, shape)
+                shape, p = returned_pair(layer, "init", layer.init(k, shape))
             except LayerError as e:
                 raise self._wrap(i, e) from None
             params.append(p)
@@ -169,7 +169,9 @@ class Serial(Layer):
                     x, residuals[i] = st.dense.forward(params[i], x, train=train,
                                                        activation=st.activation)
                     continue
-                y, residuals[i] = self.layers[i].forward(params[i], x, key=keys[i], train=train)
+                layer = self.layers[i]
+                y, residuals[i] = returned_pair(
+                    layer, "forward", layer.forward(params[i], x, key=keys[i], train=train))
             except LayerError as e:
                 raise self._wrap(i, e) from None
             self._check_output(s, params, x, y)
@@ -339,7 +341,8 @@ class Serial(Layer):
                     # backward that needs no input gradient skips its own first dx matmul
                     skip = {} if need_dx or not getattr(layer, "skips_input_grad", False) \
                         else {"need_input_grad": False}
-                    grads[i], dx = layer.backward(params[i], residuals[i], dy, **skip)
+                    grads[i], dx = returned_pair(
+                        layer, "backward", layer.backward(params[i], residuals[i], dy, **skip))
                 except LayerError as e:
                     raise self._wrap(i, e) from None
                 # it may have forked weight gradients and read its params after: an early

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from fuseflow._namespace import namespace
+from fuseflow.nn._layer import infer
 from fuseflow.data import batches
 from fuseflow.data._batches import _check_batch_size
 from fuseflow.train._labels import check_labels, unchecked_cross_entropy
@@ -42,7 +43,7 @@ def evaluate(model, params, x, y, batch_size: int = 1000, *, loss_fn=None) -> Ev
     loss_sum = correct = 0
     labels = getattr(y, "ndim", 0) == 1 and y.dtype.kind in "iu"  # as make_step decides
     for xb, yb in batches(x, y, batch_size, shuffle=False):
-        out = model.apply(params, xb)
+        out = infer(model, params, xb)
         loss, _ = loss_fn(out, yb)
         xp = namespace(out)
         loss_sum = loss_sum + loss.astype(xp.float64) * len(xb)

@@ -36,7 +36,7 @@ from fuseflow.train._labels import check_labels, unchecked_cross_entropy
 from fuseflow.train._records import (CURVES_FILE, METRICS_FILE, append_metrics, kept_metrics,
                                      plot_curves, write_metrics)
 from fuseflow.train._state import TrainState
-from fuseflow.train._run_folder import fit_folder, names
+from fuseflow.train._run_folder import fit_folder, make_writable_folder, names
 from fuseflow.train._signals import hold_interrupts, interrupt_between_steps
 from fuseflow.train._step import batch_casts, make_step
 
@@ -466,6 +466,7 @@ def _claim_out_dir(out_dir: Path, state: TrainState, overwrite: bool, history: l
         raise NotADirectoryError(f"fit: out_dir {out_dir} is a file, but a folder is expected "
                                  "(for the checkpoints and metrics.jsonl). Fix: out_dir=a "
                                  "folder path; it is created if missing.")
+    make_writable_folder(out_dir, "fit: out_dir", fix="out_dir=")
     epoch = state.epoch
     own, replaced = fit_folder(out_dir, state)
     if replaced and not overwrite:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from fuseflow import losses
+from fuseflow.nn._layer import infer
 
 __all__ = ["check_labels", "unchecked_cross_entropy"]
 
@@ -29,7 +30,7 @@ def check_labels(model, params, x, y, what="data"):
     if not len(y):
         return
     try:
-        classes = model.apply(params, x[:1]).shape[1]  # the first example, as a probe
+        classes = infer(model, params, x[:1]).shape[1]  # the first example, as a probe
     except ValueError as e:  # a layer's shape or dtype check, on a batch of one
         message = f"{what}: x has shape {tuple(x.shape)}; on its first example, x[:1], {e}"
         try:

@@ -137,7 +137,10 @@ def plot_curves(records: list[dict], path) -> None:
         ax.grid(alpha=0.3)
         if ax.get_lines():  # a panel with nothing to draw (no accuracy) has no legend
             ax.legend()
-        if what == "loss":
+        # a log scale shows cross-entropy's long tail, but only positive values: a custom
+        # loss may go below zero (a Gaussian negative log-likelihood), then it stays linear
+        values = [v for line in ax.get_lines() for v in line.get_ydata()]
+        if what == "loss" and values and min(values) > 0:
             ax.set_yscale("log")
     fig.tight_layout()
     with atomic_write(path) as f:  # a plot cut short by Ctrl-C leaves the previous one

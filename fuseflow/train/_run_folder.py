@@ -32,6 +32,30 @@ class RunFolderError(Exception):
     """The output folder cannot be used as asked; the message says why and how to fix it."""
 
 
+def make_writable_folder(out: Path, option: str, error=OSError, fix: str | None = None
+                         ) -> Path | None:
+    """Create ``out`` (and its parents) and write a probe file in it, before any training,
+    so that an unusable folder is found before an epoch's work, not at its first save.
+    Returns the outermost folder made (None if ``out`` existed); raises ``error`` naming
+    ``option`` (``--out`` for the CLI, ``fit: out_dir`` for ``fit``) and how to give another
+    (``fix``: ``--out `` or ``out_dir=``)."""
+    fix = option + " " if fix is None else fix
+    missing = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            raise error(f"{option} {out}: {blocker} is a file, so no folder can be made inside "
+                        f"it. Fix: {fix}a path whose parent folders are folders.") from None
+        what = "write in" if out.is_dir() else "create"
+        raise error(f"{option} {out}: cannot {what} this folder ({e.strerror or e}). Fix: "
+                    f"{fix}a folder you can write to, e.g. in your home folder.") from None
+    return missing[-1] if missing else None
+
+
 #: The hidden file a run holds an exclusive lock on (``fcntl.flock``) while it writes to its
 #: folder, so that a second run given the same ``--out`` is refused instead of writing its
 #: checkpoints and metrics over the first's.
@@ -241,24 +265,13 @@ class RunFolder:
             raise RunFolderError(f"--out {out} is a file, but --out names the folder a run "
                                  "writes to. Fix: --out a folder path (it is created if "
                                  f"missing), e.g. --out {out.with_name(out.name + '-run')}.")
-        missing = [p for p in (out, *out.parents) if not p.exists()]
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            self.made = missing[-1] if missing else None
-            with tempfile.TemporaryFile(dir=out):
-                pass
-            if self.lock is None:
+        self.made = make_writable_folder(out, "--out", RunFolderError)
+        if self.lock is None:
+            try:
                 self.lock = _lock(out)
-        except OSError as e:
-            blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
-            if blocker is not None:
-                raise RunFolderError(f"--out {out}: {blocker} is a file, so no folder can be "
-                                     "made inside it. Fix: --out a path whose parent folders "
-                                     "are folders.") from None
-            what = "write in" if out.is_dir() else "create"
-            raise RunFolderError(f"--out {out}: cannot {what} this folder ({e.strerror or e}). "
-                                 "Fix: --out a folder you can write to, e.g. in your home "
-                                 "folder.") from None
+            except OSError as e:
+                raise RunFolderError(f"--out {out}: cannot lock this folder ({e.strerror or e})."
+                                     " Fix: --out a folder you can write to.") from None
 
     def claim(self, overwrite: bool, resume: Path | None, start_epoch: int):
         """Refuse or set aside what the run would replace (see the class); returns the
@@ -325,8 +338,10 @@ class RunFolder:
                 os.replace(p, self.backup / p.name)
             fsync_dir(self.backup)
             fsync_dir(self.path)
-        print(f"overwrite: {names(moved + copied)} moved to {self.backup}; deleted when this "
-              "run has saved an epoch, put back if it stops before", flush=True)
+        kept = (f"{names(moved)} moved" if moved else "") + \
+            (" and " if moved and copied else "") + (f"{names(copied)} copied" if copied else "")
+        print(f"overwrite: {kept} to {self.backup}; deleted when this run has saved an epoch, "
+              "put back if it stops before", flush=True)
 
     def close(self):
         """Delete the replaced files if the new run saved an epoch, else put them back and

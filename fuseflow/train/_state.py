@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from fuseflow import random
-from fuseflow.nn._layer import shape_tuple
+from fuseflow.nn._layer import returned_pair, shape_tuple
 
 __all__ = ["TrainState", "init_state"]
 
@@ -39,6 +39,6 @@ def init_state(model, optimizer, in_shape, key) -> TrainState:
     if shape is None:
         raise TypeError(f"init_state: in_shape must be one example's shape, such as (784,), "
                         f"got {in_shape!r}. Fix: init_state(model, optimizer, (784,), key).")
-    _, params = model.init(init_key, shape)
+    _, params = returned_pair(model, "init", model.init(init_key, shape))
     return TrainState(params=params, opt_state=optimizer.init(params), step=0, epoch=0,
                       key=layer_key, batch_in_epoch=0, data_key=data_key)
