@@ -160,13 +160,18 @@ def _check_like(layer, what, grad, of, value):
                                  "the dtype of the inputs, without hard-coded float32 casts.")
 
 
+#: what a forward or backward raises when its residuals are not the ones it needs (a missing
+#: key or entry, a wrong type); ValueError is a LayerError of a layer that checks them
+_RESIDUAL_ERRORS = (KeyError, IndexError, TypeError, AttributeError, ValueError)
+
+
 def _same_residuals(layer, params, x, key, residuals) -> bool:
     """Whether a training forward saves residuals of the structure ``residuals`` has; False
     where that forward cannot run as called (Dropout without a key), since then the
     inference residuals are the difference to report."""
     try:
         trained = layer.forward(params, x, key=key, train=True)[1]
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+    except _RESIDUAL_ERRORS:
         return False
     return tree.structure(residuals) == tree.structure(trained)
 
@@ -204,7 +209,7 @@ def check_grads(layer, params, x, *, key=None, eps=1e-6, rtol=1e-5, atol=1e-8,
     dy = random.normal(random.key(seed), y.shape, np.float64)
     try:
         grads, dx = returned_pair(layer, "backward", layer.backward(params64, residuals, dy))
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+    except _RESIDUAL_ERRORS as e:
         # the custom-layer guide lets a layer save no residuals in inference: say so only
         # when that is the difference (a bug in backward keeps its own error); ValueError
         # is the LayerError of a backward that checks its residuals (self.error)
